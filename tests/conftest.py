@@ -1,0 +1,25 @@
+"""Session-wide fixtures shared by every test area.
+
+Heavy things (the tiny model, a vLLM engine, a sandbox pool) are built once per test session
+here, so the whole suite stays within CI's budget on 2 cores.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    return Path(os.environ.get("RSTAR2_DATA_DIR", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    d = shared_data_dir()
+    if not (d / "aime24.jsonl").is_file():
+        pytest.fail(f"eval data not found in {d}: set RSTAR2_DATA_DIR to the shared/data folder")
+    return d
