@@ -47,6 +47,8 @@ class RolloutConfig(_Section):
     tool_response_max_chars: int = Field(4096, ge=64) # longer tool output: middle cut
     tool: Literal["python_code_with_standard_io", "python_notebook"] = "python_code_with_standard_io"
     tool_timeout: float = Field(10.0, gt=0.0)         # seconds per tool call
+    system_prompt: str | None = None                  # None: the paper's system prompt
+    tools_in_prompt: bool = True                      # list the tool schemas in <tools> (paper: yes)
 
 
 class EngineConfig(_Section):

@@ -23,3 +23,11 @@ def data_dir() -> Path:
     if not (d / "aime24.jsonl").is_file():
         pytest.fail(f"eval data not found in {d}: set RSTAR2_DATA_DIR to the shared/data folder")
     return d
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random Qwen3 checkpoint with our tokenizer and chat template (built in ~1 s)."""
+    from rstar2_cli.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)

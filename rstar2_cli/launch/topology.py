@@ -26,6 +26,7 @@ ENGINE_TP_ENV = "RSTAR2_ENGINE_TP"
 TRAIN_STATE_BYTES_PER_PARAM = 16
 ENGINE_WEIGHT_BYTES_PER_PARAM = 2
 GIB = 1024**3
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 class PlanError(ValueError):
@@ -76,6 +77,8 @@ class TopologySpec:
         need(bool(self.master_addr.strip()), "master_addr='': give the head node's host name or IP")
         need(bool(self.entry_module.strip()), "entry_module='': give the Python module torchrun runs")
         object.__setattr__(self, "recipe_args", tuple(str(a) for a in self.recipe_args))
+        need(self.nodes == 1 or self.master_addr not in _LOOPBACK,
+             f"master_addr={self.master_addr!r} with nodes={self.nodes}: give the head node's host name or IP")
         if self.gpus == 0:
             need(self.nodes == 1, f"nodes={self.nodes} with gpus=0: a CPU-only run uses a single node")
             need(self.tp_size == 1, f"tp_size={self.tp_size} with gpus=0: tensor parallelism needs GPUs")
@@ -164,6 +167,7 @@ class SandboxPlan:
 
     mode: str
     redis_url: str | None
+    front_end_url: str
     front_end_node: int
     workers_per_node: int
     total_workers: int
@@ -210,10 +214,12 @@ def _sandbox_plan(spec: TopologySpec) -> SandboxPlan:
     use_redis = spec.nodes > 1 or spec.redis_url is not None
     workers = spec.sandbox_workers_per_node
     if not use_redis:
-        return SandboxPlan("local", None, 0, workers, workers, (), torchrun_cmd.sandbox_local_command(workers))
+        return SandboxPlan("local", None, f"http://127.0.0.1:{torchrun_cmd.SANDBOX_HTTP_PORT}", 0, workers,
+                           workers, (), torchrun_cmd.sandbox_local_command(workers))
     url = spec.redis_url or f"redis://{spec.master_addr}:{DEFAULT_REDIS_PORT}/0"
     head = torchrun_cmd.sandbox_head_commands(url, start_redis=spec.redis_url is None)
-    return SandboxPlan("redis", url, 0, workers, workers * spec.nodes, head,
+    front = f"http://{spec.master_addr}:{torchrun_cmd.SANDBOX_HTTP_PORT}"
+    return SandboxPlan("redis", url, front, 0, workers, workers * spec.nodes, head,
                        torchrun_cmd.sandbox_worker_command(url, workers))
 
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
+# Flag spellings of `rstar2 serve-sandbox` that the plans print (one place to change them).
+SANDBOX_WORKERS_FLAG = "--workers"
+SANDBOX_HTTP_PORT = 8088
+
 
 def torchrun_argv(
     *,
@@ -43,16 +47,17 @@ def redis_server_argv(port: int = 6379) -> tuple[str, ...]:
 def sandbox_head_commands(redis_url: str, *, start_redis: bool) -> tuple[str, ...]:
     port = _port_of(redis_url)
     lines = [shell_line(redis_server_argv(port))] if start_redis else []
-    lines.append(shell_line(("rstar2", "serve-sandbox", "--redis", redis_url)))
+    lines.append(shell_line(("rstar2", "serve-sandbox", "--redis", redis_url,
+                             "--host", "0.0.0.0", "--port", str(SANDBOX_HTTP_PORT))))
     return tuple(lines)
 
 
 def sandbox_worker_command(redis_url: str, workers: int) -> str:
-    return shell_line(("rstar2", "serve-sandbox", "--worker", "--redis", redis_url, "--workers", str(workers)))
+    return shell_line(("rstar2", "serve-sandbox", "--worker", "--redis", redis_url, SANDBOX_WORKERS_FLAG, str(workers)))
 
 
 def sandbox_local_command(workers: int) -> str:
-    return shell_line(("rstar2", "serve-sandbox", "--workers", str(workers)))
+    return shell_line(("rstar2", "serve-sandbox", SANDBOX_WORKERS_FLAG, str(workers)))
 
 
 def shell_line(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:

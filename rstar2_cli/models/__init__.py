@@ -1,0 +1,4 @@
+"""Model builders and loaders. `build_tiny_model` makes the laptop-sized Qwen3 used by tests and the quickstart."""
+from rstar2_cli.models.tiny import build_qwen3_style_tokenizer, build_tiny_model
+
+__all__ = ["build_tiny_model", "build_qwen3_style_tokenizer"]

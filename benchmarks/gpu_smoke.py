@@ -1,0 +1,137 @@
+"""GPU smoke benchmark: tokens/s, MFU and peak memory of a training step on a 1.7B Qwen3 shape.
+
+Run it first on a new cluster node, before a multi-node RL run:
+
+    python benchmarks/gpu_smoke.py                      # cuda:0, 1.7B shape, 8K packed rows
+    python benchmarks/gpu_smoke.py --peak-tflops 1307.4 # device not in the peak table
+    python benchmarks/gpu_smoke.py --tiny --device cpu  # wiring check on a laptop
+
+Needs only torch + transformers and this source tree (no `pip install`): it puts the repo root
+on sys.path. The baseline, measured in the same process, is a plain bf16 forward/backward +
+AdamW step on the same packed micro-batches; the policy update is reported as a ratio to it.
+FLOP convention and peak table: rstar2_cli/launch/smoke_model.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from rstar2_cli.launch import smoke_model as sm  # noqa: E402
+
+
+def plain_step(model, optimizer, batches) -> None:
+    """Baseline: one optimizer step over all micro-batches (gradient accumulation)."""
+    for batch in batches:
+        sm.packed_loss(model, batch).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def measure(step, steps: int, warmup: int, sync) -> float:
+    for _ in range(warmup):
+        step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    return (time.perf_counter() - start) / steps
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="tiny shape (CPU wiring check)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--max-tokens", type=int, default=8192, help="tokens per packed micro-batch row")
+    ap.add_argument("--sequences", type=int, default=16, help="rollouts packed per optimizer step")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak per device")
+    ap.add_argument("--attn", default="sdpa", help="transformers attn_implementation (sdpa, flash_attention_2)")
+    ap.add_argument("--grad-checkpointing", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path("runs/gpu_smoke.json"))
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model, shape = sm.build_smoke_model(args.tiny, device=device, dtype=dtype, attn_implementation=args.attn)
+    model.train()
+    if args.grad_checkpointing:
+        model.gradient_checkpointing_enable()
+    max_len = min(args.max_tokens, 512) if args.tiny else args.max_tokens
+    lengths = sm.sample_rollout_lengths(args.sequences, max_len=max_len)
+    if args.tiny:
+        lengths = [max(2, n // 16) for n in lengths]
+    rows = sm.pack_sequences(lengths, max_len)
+    gen = torch.Generator().manual_seed(0)
+    batches = [sm.packed_batch(r, shape.vocab, device, gen) for r in rows]
+    tokens = sum(lengths)
+    flops = sm.training_flops(shape, lengths)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+    seconds = measure(lambda: plain_step(model, optimizer, batches), args.steps, args.warmup, sync)
+    name, peak = sm.detect_peak_tflops(args.peak_tflops)
+    baseline = {
+        "seconds_per_step": round(seconds, 4),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "mfu": None if peak is None else round(sm.mfu(flops, seconds, peak), 4),
+        "peak_memory_gib": sm.peak_memory_gib(),
+    }
+    # TODO(lead): plug the trainer's FSDP2 policy update here once rstar2_cli/rl/policy.py lands:
+    #   from rstar2_cli.rl.policy import <policy_update_fn>
+    #   policy_s = measure(lambda: <policy_update_fn>(model, optimizer, batches, ...), ...)
+    #   result["policy_update"] = {..same keys as baseline.., "ratio_vs_baseline": seconds / policy_s}
+    # Run it under torchrun for the FSDP2 path; MFU then divides by the world size.
+    policy_update = {"status": "not measured: the FSDP2 policy update (rstar2_cli/rl/policy.py) is not wired in"}
+
+    result = {
+        "device": name, "peak_bf16_tflops": peak, "shape": "tiny" if args.tiny else "qwen3-1.7b",
+        "params_total": shape.total_params(), "params_non_embedding": shape.non_embedding_params(),
+        "micro_batches": len(rows), "tokens_per_step": tokens, "max_seq_len": max(lengths),
+        "flops_per_step": flops, "attn_implementation": args.attn,
+        "baseline_plain_step": baseline, "policy_update": policy_update,
+    }
+    if peak is None:
+        result["note"] = f"no peak for {name!r}: pass --peak-tflops to get MFU"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    _print_table(result)
+    print(f"wrote {args.out}")
+    return result
+
+
+def _print_table(result: dict) -> None:
+    base = result["baseline_plain_step"]
+    rows = [("device", result["device"]), ("model", f"{result['shape']} ({result['params_total']:,} params)"),
+            ("tokens/step", f"{result['tokens_per_step']:,} in {result['micro_batches']} packed rows"),
+            ("baseline s/step", base["seconds_per_step"]), ("baseline tokens/s", base["tokens_per_s"]),
+            ("baseline MFU", base["mfu"]), ("peak memory GiB", base["peak_memory_gib"]),
+            ("policy update", result["policy_update"].get("status", result["policy_update"]))]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # bare GPU box: plain text
+        for k, v in rows:
+            print(f"{k:>18}: {v}")
+        return
+    table = Table(title="gpu smoke")
+    table.add_column("metric")
+    table.add_column("value")
+    for k, v in rows:
+        table.add_row(k, str(v))
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""How a `Plan` looks in a terminal: what `rstar2 rl --dry-run` prints before anything starts.
+
+Separate from `topology.py` so the placement logic stays free of presentation, and so the
+text a user checks (ranks, engines, commands) is built in one place.
+"""
+from __future__ import annotations
+
+import io
+import shlex
+
+from rich.console import Console, Group
+from rich.rule import Rule
+from rich.table import Table
+from rich.text import Text
+
+from rstar2_cli.launch.topology import Plan
+
+
+def _gpu_list(ids: tuple[int, ...]) -> str:
+    return ",".join(map(str, ids)) if ids else "cpu"
+
+
+def _summary(plan: Plan) -> Table:
+    spec = plan.spec
+    t = Table(title="rstar2 rl launch plan", show_header=False, title_justify="left")
+    t.add_column("item", style="bold")
+    t.add_column("value")
+    if plan.device == "cpu":
+        hw = "CPU only"
+    elif spec.gpus == 1:
+        hw = "1 GPU on 1 node"
+    else:
+        hw = f"{spec.gpus} GPUs = {spec.nodes} node(s) x {spec.gpus_per_node}"
+    t.add_row("hardware", hw)
+    t.add_row("launch", "launch directly (python -m)" if plan.launch_mode == "direct" else "torchrun per node")
+    t.add_row("trainer", f"FSDP2 world size {plan.trainer_world_size} (fully_shard per decoder layer), "
+                         f"data-parallel {plan.data_parallel_size}")
+    mode = "colocated (vLLM sleep/wake of weights + KV cache)" if plan.colocated else "separate GPUs"
+    t.add_row("engines", f"{plan.engine_replicas} vLLM replicas x TP {spec.tp_size}, {mode}")
+    sb = plan.sandbox
+    if sb.mode == "redis":
+        t.add_row("sandbox", f"Redis {sb.redis_url}, front end on node {sb.front_end_node} ({sb.front_end_url}), "
+                             f"{sb.workers_per_node} workers/node = {sb.total_workers}")
+    else:
+        t.add_row("sandbox", f"local, {sb.workers_per_node} workers ({sb.front_end_url})")
+    if plan.samples_per_dp_rank is not None:
+        t.add_row("batch", f"{spec.prompts_per_step} prompts x {spec.rollouts_per_prompt} rollouts = "
+                           f"{plan.samples_per_dp_rank} per data-parallel rank")
+    if plan.est_train_state_gib_per_gpu is not None:
+        t.add_row("memory", f"~{plan.est_train_state_gib_per_gpu} GiB/GPU training state, "
+                            f"~{plan.est_engine_weights_gib_per_gpu} GiB/GPU engine weights")
+    for note in plan.notes:
+        t.add_row("note", Text(note, style="yellow"))
+    return t
+
+
+def _nodes(plan: Plan) -> Table:
+    t = Table(title="per node", title_justify="left")
+    for col in ("node", "trainer ranks", "trainer GPUs", "engines [GPU ids]", "sandbox"):
+        t.add_column(col)
+    for n in plan.nodes:
+        ranks = f"{n.trainer_ranks[0]}..{n.trainer_ranks[-1]}" if len(n.trainer_ranks) > 1 else str(n.trainer_ranks[0])
+        engines = " ".join(f"#{e.replica}[{_gpu_list(e.gpu_ids)}]" for e in n.engines)
+        sandbox = f"{n.sandbox_workers} workers" + (" + Redis front end" if n.runs_redis_front_end else "")
+        t.add_row(str(n.node_rank), ranks, _gpu_list(n.trainer_gpu_ids), engines, sandbox)
+    return t
+
+
+def command_lines(plan: Plan) -> list[str]:
+    """The shell lines in launch order: sandbox head, sandbox workers, then the trainers."""
+    lines: list[str] = []
+    sb = plan.sandbox
+    if sb.mode == "redis":
+        lines += [f"# node {sb.front_end_node} (head): {c}" for c in sb.head_commands]
+        lines.append(f"# every node: {sb.worker_command}")
+    else:
+        lines.append(f"# sandbox: {sb.worker_command}")
+    lines += [f"# node {n.node_rank}: {n.command}" for n in plan.nodes]
+    return lines
+
+
+def shell_wrap(line: str, width: int = 78) -> str:
+    """Break a (commented) shell line before flags so no piece exceeds `width` where possible."""
+    label, sep, command = line.partition(": ") if line.startswith("#") else ("", "", line)
+    units: list[str] = []  # a flag with its value(s) stays on one line
+    for token in (shlex.quote(t) for t in shlex.split(command)):
+        if units and not token.startswith("-") and units[-1].startswith("-"):
+            units[-1] += " " + token
+        else:
+            units.append(token)
+    lines, current = [], ""
+    for unit in units:
+        if current and len(current) + 1 + len(unit) > width - 2:
+            lines.append(current)
+            current = "  " + unit
+        else:
+            current = f"{current} {unit}" if current else unit
+    lines.append(current)
+    body = " \\\n".join(lines)
+    return f"{label}:\n{body}" if sep else body
+
+
+def render_plan(plan: Plan) -> Group:
+    """Tables plus the commands, as one rich renderable."""
+    # No border, and long commands broken with `\` continuations at flag boundaries, so every
+    # line copy-pastes into a shell at any terminal width of 80 or more.
+    commands = Text("\n".join(shell_wrap(line) for line in command_lines(plan)))
+    return Group(_summary(plan), _nodes(plan), Rule("commands", align="left"), commands)
+
+
+def plan_text(plan: Plan, width: int = 400) -> str:
+    """The rendered plan as plain text (for logs and tests); wide so commands stay on one line."""
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, color_system=None, force_terminal=False).print(render_plan(plan))
+    return buffer.getvalue()

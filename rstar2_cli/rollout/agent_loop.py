@@ -1,0 +1,184 @@
+"""Multi-turn agent rollouts: generate, run the tool calls, append the results, repeat.
+
+Why token ids end to end: the trainer must score exactly what the engine sampled, so a trajectory
+is the engine's generated ids (loss mask 1, their sampling logprobs) interleaved with the
+tokenized tool-response turns (loss mask 0, logprob 0.0). Generated text is decoded only to parse
+calls and for logs; it is never re-tokenized.
+
+Why one asyncio task per trajectory: a trajectory sends its tool calls the moment its turn ends
+and its next turn the moment the results are back, so generation of other trajectories keeps the
+engines busy meanwhile (the paper's asynchronous tool dispatch) instead of waiting for the
+slowest turn of a synchronized batch.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rstar2_cli.config import RolloutConfig
+from rstar2_cli.protocol.parser import ParseError, ToolCall, parse_tool_calls
+from rstar2_cli.protocol.responses import response_text, tool_turn_ids
+from rstar2_cli.protocol.template import IM_END, encode_messages, eos_token_ids, problem_messages, single_token_id
+from rstar2_cli.protocol.tools import ToolSpec, get_tools, tool_schemas
+from rstar2_cli.rollout.engines import GenRequest
+from rstar2_cli.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def trajectory_seed(seed: int, prompt_id: str, sample_index: int) -> int:
+    """A stable 31-bit seed per trajectory (independent of run order and of Python's hash salt)."""
+    digest = hashlib.blake2b(f"{seed}|{prompt_id}|{sample_index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
+
+
+@dataclass
+class _Protocol:
+    """What every trajectory of a run shares: tokenizer, tools and stop ids."""
+    tokenizer: Any
+    cfg: RolloutConfig
+    tools: dict[str, ToolSpec]
+    stop_ids: list[int]
+    tool_call_end_id: int
+    im_end_id: int | None
+
+    @classmethod
+    def build(cls, tokenizer, cfg: RolloutConfig) -> "_Protocol":
+        eos = eos_token_ids(tokenizer)
+        end_id = single_token_id(tokenizer, "</tool_call>")
+        return cls(tokenizer, cfg, get_tools(cfg.tool), eos + [end_id], end_id, tokenizer.get_vocab().get(IM_END))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+async def _run_calls(attempts: list[ToolCall | ParseError], tool_runner, proto: _Protocol,
+                     session: str) -> list[Any]:
+    """Outcomes in call order: ParseErrors as they are, valid calls as sandbox RunResults."""
+    calls = [(i, a) for i, a in enumerate(attempts) if isinstance(a, ToolCall)]
+    outcomes: list[Any] = list(attempts)
+    if calls:
+        items = [proto.tools[c.name].run_item(c.arguments, session) for _, c in calls]
+        results = await tool_runner.run_batch(items, timeout=proto.cfg.tool_timeout)
+        if len(results) != len(items):
+            raise RuntimeError(f"tool runner returned {len(results)} results for {len(items)} calls")
+        for (i, _), r in zip(calls, results):
+            outcomes[i] = r
+    return outcomes
+
+
+async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_runner,
+                       proto: _Protocol) -> Trajectory:
+    cfg = proto.cfg
+    budget = cfg.max_response_tokens
+    ids, mask, logprobs = traj.response_ids, traj.loss_mask, traj.logprobs
+    reasons: list[str] = []           # per call: "ok", a sandbox failure reason, or "parse_error"
+    used_session = False
+    try:
+        while True:
+            req = GenRequest(prompt_ids=traj.prompt_ids + ids, max_tokens=budget - len(ids),
+                             temperature=cfg.temperature, top_p=cfg.top_p, stop_token_ids=proto.stop_ids,
+                             seed=(seed + 1_000_003 * traj.num_turns) & 0x7FFFFFFF, logprobs=True)
+            res = await generator.generate(req, key=key)
+            if len(res.logprobs) != len(res.token_ids):
+                raise RuntimeError(f"engine returned {len(res.logprobs)} logprobs for {len(res.token_ids)} tokens")
+            ids.extend(res.token_ids)
+            mask.extend([1] * len(res.token_ids))
+            logprobs.extend(float(x) for x in res.logprobs)
+            traj.num_turns += 1
+            if len(ids) >= budget or res.finish_reason == "length":
+                traj.finish_reason = "length"
+                break
+            last = res.token_ids[-1] if res.token_ids else None
+            attempts = parse_tool_calls(proto.decode(res.token_ids), proto.tools, cfg.max_calls_per_turn)
+            # A turn continues only if it ended where the template can append a user turn: on
+            # </tool_call>, or on <|im_end|> after a broken call (e.g. an unclosed <tool_call>).
+            if not attempts or last not in (proto.tool_call_end_id, proto.im_end_id):
+                traj.finish_reason = "stop"
+                break
+            if traj.num_turns >= cfg.max_turns:
+                traj.finish_reason = "max_turns"
+                break
+            started = time.monotonic()
+            outcomes = await _run_calls(attempts, tool_runner, proto, key)
+            traj.tool_time += time.monotonic() - started
+            used_session = used_session or any(isinstance(a, ToolCall) and proto.tools[a.name].stateful
+                                               for a in attempts)
+            for o in outcomes:
+                reasons.append("parse_error" if isinstance(o, ParseError) else o.reason)
+            traj.num_tool_calls += len(outcomes)
+            traj.num_tool_errors += sum(r != "ok" for r in reasons[-len(outcomes):])
+            texts = [response_text(o, cfg.tool_response_max_chars, cfg.tool_timeout) for o in outcomes]
+            tool_ids = tool_turn_ids(proto.tokenizer, texts, after_im_end=(last == proto.im_end_id))
+            room = budget - len(ids)
+            ids.extend(tool_ids[:room])
+            mask.extend([0] * min(len(tool_ids), room))
+            logprobs.extend([0.0] * min(len(tool_ids), room))
+            if len(tool_ids) >= room:
+                traj.finish_reason = "length"
+                break
+    except Exception as e:  # one broken trajectory must not sink the batch; the caller sees "error"
+        log.warning("trajectory %s failed: %r", key, e)
+        traj.finish_reason = "error"
+        traj.extra["error"] = repr(e)
+    finally:
+        if used_session and hasattr(tool_runner, "close_session"):
+            tool_runner.close_session(key)
+    traj.text = proto.decode(ids)
+    traj.extra.update(key=key, seed=seed, tool_reasons=reasons)
+    return traj
+
+
+async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_problem: int, generator,
+                         tool_runner, tokenizer, cfg: RolloutConfig, *, seed: int = 0,
+                         progress: bool = True) -> list[Trajectory]:
+    """Roll out `samples_per_problem` trajectories for each (prompt_id, problem_text, gold).
+
+    Returns trajectories grouped by problem, in input order (sample_index 0..n-1 within a group).
+    Raises only if every trajectory failed (e.g. the engine is down); otherwise failed ones come
+    back with finish_reason "error".
+    """
+    if samples_per_problem < 1:
+        raise ValueError(f"samples_per_problem must be >= 1, got {samples_per_problem}")
+    proto = _Protocol.build(tokenizer, cfg)
+    schemas = tool_schemas(proto.tools) if cfg.tools_in_prompt else None
+    trajs: list[Trajectory] = []
+    jobs = []
+    for prompt_id, problem, gold in problems:
+        prompt_ids = encode_messages(tokenizer, problem_messages(problem, cfg.system_prompt), schemas,
+                                     add_generation_prompt=True)
+        for k in range(samples_per_problem):
+            t = Trajectory(prompt_id=prompt_id, sample_index=k, prompt_ids=list(prompt_ids), gold=gold)
+            trajs.append(t)
+            jobs.append((t, f"{prompt_id}#{k}", trajectory_seed(seed, prompt_id, k)))
+    if not jobs:
+        return []
+
+    async def run_all(on_done=None) -> None:
+        async def one(t, key, s):
+            await _rollout_one(t, key, s, generator, tool_runner, proto)
+            if on_done is not None:
+                on_done(t)
+        await asyncio.gather(*(one(*j) for j in jobs))
+
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        with Progress(TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[info]}")) as bar:
+            task = bar.add_task("rollout", total=len(jobs), info="")
+            stats = {"tool_calls": 0}
+
+            def advance(t: Trajectory) -> None:
+                stats["tool_calls"] += t.num_tool_calls
+                bar.update(task, advance=1, info=f"tool calls {stats['tool_calls']}")
+            await run_all(advance)
+    else:
+        await run_all()
+    failed = [t for t in trajs if t.finish_reason == "error"]
+    if len(failed) == len(trajs):
+        raise RuntimeError(f"all {len(trajs)} trajectories failed; first error: {failed[0].extra.get('error')}")
+    return trajs

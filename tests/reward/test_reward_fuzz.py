@@ -1,0 +1,80 @@
+"""10,000 random and truncated responses through grade_batch: every item gets a valid verdict.
+
+Policies emit arbitrary text, including cut-off LaTeX; the reward step must return a reward for
+each of them (no exception, no hang) and keep working afterwards.
+"""
+from __future__ import annotations
+
+import json
+import random
+import string
+from pathlib import Path
+
+from rstar2_cli.reward import REASONS, GraderPool
+
+N_ITEMS = 10_000
+LATEX_TOKENS = [
+    "\\frac{", "}{", "}", "{", "\\sqrt{", "^", "_", "\\pi", "\\cdot", "!", "\\left(", "\\right)", "(", ")",
+    "[", "]", ",", "-", "+", "=", "x", "\\infty", "\\cup", "\\text{", "\\%", "\\$", "\\\\", "\\{", "\\}",
+    "\\begin{pmatrix}", "\\end{pmatrix}", "&", "1", "2", "9", "10", "0.5", "\\pm", "\\circ", "\\boxed{",
+    "<answer>", "</answer>", " ", "\n", "\\", "é", "∞",
+]
+
+
+def _random_text(rng: random.Random) -> str:
+    alphabet = string.printable + "∑√π€\u0000\u2212"
+    return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120)))
+
+
+def _token_soup(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(LATEX_TOKENS) for _ in range(rng.randint(1, n)))
+
+
+def _truncated(rng: random.Random, text: str) -> str:
+    cut = rng.randint(0, len(text))
+    return text[:cut]
+
+
+def _items(data_dir: Path) -> list[tuple[str, str]]:
+    rng = random.Random(20250915)
+    rows = [json.loads(line) for line in (data_dir / "math500.jsonl").read_text(encoding="utf-8").splitlines()]
+    golds = [r["answer"] for r in rows]
+    items: list[tuple[str, str]] = []
+    for _ in range(3500):  # arbitrary text, occasionally with tags: extraction only
+        text = _random_text(rng)
+        if rng.random() < 0.3:
+            text = f"{text}<answer>{_random_text(rng)}"
+        items.append((text, rng.choice(golds)))
+    for _ in range(3000):  # real solutions and answers cut at a random point
+        row = rng.choice(rows)
+        full = f"{row['solution']}\n<answer>\\boxed{{{row['answer']}}}</answer>"
+        items.append((_truncated(rng, full), row["answer"]))
+    for _ in range(2700):  # number-like answers against integer golds: the fast path
+        answer = rng.choice([str(rng.randint(-10**6, 10**6)), f"{rng.randint(0, 999)},{rng.randint(100, 999)}",
+                             f"{rng.random() * 100:.3f}", f"\\text{{{rng.randint(0, 99)}}}", _token_soup(rng, 3)])
+        items.append((f"<answer>\\boxed{{{answer}}}</answer>", str(rng.randint(0, 999))))
+    for _ in range(N_ITEMS - len(items) - 5):  # random or truncated LaTeX inside a box: the pool
+        soup = _token_soup(rng, 12) if rng.random() < 0.5 else _truncated(rng, rng.choice(golds))
+        items.append((f"<answer>\\boxed{{{soup}}}</answer>", rng.choice(golds)))
+    items += [  # very long inputs: extraction must stay linear
+        ("\\boxed{" * 20_000, "1"),
+        ("<answer>" * 20_000, "1"),
+        ("<answer>\\boxed{" + "{" * 50_000 + "}" * 50_000 + "}</answer>", "1"),
+        ("\\" * 100_001, "1"),
+        ("<answer>\\boxed{" + "1" * 100_000 + "}</answer>", "1"),
+    ]
+    return items
+
+
+def test_ten_thousand_hostile_responses_all_get_a_valid_verdict(data_dir: Path):
+    items = _items(data_dir)
+    assert len(items) == N_ITEMS
+    with GraderPool(workers=2) as pool:
+        results = pool.grade_batch(items, timeout=3.0)
+        assert len(results) == N_ITEMS
+        for r in results:
+            assert r.reason in REASONS
+            assert r.reward == (1.0 if r.reason == "correct" else 0.0)
+        reasons = {r.reason for r in results}
+        assert {"no_answer", "unbalanced_braces", "correct", "wrong"} <= reasons
+        assert pool.grade("<answer>\\boxed{0.5}</answer>", "\\frac{1}{2}").reason == "correct"
