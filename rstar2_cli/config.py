@@ -91,6 +91,7 @@ class LossConfig(_Section):
     eps_high: float = Field(0.28, ge=0.0)             # Clip-Higher
     tis: bool = False                                 # truncated importance sampling vLLM vs trainer
     tis_cap: float = Field(2.0, gt=0.0)
+    dual_clip: float | None = Field(None, gt=1.0)     # verl's dual-clip c (the release runs 3.0); None = off
 
 
 class OptimConfig(_Section):
@@ -107,6 +108,7 @@ class TrainConfig(_Section):
     prompts_per_step: int = Field(512, ge=1)
     group_size: int = Field(16, ge=1)                 # G kept per prompt (2G rolled out with RoC)
     micro_batch_tokens: int = Field(16384, ge=1)      # packing budget per micro-batch
+    ppo_mini_batches: int = Field(1, ge=1)            # optimizer steps per batch (release: 1)
     seed: int = 0
     save_every: int = Field(10, ge=1)
     out_dir: str = "runs/rl"

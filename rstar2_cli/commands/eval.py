@@ -1,0 +1,56 @@
+"""`rstar2 eval SET CKPT`: the paper's evaluation protocol on a benchmark or a custom set."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("eval")
+    def eval_cmd(
+        benchmark: str = typer.Argument(..., help="aime24 | aime25 | math500 | hmmt25 | custom (with --data)"),
+        model: str = typer.Argument(..., help="checkpoint folder (HF format), or the served model name with --engine openai"),
+        data: Optional[str] = typer.Option(None, "--data", help="a jsonl with id, problem, answer"),
+        data_dir: Optional[str] = typer.Option(None, "--data-dir", envvar="RSTAR2_DATA_DIR", help="local folder laid out like shared/data"),
+        out: Optional[str] = typer.Option(None, "--out", help="output folder (default runs/eval/SET-MODEL); reruns resume"),
+        samples: int = typer.Option(16, "--samples", help="samples per problem (avg@k)"),
+        temperature: float = typer.Option(0.6, "--temperature"),
+        top_p: float = typer.Option(0.95, "--top-p"),
+        max_tokens: int = typer.Option(30000, "--max-tokens", help="response budget, tool tokens included"),
+        max_turns: int = typer.Option(30, "--max-turns"),
+        limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems"),
+        seed: int = typer.Option(0, "--seed"),
+        answer_mode: str = typer.Option("paper", "--answer-mode", help="paper: \\boxed{} inside <answer>; last_boxed: for other models"),
+        engine: str = typer.Option("vllm", "--engine", help="vllm (local) | openai (any OpenAI-compatible server)"),
+        base_url: Optional[str] = typer.Option(None, "--base-url", help="with --engine openai, e.g. http://127.0.0.1:8000/v1"),
+        tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer folder for --engine openai (default: MODEL)"),
+        sandbox_url: Optional[str] = typer.Option(None, "--sandbox-url", help="a running rstar2 serve-sandbox (default: embedded pool)"),
+        max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
+    ) -> None:
+        """Evaluate a checkpoint with tool-integrated generation: avg@k pass@1, pass@k, maj@k, lengths, tool stats."""
+        from pydantic import ValidationError
+
+        from rstar2_cli.eval.settings import EvalSettings
+
+        try:
+            settings = EvalSettings(
+                benchmark=benchmark if not data else (benchmark if benchmark != "custom" else "custom"),
+                model=model, data=data, data_dir=data_dir, out_dir=out, samples=samples,
+                temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
+                limit=limit, seed=seed, answer_mode=answer_mode, engine=engine, base_url=base_url,
+                tokenizer=tokenizer, sandbox_url=sandbox_url, max_model_len=max_model_len,
+            )
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(x) for x in err["loc"])
+            raise typer.BadParameter(f"{loc + ': ' if loc else ''}{err['msg']}") from None
+
+        from rstar2_cli.data.problems import DataError
+        from rstar2_cli.eval.runner import run_eval
+
+        try:
+            run_eval(settings)
+        except DataError as e:
+            typer.secho(f"error: {e}", fg="red", err=True)
+            raise typer.Exit(2) from None

@@ -1,0 +1,30 @@
+"""The human side of an eval: one rich table, printed next to the JSON that holds everything."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def metrics_table(results: dict[str, Any]) -> Table:
+    m = results["metrics"]
+    n = m["samples_per_problem"]
+    t = Table(title=f"{results['benchmark']}  ·  {results['model']}", show_header=True)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("problems", str(m["problems"]))
+    t.add_row(f"avg@{n} pass@1", f"{100 * m[f'avg@{n}']:.1f} % ± {100 * m[f'avg@{n}_std']:.1f}")
+    for key in sorted((k for k in m if k.startswith(("pass@", "maj@"))), key=lambda k: (k[:3], int(k.split("@")[1]))):
+        t.add_row(key, f"{100 * m[key]:.1f} %")
+    for name in ("response_tokens", "turns", "tool_calls"):
+        t.add_row(f"{name.replace('_', ' ')} (mean / median)", f"{m[name]['mean']:.1f} / {m[name]['median']:.1f}")
+    t.add_row("tool-error rate", f"{100 * m['tool_error_rate']:.1f} %")
+    return t
+
+
+def print_report(results: dict[str, Any], out_dir: Path, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(metrics_table(results))
+    console.print(f"results: {out_dir / 'results.json'}   samples: {out_dir / 'trajectories.jsonl'}")

@@ -1,0 +1,182 @@
+"""`rstar2 eval`: tool-integrated generation on a benchmark, graded exactly as in RL.
+
+Generation uses the same agent loop, sandbox and grader as the RL trainer, so an eval number and
+a training reward mean the same thing. Samples are graded and appended to `trajectories.jsonl`
+chunk by chunk (about `CHUNK_TRAJECTORIES` trajectories at a time, enough to keep the engine
+busy); a rerun with the same out dir skips problems whose samples are all
+there (resume), and the metrics are always recomputed from the file, never from memory alone.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from rstar2_cli.eval.settings import EvalSettings
+
+TRAJ_FILE = "trajectories.jsonl"
+RESULTS_FILE = "results.json"
+CHUNK_TRAJECTORIES = 256
+
+
+def default_out_dir(s: EvalSettings) -> Path:
+    name = Path(s.model.rstrip("/")).name or "model"
+    bench = s.benchmark if not s.data else Path(s.data).stem
+    return Path("runs") / "eval" / f"{bench}-{name}"
+
+
+def load_done(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """Samples already written by an earlier (possibly interrupted) run, keyed by (id, index)."""
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    if not path.is_file():
+        return done
+    with path.open() as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash mid-write: that sample is simply redone
+            done.setdefault((rec["problem_id"], int(rec["sample_index"])), rec)
+    return done
+
+
+def sample_record(traj, grade) -> dict[str, Any]:
+    return {
+        "problem_id": traj.prompt_id,
+        "sample_index": traj.sample_index,
+        "reward": grade.reward,
+        "extracted": grade.extracted,
+        "grade_reason": grade.reason,
+        "gold": traj.gold,
+        "response_tokens": traj.response_length,
+        "generated_tokens": int(sum(traj.loss_mask)),
+        "turns": traj.num_turns,
+        "tool_calls": traj.num_tool_calls,
+        "tool_errors": traj.num_tool_errors,
+        "finish_reason": traj.finish_reason,
+        "text": traj.text,
+    }
+
+
+async def _make_engine(s: EvalSettings, tokenizer):
+    from rstar2_cli.config import EngineConfig
+    from rstar2_cli.rollout.engines import OpenAIEngine, VLLMEngine
+
+    if s.engine == "openai":
+        return OpenAIEngine(base_url=s.base_url, model=s.model)
+    prompt_budget = 2048
+    max_len = s.max_model_len or (s.max_tokens + prompt_budget)
+    cfg = EngineConfig(cpu_kvcache_space_gb=s.cpu_kvcache_space_gb)
+    return VLLMEngine.from_config(s.model, cfg, max_model_len=max_len, seed=s.seed)
+
+
+async def _generate(s: EvalSettings, problems, tokenizer, out_file: Path, engine=None, tools=None) -> None:
+    """Roll out every problem that is not complete in `out_file`, appending chunk by chunk.
+
+    `engine` / `tools`: an already running generator and sandbox to reuse (the quickstart and
+    the tests share one); otherwise they are started here and closed at the end."""
+    from rstar2_cli.config import RolloutConfig
+    from rstar2_cli.reward import grade_batch
+    from rstar2_cli.rollout.agent_loop import run_agent_loop
+
+    rollout_cfg = RolloutConfig(
+        max_turns=s.max_turns,
+        max_response_tokens=s.max_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+    )
+    async with AsyncExitStack() as stack:
+        if engine is None:
+            engine = await _make_engine(s, tokenizer)
+            stack.push_async_callback(engine.close)
+        if tools is None:
+            if s.sandbox_url:
+                from sandbox.client import RemoteSandbox
+
+                tools = RemoteSandbox(s.sandbox_url)
+            else:
+                from sandbox import Sandbox
+
+                tools = Sandbox()
+            await stack.enter_async_context(tools)
+        from rstar2_cli.rollout.scheduler import LoadBalancedScheduler
+
+        generator = LoadBalancedScheduler([engine])
+        per_chunk = max(1, CHUNK_TRAJECTORIES // s.samples)
+        for start in range(0, len(problems), per_chunk):
+            chunk = problems[start : start + per_chunk]
+            trajs = await run_agent_loop(
+                [(p.id, p.problem, p.answer) for p in chunk],
+                s.samples,
+                generator,
+                tools,
+                tokenizer,
+                rollout_cfg,
+                seed=s.seed,
+                progress=s.progress,
+            )
+            grades = await asyncio.to_thread(
+                grade_batch,
+                [(t.text, t.gold) for t in trajs],
+                timeout=s.grade_timeout,
+                mode=s.answer_mode,
+            )
+            with out_file.open("a") as f:
+                for t, g in zip(trajs, grades):
+                    f.write(json.dumps(sample_record(t, g)) + "\n")
+
+
+def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[str, Any]:
+    """Run (or resume) one evaluation and write results.json; returns the results dict.
+
+    `engine` (anything with `async generate(req, key=None)`) and `tools` (a started sandbox) may
+    be passed in to reuse them across evaluations."""
+    from transformers import AutoTokenizer
+
+    from rstar2_cli.data.problems import load_problems
+    from rstar2_cli.eval.metrics import as_records, per_problem_summary, summarize
+    from rstar2_cli.eval.report import print_report
+
+    out = Path(s.out_dir) if s.out_dir else default_out_dir(s)
+    out.mkdir(parents=True, exist_ok=True)
+    source = s.data or s.benchmark
+    problems = load_problems(source, data_dir=s.data_dir)
+    if s.limit:
+        problems = problems[: s.limit]
+    traj_path = out / TRAJ_FILE
+    done = load_done(traj_path)
+    todo = [p for p in problems if any((p.id, i) not in done for i in range(s.samples))]
+    started = time.time()
+    if todo:
+        tokenizer = AutoTokenizer.from_pretrained(s.tokenizer or s.model)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.cpu_kvcache_space_gb))
+        # The sandbox pool and vLLM engines run their own event-loop threads, so a fresh loop
+        # here can drive engines and sandboxes that callers started elsewhere.
+        asyncio.run(_generate(s, todo, tokenizer, traj_path, engine=engine, tools=tools))
+    records = [
+        r
+        for (pid, idx), r in load_done(traj_path).items()
+        if idx < s.samples and pid in {p.id for p in problems}
+    ]
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= s.samples]
+    metrics = summarize(records, ks=ks)
+    results = {
+        "benchmark": source,
+        "model": s.model,
+        "num_problems": len(problems),
+        "resumed_problems": len(problems) - len(todo),
+        "generation_seconds": round(time.time() - started, 2),
+        "metrics": metrics,
+        "settings": s.model_dump(mode="json"),
+        "per_problem": per_problem_summary(as_records(records)),
+    }
+    (out / RESULTS_FILE).write_text(json.dumps(results, indent=2))
+    print_report(results, out, console)
+    return results

@@ -1,0 +1,49 @@
+"""Evaluation settings: the paper's protocol as defaults, validated at construction.
+
+rStar2-Agent reports avg@16 pass@1 at temperature 0.6, up to 30K response tokens and up to 30
+turns. The official eval scripts set neither the temperature nor the turn limit, so the protocol
+lives here, once, and every run writes the full resolved settings next to its results.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+BENCHMARKS = ("aime24", "aime25", "math500", "hmmt25")
+
+
+class EvalSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    benchmark: str                                   # aime24 | aime25 | math500 | hmmt25 | custom
+    model: str                                       # checkpoint folder, or the served model name
+    data: str | None = None                          # a jsonl with id, problem, answer (custom set)
+    data_dir: str | None = None                      # local folder laid out like shared/data
+    out_dir: str | None = None
+    samples: int = Field(16, ge=1)                   # k in avg@k
+    temperature: float = Field(0.6, ge=0.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    max_tokens: int = Field(30000, ge=1)             # response budget, tool tokens included
+    max_turns: int = Field(30, ge=1)
+    limit: int | None = Field(None, ge=1)            # only the first N problems
+    seed: int = 0
+    answer_mode: Literal["paper", "last_boxed"] = "paper"
+    engine: Literal["vllm", "openai"] = "vllm"
+    base_url: str | None = None                      # for --engine openai
+    tokenizer: str | None = None                     # for --engine openai (default: model)
+    sandbox_url: str | None = None                   # remote sandbox; None = embedded pool
+    max_model_len: int | None = None
+    cpu_kvcache_space_gb: int = Field(1, ge=1)
+    grade_timeout: float = Field(5.0, gt=0.0)
+    progress: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> "EvalSettings":
+        if self.engine == "openai" and not self.base_url:
+            raise ValueError("--engine openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+        if self.benchmark not in BENCHMARKS and not self.data:
+            raise ValueError(
+                f"unknown benchmark {self.benchmark!r}: use one of {', '.join(BENCHMARKS)} or --data FILE"
+            )
+        return self

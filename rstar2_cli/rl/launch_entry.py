@@ -1,0 +1,52 @@
+"""What `rstar2 rl` runs: directly in this process, under torchrun, or printed for each node.
+
+`python -m rstar2_cli.rl.launch_entry --config resolved_recipe.yaml [--resume]` is the module
+torchrun starts on every rank (see `rstar2_cli/launch/topology.py`), so a multi-GPU run executes
+the same code as a CPU run.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+
+def launch(plan, cfg, *, resume: bool, console) -> int:
+    """Run the plan: in-process for one device, torchrun on one node, else print per-node commands."""
+    from rstar2_cli.launch.plan_view import command_lines
+
+    if plan.launch_mode == "direct":
+        from rstar2_cli.rl.trainer import train
+
+        final = train(cfg, resume=resume)
+        console.print(f"[green]done[/]: final checkpoint {final}")
+        return 0
+    if len(plan.nodes) == 1:
+        argv = list(plan.nodes[0].launch)
+        console.print("launching: " + " ".join(argv))
+        return subprocess.call(argv)
+    console.print("[bold]Run these on each node[/] (sandbox cluster first):")
+    for line in command_lines(plan):
+        console.print(line, soft_wrap=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rstar2_cli.rl.launch_entry")
+    ap.add_argument("--config", required=True, help="a resolved recipe YAML")
+    ap.add_argument("--resume", action="store_true")
+    args = ap.parse_args(argv)
+    from rstar2_cli.config import ConfigError, load_recipe
+    from rstar2_cli.rl.trainer import train
+
+    try:
+        cfg = load_recipe(args.config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    train(cfg, resume=args.resume)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

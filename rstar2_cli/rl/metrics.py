@@ -1,0 +1,170 @@
+"""One RL step's metrics: gathered into a flat dict, appended to metrics.jsonl, optionally mirrored.
+
+Why a flat dict with slash-separated names ("rollout/accuracy", "train/grad_norm"): the same
+record goes to JSONL (the source of truth, one line per step, readable by pandas/jq), to
+TensorBoard when `tensorboard` is installed and to wandb when enabled, without translation.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from rstar2_cli.rollout.trajectory import Trajectory
+
+
+class StepTimer:
+    """Named wall-clock sections of a step: `with timer("rollout"): ...` -> time/rollout."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"time/{k}": v for k, v in self.seconds.items()}
+        out["time/step"] = sum(self.seconds.values())
+        return out
+
+
+def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    arr = np.asarray(values, dtype=float)
+    return {f"{prefix}_mean": float(arr.mean()), f"{prefix}_max": float(arr.max()), f"{prefix}_min": float(arr.min())}
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], max_response_tokens: int | None = None) -> dict[str, float]:
+    """Reward/accuracy, lengths, turns and tool use over ALL rollouts of the step."""
+    ts = list(trajectories)
+    if not ts:
+        return {"rollout/trajectories": 0.0}
+    calls = sum(t.num_tool_calls for t in ts)
+    pos = [t for t in ts if t.reward > 0]
+    pos_calls = sum(t.num_tool_calls for t in pos)
+    lengths = [t.response_length for t in ts]
+    limit = max_response_tokens
+    clipped = [t.finish_reason == "length" or (limit is not None and t.response_length >= limit) for t in ts]
+    out = {
+        "rollout/trajectories": float(len(ts)),
+        "rollout/reward_mean": float(np.mean([t.reward for t in ts])),
+        "rollout/accuracy": float(np.mean([t.reward > 0 for t in ts])),
+        "rollout/clip_ratio": float(np.mean(clipped)),
+        "rollout/tool_calls_total": float(calls),
+        "rollout/tool_error_ratio": sum(t.num_tool_errors for t in ts) / calls if calls else 0.0,
+        "rollout/tool_error_ratio_positive": sum(t.num_tool_errors for t in pos) / pos_calls if pos_calls else 0.0,
+        "rollout/tool_time_total": float(sum(t.tool_time for t in ts)),
+    }
+    out.update(_stats("rollout/response_length", lengths))
+    out.update(_stats("rollout/turns", [t.num_turns for t in ts]))
+    out.update(_stats("rollout/tool_calls", [t.num_tool_calls for t in ts]))
+    return out
+
+
+def step_metrics(step: int, rollouts: Sequence[Trajectory], roc: Any = None,
+                 update: Mapping[str, float] | None = None, timing: StepTimer | Mapping[str, float] | None = None,
+                 max_response_tokens: int | None = None) -> dict[str, float]:
+    """Everything logged for one step.
+
+    roc: a RocResult (or its .metrics dict); update: PolicyTrainer.update()'s dict; timing: a
+    StepTimer or a {"time/<phase>": seconds} dict (rollout, tools, reward, train, sync, step).
+    """
+    out: dict[str, float] = {"step": float(step)}
+    out.update(rollout_metrics(rollouts, max_response_tokens))
+    out.update(dict(getattr(roc, "metrics", roc) or {}))
+    out.update({f"train/{k}": float(v) for k, v in (update or {}).items()})
+    times = timing.metrics() if isinstance(timing, StepTimer) else dict(timing or {})
+    out.update(times)
+    if times.get("time/rollout"):
+        tokens = sum(len(t.prompt_ids) + t.response_length for t in rollouts)
+        out["throughput/rollout_tokens_per_s"] = tokens / times["time/rollout"]
+    if update and times.get("time/train"):
+        out["throughput/train_loss_tokens_per_s"] = float(update.get("loss_tokens", 0.0)) / times["time/train"]
+    return out
+
+
+LIVE_COLUMNS = [("step", "step", "{:.0f}"), ("rollout/accuracy", "acc", "{:.3f}"),
+                ("roc/groups_kept", "groups", "{:.0f}"), ("rollout/response_length_mean", "len", "{:.0f}"),
+                ("rollout/tool_error_ratio", "tool err", "{:.3f}"), ("train/loss", "loss", "{:+.4f}"),
+                ("train/grad_norm", "grad", "{:.3f}"), ("train/entropy", "entropy", "{:.3f}"),
+                ("train/clip_frac", "clip", "{:.4f}"), ("time/step", "s/step", "{:.1f}")]
+
+
+class MetricsWriter:
+    """Appends a JSON line per step to <out_dir>/metrics.jsonl; a live rich table row and
+    TensorBoard/wandb mirrors if asked. `enabled=False` (non-zero ranks) makes it a no-op."""
+
+    def __init__(self, out_dir: str | Path, tensorboard: bool = False, wandb: bool = False, *,
+                 enabled: bool = True, live: bool = False, run_name: str | None = None,
+                 config: dict[str, Any] | None = None):
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.enabled, self.live = enabled, live
+        self._tb = self._wandb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise RuntimeError("train.tensorboard is on but tensorboard is not installed: "
+                                   "pip install tensorboard") from e
+            self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
+        if wandb:
+            try:
+                import wandb as wandb_mod
+            except ImportError as e:
+                raise RuntimeError("train.wandb is on but wandb is not installed: pip install wandb") from e
+            self._wandb = wandb_mod.init(name=run_name, config=config or {}, dir=str(out_dir))
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        if not self.enabled:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **{k: v for k, v in clean.items() if k != "step"}}) + "\n")
+        numeric = {k: float(v) for k, v in clean.items() if isinstance(v, (int, float)) and k != "step"}
+        if self._tb is not None:
+            for k, v in numeric.items():
+                self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+        if self.live:
+            self._print_row(step, clean)
+
+    log = write
+
+    def _print_row(self, step: int, metrics: Mapping[str, Any]) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(show_header=(step <= 1 or not getattr(self, "_header_shown", False)), box=None)
+        for _, title, _ in LIVE_COLUMNS:
+            table.add_column(title, justify="right", min_width=8)
+        values = {**metrics, "step": step}
+        table.add_row(*[fmt.format(values[k]) if isinstance(values.get(k), (int, float)) else "-"
+                        for k, _, fmt in LIVE_COLUMNS])
+        Console().print(table)
+        self._header_shown = True
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,243 @@
+"""The policy update: owns the HF model, AdamW and the LR schedule; one call per RL step.
+
+Why one class: the trainer loop should read "rollout -> reward -> RoC -> advantages ->
+policy.update -> weight sync"; sharding, packing, old logprobs, token normalisation and
+gradient clipping are details that belong together here.
+
+Parallelism: under torchrun (WORLD_SIZE > 1) each decoder layer and then the root are wrapped
+with FSDP2 `fully_shard` (gloo on CPU, nccl on GPU). Every rank receives its own shard of
+trajectories; the global loss-token count is all-reduced, so N ranks reproduce the 1-rank update.
+FSDP2 averages gradients over ranks, so the loss is multiplied by world_size before backward to
+turn that mean into the sum the global token normalisation expects. All ranks must run the same
+number of forward/backward passes (FSDP collectives), so a rank with fewer micro-batches runs
+zero-weighted dummy passes. Without torchrun there is no process group and no FSDP wrapper.
+
+Precision: parameters and AdamW state stay fp32 (master weights); ModelConfig.dtype picks the
+compute dtype ("auto": bf16 on GPU, fp32 on CPU) via FSDP2 MixedPrecisionPolicy (reduce in fp32)
+or, unsharded, torch.autocast.
+
+PPO epochs: one pass over the batch split into `ppo_mini_batches` optimizer steps. Old logprobs
+are computed by the current policy before the first step, so with the release recipe's single
+mini-batch (ppo_mini_batch_size = train_batch_size = 128) the ratio is exactly 1 and clipping
+never fires; only TIS (vLLM vs trainer mismatch) reweights tokens. With ppo_mini_batches > 1 the
+later mini-batches see a moved policy and Clip-Higher acts. The LR schedule advances once per
+update() call (one RL step), like verl.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
+from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.loss import LossStats, policy_loss, tis_weights, token_entropy
+from rstar2_cli.rl.packing import PackedRow, pack_sequences
+from rstar2_cli.rollout.trajectory import Trajectory
+
+
+def compute_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def warmup_then_constant(warmup_steps: int):
+    """LR factor for scheduler step s (0-based): (s+1)/warmup during warm-up, then 1.
+
+    verl uses s/warmup, which makes the first update a no-op (lr 0); we start at lr/warmup.
+    """
+    return lambda s: 1.0 if warmup_steps <= 0 else min(1.0, (s + 1) / warmup_steps)
+
+
+def _decoder_layers(model) -> Sequence[torch.nn.Module]:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no .model.layers to shard with FSDP2")
+    return layers
+
+
+class PolicyTrainer:
+    def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, loss_cfg: LossConfig, *,
+                 micro_batch_tokens: int, ppo_mini_batches: int = 1, dual_clip: float | None = None,
+                 model=None):
+        from transformers import AutoModelForCausalLM
+
+        if ppo_mini_batches < 1:
+            raise ValueError(f"ppo_mini_batches must be >= 1, got {ppo_mini_batches}")
+        self.model_cfg, self.optim_cfg, self.loss_cfg = model_cfg, optim_cfg, loss_cfg
+        self.micro_batch_tokens = micro_batch_tokens
+        self.ppo_mini_batches = ppo_mini_batches
+        self.dual_clip = dual_clip
+        self.info = rl_dist.setup_distributed()
+        self.device = self.info.device
+        self.dtype = compute_dtype(model_cfg.dtype, self.device)
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_cfg.path, dtype=torch.float32,
+                                                         attn_implementation="sdpa")
+        model = model.float()
+        model.config.use_cache = False
+        if model_cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.sharded = self.info.world_size > 1
+        if self.sharded:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
+            for layer in _decoder_layers(model):
+                fully_shard(layer, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
+        self.model = model.to(self.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
+                                           weight_decay=optim_cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_then_constant(optim_cfg.warmup_steps))
+
+    # ------------------------------------------------------------ forward passes
+
+    def _autocast(self):
+        if self.sharded or self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def _row_logprobs(self, row: PackedRow, with_entropy: bool):
+        """Per-token logprobs of the row's response tokens (concatenated span after span)."""
+        keep = row.logit_positions().to(self.device)
+        with self._autocast():
+            out = self.model(input_ids=row.input_ids.to(self.device), position_ids=row.position_ids.to(self.device),
+                             logits_to_keep=keep, use_cache=False)
+        logits = out.logits[0].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, row.target_ids().to(self.device)[:, None])[:, 0]
+        return logp, (token_entropy(logits) if with_entropy else None)
+
+    def _dummy_pass(self, backward: bool) -> None:
+        """A zero-weighted pass so this rank joins the FSDP collectives of the other ranks."""
+        ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+        with self._autocast():
+            out = self.model(input_ids=ids, use_cache=False)
+        if backward:
+            (out.logits.float().sum() * 0.0).backward()
+
+    def _rows(self, batch: Sequence[Trajectory]) -> list[PackedRow]:
+        return pack_sequences([(t.prompt_ids, t.response_ids) for t in batch], self.micro_batch_tokens)
+
+    def _aligned_count(self, n: int) -> int:
+        return int(rl_dist.all_reduce_max([float(n)], self.device)[0])
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Sequence[Trajectory]) -> list[torch.Tensor]:
+        """Current-policy logprobs of each trajectory's response tokens (CPU fp32 tensors)."""
+        rows = self._rows(batch)
+        result: list[torch.Tensor | None] = [None] * len(batch)
+        for i in range(self._aligned_count(len(rows))):
+            if i >= len(rows):
+                self._dummy_pass(backward=False)
+                continue
+            logp, _ = self._row_logprobs(rows[i], with_entropy=False)
+            for span, piece in zip(rows[i].spans, logp.split([s.response_len for s in rows[i].spans])):
+                result[span.index] = piece.cpu()
+        return result  # type: ignore[return-value]
+
+    # ------------------------------------------------------------ the update
+
+    def _token_tensors(self, t: Trajectory, adv: float, old: torch.Tensor):
+        n = len(t.response_ids)
+        if len(t.loss_mask) != n:
+            raise ValueError(f"trajectory {t.prompt_id}#{t.sample_index}: loss_mask has {len(t.loss_mask)} "
+                             f"entries for {n} response tokens")
+        mask = torch.tensor(t.loss_mask, dtype=torch.float32)
+        rollout = torch.tensor(t.logprobs, dtype=torch.float32) if len(t.logprobs) == n else None
+        return mask, torch.full((n,), float(adv)), old, rollout
+
+    def _concat(self, parts: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+        """Per-trajectory token tensors of one row, concatenated; None if any is missing
+        (rollout logprobs are optional)."""
+        return None if any(p is None for p in parts) else torch.cat(list(parts)).to(self.device)
+
+    def update(self, batch: Sequence[Trajectory], advantages: Sequence[float]) -> dict[str, float]:
+        """One RL step on this rank's shard: ppo_mini_batches optimizer steps, then LR step."""
+        if len(batch) != len(advantages):
+            raise ValueError(f"{len(batch)} trajectories but {len(advantages)} advantages")
+        old = self.compute_logprobs(batch)
+        chunks = [list(c) for c in np.array_split(np.arange(len(batch)), self.ppo_mini_batches)]
+        losses, norms, stats, vllm_diff = [], [], LossStats(), [0.0, 0.0]
+        for chunk in chunks:
+            tensors = {i: self._token_tensors(batch[i], advantages[i], old[i]) for i in chunk}
+            local_tokens = sum(float(tensors[i][0].sum()) for i in chunk)
+            global_tokens = rl_dist.all_reduce_sum([local_tokens], self.device)[0]
+            if global_tokens <= 0:
+                continue
+            rows = self._rows([batch[i] for i in chunk])
+            loss_sum = 0.0
+            for r in range(self._aligned_count(len(rows))):
+                if r >= len(rows):
+                    self._dummy_pass(backward=True)
+                    continue
+                row = rows[r]
+                members = [chunk[s.index] for s in row.spans]
+                mask, adv, old_lp, rollout = (self._concat(parts) for parts in zip(*(tensors[i] for i in members)))
+                logp, entropy = self._row_logprobs(row, with_entropy=True)
+                tis = None
+                if self.loss_cfg.tis and rollout is not None:
+                    tis = tis_weights(old_lp, rollout, self.loss_cfg.tis_cap)
+                loss, st = policy_loss(logp, old_lp, adv, mask, global_tokens, self.loss_cfg.eps_low,
+                                       self.loss_cfg.eps_high, tis=tis, entropy=entropy, dual_clip=self.dual_clip)
+                (loss * self.info.world_size).backward()
+                loss_sum += float(loss.detach())
+                stats += st
+                if rollout is not None:
+                    vllm_diff[0] += float(((old_lp - rollout).abs() * mask).sum())
+                    vllm_diff[1] += float(mask.sum())
+            norms.append(self._clip_grad_norm())
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            losses.append(rl_dist.all_reduce_sum([loss_sum], self.device)[0])
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        return self._summarise(losses, norms, stats, vllm_diff, lr, len(batch))
+
+    def _clip_grad_norm(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def _summarise(self, losses, norms, stats: LossStats, vllm_diff, lr, n_local) -> dict[str, float]:
+        names = list(stats.__dataclass_fields__)
+        summed = rl_dist.all_reduce_sum([getattr(stats, k) for k in names] + vllm_diff + [float(n_local)], self.device)
+        total = LossStats(**dict(zip(names, summed[:len(names)])))
+        out = {"loss": float(np.mean(losses)) if losses else 0.0,
+               "grad_norm": float(np.mean(norms)) if norms else 0.0,
+               "grad_norm_max": float(np.max(norms)) if norms else 0.0,
+               "lr": lr, "optimizer_steps": float(len(losses)), "trajectories": summed[-1]}
+        out.update(total.as_metrics())
+        if summed[len(names) + 1] > 0:
+            out["logprob_abs_diff_vllm"] = summed[len(names)] / summed[len(names) + 1]
+        return out
+
+    # ------------------------------------------------------------ weights out
+
+    def full_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) pairs for weight sync to vLLM and for checkpoints.
+
+        Sharded: a collective (call on every rank) gathering CPU copies on rank 0; other ranks
+        get an empty iterator. Unsharded: the live parameters (detached, on the training device,
+        no copy), so consume them before the next update()."""
+        if not self.sharded:
+            return iter([(k, v.detach()) for k, v in self.model.state_dict().items()])
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return iter(list(sd.items()))
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Inverse of full_state_dict (every rank passes the full dict)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if not self.sharded:
+            self.model.load_state_dict(state)
+            return
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))

@@ -1,0 +1,252 @@
+"""GRPO-RoC: Resample-on-Correct downsampling of oversampled rollout groups (paper §3.1).
+
+Why: with a binary outcome reward, a correct answer reached through failing tool calls or a
+messy, repeated `<answer>` earns the same reward as a clean one, so plain GRPO reinforces the
+noise. RoC rolls out 2G trajectories per prompt and keeps G: negatives uniformly (their
+failure modes stay diverse), positives preferring low penalty (clean tool use, one answer).
+
+Two selection modes:
+- ``paper``: negatives keep ⌊|neg|·K/n⌋ uniformly at random, positives fill the other
+  K − that = ⌈|pos|·K/n⌉ slots by weighted sampling without replacement with probability
+  ∝ 1/(p_err + p_format + PENALTY_EPS) (``numpy.random.Generator.choice(replace=False, p=...)``
+  draws one item at a time, each with probability ∝ p among the ones not yet drawn: successive
+  weighted sampling). K = G when the group has at least oversample·G members, otherwise about
+  half of them (⌈n/2⌉, at most G), so class proportions are kept and a single positive or a
+  single negative is never dropped by rounding on the positive side.
+- ``release``: microsoft/rStar ``down_sample/roc.py`` after PR #50 (verl recipe rstar2_agent):
+  per-class counts ``round(|class|·G/n)`` (Python's banker's rounding), raised to at least 2
+  negatives and 2 positives where the class has them, positives sorted by penalty (stable),
+  negatives taken in rollout order (PR #50 removed their sort); groups with fewer than G
+  members are dropped, groups with exactly G are kept whole. Where the release would trip its
+  ``assert len(choices) == G`` (odd G with two .5 roundings) we keep what the counts give.
+
+Penalties (identical in both modes, from the Trajectory's fields, see `penalties`):
+- p_err = num_tool_errors / num_tool_calls, 0.5 when there were no calls (release value).
+- p_format: as the release, an answer is a closed ``<answer>…</answer>`` pair; 1.0 when either
+  tag is missing or the open/close counts differ from the number of closed pairs (malformed),
+  else min(1, (answers − 1) / num_turns). The release counts turns from
+  ``<|im_start|>assistant`` markers in the response text (which misses the first turn); we use
+  the agent loop's ``num_turns`` (the paper's definition); 0 turns gives 1.0 as in the release.
+
+Group filter (``reject_equal_reward``): groups whose rewards are all equal carry no GRPO signal
+and are dropped. As in the release it runs on the full oversampled group before selection;
+it runs again after selection, since paper-mode floor rounding can remove a lone negative.
+With RoC disabled: the first G samples of each group, then the same filter.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Literal, Sequence
+
+import numpy as np
+
+from rstar2_cli.config import RocConfig
+from rstar2_cli.rollout.trajectory import Trajectory
+
+PENALTY_EPS = 1e-3          # keeps 1/(p+eps) finite for a perfect (zero-penalty) positive
+RELEASE_MIN_NEGATIVES = 2   # min_zero_reward_trace_num in the release launch script
+RELEASE_MIN_POSITIVES = 2   # min_non_zero_reward_trace_num
+
+_ANSWER_PAIR = re.compile(r"<answer>.*?</answer>", re.DOTALL)
+
+
+def error_penalty(t: Trajectory) -> float:
+    """Fraction of tool calls that failed; 0.5 when the trajectory made no call."""
+    if t.num_tool_calls <= 0:
+        return 0.5
+    return min(1.0, t.num_tool_errors / t.num_tool_calls)
+
+
+def answer_count(text: str) -> int:
+    """Number of closed <answer>…</answer> pairs."""
+    return len(_ANSWER_PAIR.findall(text))
+
+
+def format_penalty(t: Trajectory) -> float:
+    """1 for a missing/malformed answer, else min(1, (answers − 1) / turns)."""
+    text = t.text
+    if "<answer>" not in text or "</answer>" not in text:
+        return 1.0
+    pairs = answer_count(text)
+    if text.count("<answer>") != pairs or text.count("</answer>") != pairs:
+        return 1.0
+    if t.num_turns <= 0:
+        return 1.0
+    return min(1.0, (pairs - 1) / t.num_turns)
+
+
+def penalties(t: Trajectory) -> float:
+    return error_penalty(t) + format_penalty(t)
+
+
+def is_positive(t: Trajectory) -> bool:
+    return t.reward > 0
+
+
+# ---------------------------------------------------------------- selection of one group
+
+
+def _paper_select(group: Sequence[Trajectory], group_size: int, oversample: int,
+                  rng: np.random.Generator) -> list[int]:
+    n = len(group)
+    keep = group_size if n >= oversample * group_size else min(group_size, (n + 1) // 2)
+    if n <= keep:
+        return list(range(n))
+    neg = [i for i, t in enumerate(group) if not is_positive(t)]
+    pos = [i for i, t in enumerate(group) if is_positive(t)]
+    k_neg = (len(neg) * keep) // n
+    k_pos = keep - k_neg                     # == ceil(|pos|·keep/n) <= |pos|
+    chosen: list[int] = []
+    if k_neg:
+        chosen += [int(i) for i in rng.choice(neg, size=k_neg, replace=False)]
+    if k_pos:
+        w = np.array([1.0 / (penalties(group[i]) + PENALTY_EPS) for i in pos])
+        chosen += [int(i) for i in rng.choice(pos, size=k_pos, replace=False, p=w / w.sum())]
+    return sorted(chosen)
+
+
+def _release_select(group: Sequence[Trajectory], group_size: int) -> list[int] | None:
+    """The release's per-uid selection; None = group dropped (fewer than G samples)."""
+    n = len(group)
+    if n < group_size:
+        return None
+    if n == group_size:
+        return list(range(n))
+    neg = [i for i, t in enumerate(group) if not is_positive(t)]
+    pos = sorted((i for i, t in enumerate(group) if is_positive(t)), key=lambda i: penalties(group[i]))
+    k_neg = round(len(neg) * group_size / n)
+    k_pos = round(len(pos) * group_size / n)
+    if k_neg < RELEASE_MIN_NEGATIVES and k_pos < RELEASE_MIN_POSITIVES:
+        return list(range(n))
+    if k_neg <= min(RELEASE_MIN_NEGATIVES, len(neg)):
+        k_neg = min(RELEASE_MIN_NEGATIVES, len(neg))
+        k_pos = group_size - k_neg
+    if k_pos <= min(RELEASE_MIN_POSITIVES, len(pos)):
+        k_pos = min(RELEASE_MIN_POSITIVES, len(pos))
+        k_neg = group_size - k_pos
+    return sorted(pos[:k_pos] + neg[:k_neg])
+
+
+# ---------------------------------------------------------------- the whole step
+
+
+@dataclass
+class RocResult:
+    groups: list[list[Trajectory]]                  # kept groups, each in rollout order
+    dropped: Counter = field(default_factory=Counter)   # groups dropped, per reason
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        return [t for g in self.groups for t in g]
+
+
+def group_by_prompt(trajectories: Iterable[Trajectory]) -> list[list[Trajectory]]:
+    """Group by prompt_id (first-seen order), each group sorted by sample_index."""
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        groups[t.prompt_id].append(t)
+    return [sorted(g, key=lambda t: t.sample_index) for g in groups.values()]
+
+
+def all_rewards_equal(group: Sequence[Trajectory]) -> bool:
+    return len(group) == 0 or all(np.isclose(t.reward, group[0].reward) for t in group)
+
+
+def _tool_error_ratio(ts: Sequence[Trajectory]) -> float:
+    calls = sum(t.num_tool_calls for t in ts)
+    return sum(t.num_tool_errors for t in ts) / calls if calls else 0.0
+
+
+def _population_metrics(ts: Sequence[Trajectory], prefix: str) -> dict[str, float]:
+    pos = [t for t in ts if is_positive(t)]
+    fmt = [format_penalty(t) for t in ts]
+    answers = [answer_count(t.text) for t in ts]
+    return {
+        f"{prefix}/trajectories": float(len(ts)),
+        f"{prefix}/tool_error_ratio": _tool_error_ratio(ts),
+        f"{prefix}/tool_error_ratio_positive": _tool_error_ratio(pos),
+        f"{prefix}/format_penalty_mean": float(np.mean(fmt)) if fmt else 0.0,
+        f"{prefix}/format_penalty_positive_mean": float(np.mean([format_penalty(t) for t in pos])) if pos else 0.0,
+        f"{prefix}/answers_per_rollout": float(np.mean(answers)) if answers else 0.0,
+        f"{prefix}/zero_answer_count": float(sum(a == 0 for a in answers)),
+        f"{prefix}/multi_answer_count": float(sum(a > 1 for a in answers)),
+    }
+
+
+def downsample_groups(groups: Sequence[Sequence[Trajectory]], group_size: int,
+                      mode: Literal["paper", "release"] = "paper",
+                      rng: np.random.Generator | None = None, *, oversample: int = 2,
+                      reject_equal_reward: bool = True) -> RocResult:
+    """Select up to `group_size` trajectories from each oversampled group.
+
+    Drop reasons: ``equal_reward`` (all rewards equal before selection),
+    ``equal_reward_after_roc`` (after selection), ``too_few_samples`` (release mode, n < G),
+    ``empty``.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if mode not in ("paper", "release"):
+        raise ValueError(f"roc mode must be 'paper' or 'release', got {mode!r}")
+    rng = rng if rng is not None else np.random.default_rng()
+    before = [t for g in groups for t in g]
+    result = RocResult(groups=[], metrics=_population_metrics(before, "roc_before"))
+    for group in groups:
+        group = list(group)
+        if not group:
+            result.dropped["empty"] += 1
+            continue
+        if reject_equal_reward and all_rewards_equal(group):
+            result.dropped["equal_reward"] += 1
+            continue
+        if mode == "paper":
+            chosen = _paper_select(group, group_size, oversample, rng)
+        else:
+            chosen = _release_select(group, group_size)
+            if chosen is None:
+                result.dropped["too_few_samples"] += 1
+                continue
+        kept = [group[i] for i in chosen]
+        if reject_equal_reward and all_rewards_equal(kept):
+            result.dropped["equal_reward_after_roc"] += 1
+            continue
+        result.groups.append(kept)
+    _finish_metrics(result, groups)
+    return result
+
+
+def first_g_groups(groups: Sequence[Sequence[Trajectory]], group_size: int, *,
+                   reject_equal_reward: bool = True) -> RocResult:
+    """Plain GRPO: the first G samples of each group, then the equal-reward filter."""
+    result = RocResult(groups=[], metrics=_population_metrics([t for g in groups for t in g], "roc_before"))
+    for group in groups:
+        kept = list(group)[:group_size]
+        if not kept:
+            result.dropped["empty"] += 1
+        elif reject_equal_reward and all_rewards_equal(kept):
+            result.dropped["equal_reward"] += 1
+        else:
+            result.groups.append(kept)
+    _finish_metrics(result, groups)
+    return result
+
+
+def _finish_metrics(result: RocResult, groups: Sequence[Sequence[Trajectory]]) -> None:
+    result.metrics.update(_population_metrics(result.trajectories, "roc_after"))
+    result.metrics["roc/groups_in"] = float(len(groups))
+    result.metrics["roc/groups_kept"] = float(len(result.groups))
+    result.metrics["roc/groups_dropped"] = float(sum(result.dropped.values()))
+    for reason, count in result.dropped.items():
+        result.metrics[f"roc/dropped_{reason}"] = float(count)
+
+
+def select_for_training(trajectories: Iterable[Trajectory], cfg: RocConfig, group_size: int,
+                        rng: np.random.Generator) -> RocResult:
+    """The trainer's entry point: group by prompt, then RoC (cfg.enabled) or plain GRPO."""
+    groups = group_by_prompt(trajectories)
+    if not cfg.enabled:
+        return first_g_groups(groups, group_size, reject_equal_reward=cfg.reject_equal_reward)
+    return downsample_groups(groups, group_size, cfg.mode, rng, oversample=cfg.oversample,
+                             reject_equal_reward=cfg.reject_equal_reward)

@@ -1,0 +1,54 @@
+"""Resolve which recipe, data and starting checkpoint a paper stage uses.
+
+Stage 2 starts from stage 1's final checkpoint and stage 3 from stage 2's; stage 3 trains on the
+hard subset mined with `rstar2 prepare hard` and resets the optimizer. Those links live in the
+recipes (`init_from`), and this module turns them into concrete paths before anything starts,
+so a missing checkpoint or data file is a one-line error at launch, not an hour later.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rstar2_cli.config import ConfigError, RecipeConfig, load_recipe
+
+REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def find_recipe(name_or_path: str) -> Path:
+    """A path as given, else `recipes/<name>.yaml` in the working dir, else the repo's recipes."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    for root in (Path.cwd() / "recipes", REPO_RECIPES):
+        for cand in (root / name_or_path, root / f"{name_or_path}.yaml"):
+            if cand.is_file():
+                return cand
+    raise ConfigError(f"{name_or_path}: recipe not found (looked in ./recipes and {REPO_RECIPES})")
+
+
+def final_checkpoint(cfg: RecipeConfig) -> Path:
+    return Path(cfg.train.out_dir) / "final"
+
+
+def resolve_stage_recipe(recipe: str | None, stage: int | None,
+                         overrides: list[str] | None = None) -> RecipeConfig:
+    """Load the recipe for `stage` (or the file given), apply overrides and link the stages."""
+    overrides = list(overrides or [])
+    if recipe is None and stage is None:
+        raise ConfigError("give a recipe file or --stage 1|2|3")
+    path = find_recipe(recipe if recipe is not None else f"stage{stage}")
+    cfg = load_recipe(path, overrides)
+    if stage is not None and cfg.stage != stage:
+        cfg.stage = stage
+    user_set_model = any(o.split("=", 1)[0].strip() == "model.path" for o in overrides)
+    if cfg.init_from and not user_set_model:
+        prev = cfg.init_from
+        prev_path = Path(prev)
+        if prev_path.exists():
+            cfg.model.path = str(prev_path)
+        else:
+            prev_cfg = load_recipe(find_recipe(prev))
+            cfg.model.path = str(final_checkpoint(prev_cfg))
+    if cfg.stage == 3 and not cfg.optim.reset:
+        raise ConfigError(f"{path}: optim.reset: stage 3 starts with a fresh optimizer (set it true)")
+    return cfg

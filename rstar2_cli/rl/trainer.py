@@ -1,0 +1,211 @@
+"""The GRPO-RoC step loop: rollouts -> reward -> RoC -> advantages -> update -> sync -> log.
+
+One step, in the paper's order:
+  1. sample `prompts_per_step` prompts (a resumable seeded sampler);
+  2. roll out oversample*G trajectories per prompt through the agent loop (vLLM + sandbox);
+  3. grade every trajectory with the isolated binary outcome grader;
+  4. downsample each group to G with RoC (or keep the first G: plain GRPO);
+  5. group-normalised advantages over the kept G;
+  6. the policy update (FSDP2 when launched under torchrun);
+  7. push the new weights into the engines;
+  8. log metrics (JSONL, live table, optional TensorBoard).
+
+Placement: rollouts run on rank 0, which hosts the engine replicas and the sandbox (or talks to a
+remote sandbox cluster); the trajectories are then broadcast so every rank trains on its
+interleaved shard. On one process (CPU quickstart, single GPU) the broadcast is a no-op.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from rstar2_cli.config import RecipeConfig, dump_recipe
+from rstar2_cli.rollout.trajectory import Trajectory
+
+PROMPT_BUDGET_TOKENS = 2048
+
+
+def _broadcast(obj: Any, info) -> Any:
+    if info.world_size == 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj if info.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class RLTrainer:
+    """Owns the policy, the engines, the sandbox and the data order of one RL run."""
+
+    def __init__(self, cfg: RecipeConfig, *, resume: bool = False, progress: bool = True,
+                 on_step: Callable[[int, dict], None] | None = None):
+        from transformers import AutoTokenizer
+
+        from rstar2_cli.data.problems import load_problems
+        from rstar2_cli.rl import checkpoint
+        from rstar2_cli.rl.metrics import MetricsWriter
+        from rstar2_cli.rl.policy import PolicyTrainer
+        from rstar2_cli.rl.sampler import DataSampler
+
+        self.cfg, self.progress, self.on_step = cfg, progress, on_step
+        self.out_dir = Path(cfg.train.out_dir)
+        # Bad data fails here, before any model is loaded.
+        self.problems = load_problems(cfg.data.train, data_dir=cfg.data.data_dir)
+        random.seed(cfg.train.seed)
+        np.random.seed(cfg.train.seed)
+        torch.manual_seed(cfg.train.seed)
+        self.rng = np.random.default_rng(cfg.train.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        self.policy = PolicyTrainer(cfg.model, cfg.optim, cfg.loss, micro_batch_tokens=cfg.train.micro_batch_tokens,
+                                    ppo_mini_batches=cfg.train.ppo_mini_batches, dual_clip=cfg.loss.dual_clip)
+        self.info = self.policy.info
+        self.sampler = DataSampler(len(self.problems), min(cfg.train.prompts_per_step, len(self.problems)),
+                                   seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+        self.step = 0
+        engine_weights = cfg.model.path
+        if resume:
+            ckpt = checkpoint.latest_checkpoint(self.out_dir)
+            if ckpt is None:
+                raise FileNotFoundError(f"--resume: no checkpoint under {self.out_dir}")
+            state = checkpoint.load_checkpoint(ckpt, self.policy, self.sampler,
+                                               reset_optimizer=False)
+            self.step = state.step
+            self.rng = state.rng if state.rng is not None else self.rng
+            engine_weights = str(ckpt)   # a checkpoint folder is a plain HF model folder
+        self.writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, wandb=cfg.train.wandb,
+                                    enabled=self.info.is_main, live=progress)
+        self.engines: list = []
+        self.scheduler = None
+        self.tools = None
+        self.loop = asyncio.new_event_loop()
+        if self.info.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "resolved_recipe.yaml").write_text(dump_recipe(cfg))
+            self._start_rollout_side(engine_weights)
+
+    # ------------------------------------------------------------------ set-up / tear-down
+    def _start_rollout_side(self, weights: str) -> None:
+        from rstar2_cli.rollout.engines import VLLMEngine
+        from rstar2_cli.rollout.scheduler import LoadBalancedScheduler
+
+        cfg = self.cfg
+        max_len = cfg.engine.max_model_len or (PROMPT_BUDGET_TOKENS + cfg.rollout.max_response_tokens)
+        self.engines = [VLLMEngine.from_config(weights, cfg.engine, max_model_len=max_len, seed=cfg.train.seed + i)
+                        for i in range(cfg.engine.replicas)]
+        self.scheduler = LoadBalancedScheduler(self.engines)
+        if cfg.sandbox.url:
+            from sandbox.client import RemoteSandbox
+
+            self.tools = RemoteSandbox(cfg.sandbox.url)
+        else:
+            from sandbox import Limits, Sandbox
+
+            self.tools = Sandbox(workers=cfg.sandbox.workers, isolation=cfg.sandbox.isolation,
+                                 limits=Limits(timeout=cfg.rollout.tool_timeout, cpu_time=cfg.rollout.tool_timeout,
+                                               memory_mb=cfg.sandbox.memory_mb))
+        self.loop.run_until_complete(self.tools.start())
+
+    def close(self) -> None:
+        async def _close():
+            for e in self.engines:
+                await e.close()
+            if self.tools is not None:
+                await self.tools.close()
+
+        if self.info.is_main:
+            self.loop.run_until_complete(_close())
+        self.loop.close()
+        self.writer.close()
+
+    # ------------------------------------------------------------------ one step
+    def _rollout_and_grade(self, batch: list) -> tuple[list[Trajectory], dict[str, float]]:
+        from rstar2_cli.reward import grade_batch
+        from rstar2_cli.rollout.agent_loop import run_agent_loop
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        trajs = self.loop.run_until_complete(run_agent_loop(
+            [(p.id, p.problem, p.answer) for p in batch], cfg.rollouts_per_prompt, self.scheduler,
+            self.tools, self.tokenizer, cfg.rollout, seed=cfg.train.seed * 1_000_003 + self.step,
+            progress=self.progress))
+        t1 = time.perf_counter()
+        grades = grade_batch([(t.text, t.gold) for t in trajs], timeout=cfg.reward.timeout, mode=cfg.reward.mode,
+                             workers=cfg.reward.workers)
+        for t, g in zip(trajs, grades):
+            t.reward, t.extracted, t.grade_reason = g.reward, g.extracted, g.reason
+        t2 = time.perf_counter()
+        timing = {"time/rollout": t1 - t0, "time/reward": t2 - t1,
+                  "time/tools": float(sum(t.tool_time for t in trajs)) / max(1, len(trajs))}
+        return trajs, timing
+
+    def _sync_weights(self) -> float:
+        t0 = time.perf_counter()
+        named = self.policy.full_state_dict()   # collective under FSDP: every rank calls it
+        if self.info.is_main:
+            named = list(named)
+
+            async def push():
+                for e in self.engines:
+                    await e.update_weights(iter(named))
+
+            self.loop.run_until_complete(push())
+        return time.perf_counter() - t0
+
+    def train_step(self) -> dict[str, float]:
+        from rstar2_cli.rl.dist import shard_for_rank
+        from rstar2_cli.rl.loss import advantages_for_groups
+        from rstar2_cli.rl.metrics import step_metrics
+        from rstar2_cli.rl.roc import select_for_training
+
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        batch = [self.problems[i] for i in self.sampler.next_batch()]                   # 1
+        trajs, timing = (self._rollout_and_grade(batch) if self.info.is_main else (None, {}))  # 2, 3
+        trajs, timing = _broadcast((trajs, timing), self.info)
+        roc = select_for_training(trajs, cfg.roc, cfg.train.group_size, self.rng)       # 4
+        kept, advantages = roc.trajectories, advantages_for_groups(roc.groups)          # 5
+        t_train = time.perf_counter()
+        mine = shard_for_rank(list(zip(kept, advantages)), self.info.rank, self.info.world_size)
+        update = self.policy.update([m[0] for m in mine], [m[1] for m in mine])          # 6
+        timing["time/train"] = time.perf_counter() - t_train
+        timing["time/sync"] = self._sync_weights()                                      # 7
+        timing["time/step"] = time.perf_counter() - t_start
+        self.step += 1
+        metrics = step_metrics(self.step, trajs, roc, update, timing,
+                               max_response_tokens=cfg.rollout.max_response_tokens)     # 8
+        self.writer.write(self.step, metrics)
+        if self.on_step is not None and self.info.is_main:
+            self.on_step(self.step, metrics)
+        return metrics
+
+    def save(self, final: bool = False) -> Path:
+        from rstar2_cli.rl import checkpoint
+
+        target = self.out_dir / ("final" if final else f"step_{self.step:06d}")
+        checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step, self.rng,
+                                   final=final)
+        return target
+
+    def train(self) -> Path:
+        """Run until train.steps; checkpoint every save_every steps and at the end."""
+        try:
+            while self.step < self.cfg.train.steps:
+                self.train_step()
+                if self.step % self.cfg.train.save_every == 0 and self.step < self.cfg.train.steps:
+                    self.save()
+            return self.save(final=True)
+        finally:
+            self.close()
+
+
+def train(cfg: RecipeConfig, *, resume: bool = False, progress: bool = True,
+          on_step: Callable[[int, dict], None] | None = None) -> Path:
+    """Run one RL stage; returns the final checkpoint folder (a plain HF model inside)."""
+    return RLTrainer(cfg, resume=resume, progress=progress, on_step=on_step).train()
