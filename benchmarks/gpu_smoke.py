@@ -35,6 +35,48 @@ def plain_step(model, optimizer, batches) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+def rollout_batch(lengths: list[int], vocab: int, seed: int = 0):
+    """Trajectories of the given total lengths (a 256-token prompt, the rest response), with
+    advantages of both signs: what one rank's shard of an RL step looks like."""
+    from rstar2_cli.rollout.trajectory import Trajectory
+
+    gen = torch.Generator().manual_seed(seed)
+    trajs, advs = [], []
+    for i, n in enumerate(lengths):
+        prompt = min(256, max(1, n // 4))
+        ids = torch.randint(0, vocab, (n,), generator=gen).tolist()
+        resp = n - prompt
+        trajs.append(Trajectory(prompt_id=f"p{i // 2}", sample_index=i % 2, prompt_ids=ids[:prompt],
+                                response_ids=ids[prompt:], loss_mask=[1] * resp, logprobs=[0.0] * resp))
+        advs.append(1.0 if i % 2 == 0 else -1.0)
+    return trajs, advs
+
+
+def measure_policy_update(model, lengths, max_len, vocab, steps, warmup, sync, flops, tokens, peak,
+                          baseline_seconds) -> dict:
+    """The trainer's own update (rstar2_cli/rl/policy.py: PolicyTrainer.update): fp32 master
+    weights with bf16 compute, packing by token budget, Clip-Higher loss, AdamW, grad clip. Under
+    torchrun it shards with FSDP2 (fully_shard per decoder layer); MFU is then per device."""
+    from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
+    from rstar2_cli.rl.policy import PolicyTrainer
+
+    policy = PolicyTrainer(ModelConfig(path="<in-memory>", dtype="auto", gradient_checkpointing=False),
+                           OptimConfig(lr=1e-6, warmup_steps=0), LossConfig(), micro_batch_tokens=max_len,
+                           model=model)
+    batch, advantages = rollout_batch(lengths, vocab)
+    seconds = measure(lambda: policy.update(batch, advantages), steps, warmup, sync)
+    # the update also recomputes the old-policy logprobs (one extra forward): count it as 1/3 more
+    update_flops = flops * 4 / 3
+    return {
+        "seconds_per_step": round(seconds, 4),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "mfu": None if peak is None else round(sm.mfu(update_flops, seconds, peak), 4),
+        "peak_memory_gib": sm.peak_memory_gib(),
+        "ratio_vs_baseline": round(baseline_seconds / seconds, 3),
+        "world_size": policy.info.world_size,
+    }
+
+
 def measure(step, steps: int, warmup: int, sync) -> float:
     for _ in range(warmup):
         step()
@@ -88,12 +130,9 @@ def main(argv: list[str] | None = None) -> dict:
         "mfu": None if peak is None else round(sm.mfu(flops, seconds, peak), 4),
         "peak_memory_gib": sm.peak_memory_gib(),
     }
-    # TODO(lead): plug the trainer's FSDP2 policy update here once rstar2_cli/rl/policy.py lands:
-    #   from rstar2_cli.rl.policy import <policy_update_fn>
-    #   policy_s = measure(lambda: <policy_update_fn>(model, optimizer, batches, ...), ...)
-    #   result["policy_update"] = {..same keys as baseline.., "ratio_vs_baseline": seconds / policy_s}
-    # Run it under torchrun for the FSDP2 path; MFU then divides by the world size.
-    policy_update = {"status": "not measured: the FSDP2 policy update (rstar2_cli/rl/policy.py) is not wired in"}
+    del optimizer   # free the baseline's optimizer state before the policy trainer takes the model
+    policy_update = measure_policy_update(model, lengths, max_len, shape.vocab, args.steps, args.warmup, sync,
+                                          flops, tokens, peak, seconds)
 
     result = {
         "device": name, "peak_bf16_tflops": peak, "shape": "tiny" if args.tiny else "qwen3-1.7b",
@@ -111,13 +150,19 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def _fmt_update(u: dict) -> str:
+    mfu = "n/a" if u["mfu"] is None else f"{100 * u['mfu']:.1f} %"
+    return (f"{u['tokens_per_s']:,.0f} tok/s, MFU {mfu}, {u['ratio_vs_baseline']:.2f}x baseline speed, "
+            f"peak {u['peak_memory_gib']} GiB, world {u['world_size']}")
+
+
 def _print_table(result: dict) -> None:
     base = result["baseline_plain_step"]
     rows = [("device", result["device"]), ("model", f"{result['shape']} ({result['params_total']:,} params)"),
             ("tokens/step", f"{result['tokens_per_step']:,} in {result['micro_batches']} packed rows"),
             ("baseline s/step", base["seconds_per_step"]), ("baseline tokens/s", base["tokens_per_s"]),
             ("baseline MFU", base["mfu"]), ("peak memory GiB", base["peak_memory_gib"]),
-            ("policy update", result["policy_update"].get("status", result["policy_update"]))]
+            ("policy update (rl/policy.py)", _fmt_update(result["policy_update"]))]
     try:
         from rich.console import Console
         from rich.table import Table
