@@ -102,4 +102,5 @@ def test_benchmark_script_writes_json_on_cpu(tmp_path):
     saved = json.loads(out.read_text())
     assert saved["params_total"] == 138_112 and saved["baseline_plain_step"]["mfu"] > 0
     assert saved["flops_per_step"] == result["flops_per_step"]
-    assert "not measured" in saved["policy_update"]["status"]
+    upd = saved["policy_update"]   # the trainer's own update ran on the same packed rows
+    assert upd["world_size"] == 1 and upd["tokens_per_s"] > 0 and upd["mfu"] > 0 and upd["ratio_vs_baseline"] > 0
