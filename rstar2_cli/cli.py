@@ -49,3 +49,7 @@ def version() -> None:
 
 def main() -> None:  # pragma: no cover - console entry
     app()
+
+
+if __name__ == "__main__":  # `python -m rstar2_cli.cli ...`
+    main()

@@ -57,15 +57,15 @@ _COUNT_OR_POSITIVE = re.compile(
     r"\bhow many\b"
     r"|\b(?:find|compute|determine|what is|give|calculate) the (?:total )?number of\b"
     r"|\b(?:smallest|least|largest|greatest|minimum|maximum) (?:possible )?positive integer\b"
-    r"|\bnumber of (?:ways|possible|distinct|ordered|unordered)\b"
     r"|(?:有多少|多少个|多少种|的个数|种数)",
     re.I,
 )
 # "... where m and n are (relatively prime) positive integers. Find m + n." -> m + n > 0.
-_POSITIVE_VARS = re.compile(
-    r"((?:\$?\\?[a-zA-Z](?:_\{?\d+\}?)?\$?\s*,?\s*(?:and\s+)?)+)\s*(?:are|be)\s+"
-    r"(?:(?:pairwise |mutually )?(?:relatively prime|coprime)\s+)?positive\s+(?:integers|numbers)",
+_ARE_POSITIVE = re.compile(
+    r"\b(?:are|be)\s+(?:(?:pairwise |mutually )?(?:relatively prime|coprime)\s+)?positive\s+"
+    r"(?:integers|numbers)"
 )
+_CLAUSE_START = re.compile(r"(?:\bwhere\b|\bwith\b|\bsuch that\b|\bif\b|[.;:])", re.I)
 _REQUESTED_SUM = re.compile(
     r"(?:find|compute|what is|determine|give|evaluate|provide)\s+(?:the value of\s+)?\$?"
     r"\s*((?:[a-zA-Z]\s*\+\s*)+[a-zA-Z])\s*\.?\$?",
@@ -103,8 +103,10 @@ def is_positive_placeholder(problem: str, answer: str) -> bool:
         return False
     wanted = requested[-1]
     positive: set[str] = set()
-    for m in _POSITIVE_VARS.finditer(problem):
-        positive |= _letters(m.group(1))
+    for m in _ARE_POSITIVE.finditer(problem):
+        window = problem[max(0, m.start() - 80):m.start()]
+        starts = [c.end() for c in _CLAUSE_START.finditer(window)]
+        positive |= _letters(window[starts[-1]:] if starts else window)
     if wanted and wanted <= positive:
         return True
     for m in _NONNEGATIVE_QUANTITY_FORM.finditer(problem):

@@ -37,7 +37,7 @@ _LATEX_SPACING = re.compile(r"\\(?:[,;:!> ]|quad|qquad|enspace|thinspace|medspac
 _LATEX_SIZING = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)(?![a-zA-Z])")
 _LATEX_FRAC_VARIANTS = re.compile(r"\\[dt]frac(?![a-zA-Z])")
 _WHITESPACE = re.compile(r"\s+")
-_WORD = re.compile(r"\w+")
+_WORD = re.compile(r"[\u4e00-\u9fff]|[^\W\u4e00-\u9fff]+")  # a CJK character, or a word run
 
 
 def repair_control_chars(text: str) -> str:
@@ -63,19 +63,13 @@ def normalize_problem_text(text: str) -> str:
     text = _LATEX_SPACING.sub(" ", text)
     text = _LATEX_SIZING.sub("", text)
     text = _LATEX_FRAC_VARIANTS.sub(r"\\frac", text)
-    text = text.replace("$", " ")
+    text = text.replace("$", "")
     return _WHITESPACE.sub(" ", text).strip()
 
 
 def word_tokens(text: str) -> list[str]:
     """Word tokens (letters/digits runs, CJK characters one by one) of the normalised text."""
-    tokens = []
-    for tok in _WORD.findall(normalize_problem_text(text)):
-        if any("\u4e00" <= ch <= "\u9fff" for ch in tok):  # CJK has no spaces: one char per token
-            tokens.extend(tok)
-        else:
-            tokens.append(tok)
-    return tokens
+    return _WORD.findall(normalize_problem_text(text))
 
 
 _BOXED = re.compile(r"^\\(?:boxed|fbox)\{(.*)\}$", re.S)

@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 DATA_DIR_ENV = "RSTAR2_DATA_DIR"
 EVAL_SET_NAMES = ("aime24", "aime25", "math500", "hmmt25")
@@ -76,8 +76,13 @@ def get_field(row: dict[str, Any], path: str) -> Any:
     return value
 
 
-def iter_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line-or-row number starting at 1, row dict) from a .jsonl, .json or .parquet file."""
+def iter_rows(
+    path: Path, on_error: Callable[[DataError], None] | None = None,
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line-or-row number starting at 1, row dict) from a .jsonl, .json or .parquet file.
+
+    An unparsable .jsonl line raises DataError, or, with `on_error`, is passed to it and skipped.
+    """
     suffix = path.suffix.lower()
     if not path.is_file():
         raise DataError(f"{path}: no such file")
@@ -88,10 +93,14 @@ def iter_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                     continue
                 try:
                     row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+                    if not isinstance(row, dict):
+                        raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+                except (json.JSONDecodeError, DataError) as e:
+                    err = e if isinstance(e, DataError) else DataError(f"{path}:{lineno}: invalid JSON ({e.msg})")
+                    if on_error is None:
+                        raise err from None
+                    on_error(err)
+                    continue
                 yield lineno, row
     elif suffix == ".json":
         try:
@@ -148,17 +157,16 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
     return Path(chosen) if chosen else None
 
 
-def load_from_hub(name: str) -> list[Problem]:
-    """Download a named set with `datasets.load_dataset` (needs network or a warm HF cache)."""
-    spec = HUB_IDS[name]
+def load_hub_source(spec: HubSource, source: str) -> list[Problem]:
+    """Download a hub dataset with `datasets.load_dataset` (needs network or a warm HF cache)."""
     import datasets
 
     try:
         ds = datasets.load_dataset(spec.dataset_id, spec.config, split=spec.split)
     except Exception as e:  # offline, gated, renamed... one line naming the set and the cause
-        raise DataError(f"{name}: not found locally and hub load of {spec.dataset_id!r} failed: "
-                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-    return rows_to_problems(enumerate(ds, 1), f"hub:{spec.dataset_id}", name, id_field=spec.id_field,
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        raise DataError(f"hub:{spec.dataset_id}: load failed: {type(e).__name__}: {first_line}") from None
+    return rows_to_problems(enumerate(ds, 1), f"hub:{spec.dataset_id}", source, id_field=spec.id_field,
                             problem_field=spec.problem_field, answer_field=spec.answer_field)
 
 
@@ -185,6 +193,6 @@ def load_problems(
                                             problem_field=problem_field, answer_field=answer_field)
         if not allow_hub:
             raise DataError(f"{text}: no {text}.jsonl in {root or f'${DATA_DIR_ENV} (unset)'}")
-        return load_from_hub(text)
+        return load_hub_source(HUB_IDS[text], text)
     return rows_to_problems(iter_rows(path), str(path), path.stem, id_field=id_field,
                             problem_field=problem_field, answer_field=answer_field)

@@ -1,0 +1,115 @@
+"""`rstar2 prepare ...`: build training data (RL math set, SFT conversions).
+
+Each subcommand parses flags and calls one core function in `rstar2_cli.data`; add a new one
+with `@prepare_app.command("name")`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+prepare_app = typer.Typer(help="Prepare datasets: the RL math set, SFT conversions.", no_args_is_help=True)
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=2)
+
+
+@prepare_app.command("math")
+def math_command(
+    source: list[str] = typer.Option(
+        [], "--source", "-s",
+        help="Input: file (.jsonl/.json/.parquet), named set (dapo_math_17k) or hub id, "
+             "optionally ':LICENSE' (e.g. dapo_math_17k:Apache-2.0). Repeatable."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output .jsonl or .parquet."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="YAML spec (sources with field names, settings)."),
+    eval_set: list[str] = typer.Option([], "--eval-set", help="Eval set to decontaminate against (repeatable; "
+                                                               "default aime24 aime25 math500 hmmt25)."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Directory of <name>.jsonl sets "
+                                                                     "(default $RSTAR2_DATA_DIR)."),
+    integer_only: bool = typer.Option(True, "--integer-only/--no-integer-only", help="Keep integer answers only."),
+    near_dup_threshold: float = typer.Option(0.9, "--near-dup-threshold", help="MinHash Jaccard threshold."),
+    ngram: int = typer.Option(8, "--ngram", help="Word n-gram size for decontamination."),
+    boilerplate_min_problems: int = typer.Option(
+        10, "--boilerplate-min-problems",
+        help="Ignore eval n-grams found in this many training problems (0 = plain n-gram rule)."),
+    no_hub: bool = typer.Option(False, "--no-hub", help="Never download from the Hugging Face hub."),
+) -> None:
+    """Build the integer-answer RL math set: clean, filter, dedup, decontaminate, with provenance."""
+    from pydantic import ValidationError
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rstar2_cli.data.prepare_math import PrepareMathConfig, SourceSpec, prepare_math, provenance_path, stats_table
+    from rstar2_cli.data.problems import DataError
+
+    settings = dict(eval_sets=eval_set or None, data_dir=data_dir, integer_only=integer_only,
+                    near_dup_threshold=near_dup_threshold, ngram=ngram,
+                    boilerplate_min_problems=boilerplate_min_problems, allow_hub=not no_hub)
+    try:
+        if spec is not None:
+            extra = {"out": out, "sources": [SourceSpec.parse(s) for s in source] or None}
+            config = PrepareMathConfig.from_yaml(spec, **extra, **settings)
+        else:
+            if not source or out is None:
+                _fail("give --source ... and --out (or --spec sources.yaml)")
+            config = PrepareMathConfig(sources=[SourceSpec.parse(s) for s in source], out=out,
+                                       **{k: v for k, v in settings.items() if v is not None})
+    except ValidationError as e:
+        err = e.errors()[0]
+        _fail(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}")
+    except DataError as e:
+        _fail(str(e))
+
+    console = Console()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        try:
+            report = prepare_math(config, progress=progress)
+        except DataError as e:
+            _fail(str(e))
+    console.print(stats_table(report))
+    console.print(f"wrote {config.out} ({report.kept:,} problems), provenance {provenance_path(config.out)}")
+
+
+@prepare_app.command("sft")
+def sft_command(
+    in_path: Path = typer.Argument(..., help="Input .jsonl/.json/.parquet."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output .jsonl in rstar2 messages format."),
+    fmt: str = typer.Option(..., "--format", "-f",
+                            help="Input format: openai, sharegpt, glaive, toolace, apigen_mt."),
+    show_errors: int = typer.Option(10, "--show-errors", help="How many skipped-row reasons to print."),
+) -> None:
+    """Convert a function-calling / chat dataset to rstar2's SFT messages format."""
+    from rich.console import Console
+
+    from rstar2_cli.data.problems import DataError
+    from rstar2_cli.data.sft_convert import convert_file
+
+    try:
+        stats = convert_file(in_path, out, fmt)
+    except DataError as e:
+        _fail(str(e))
+    console = Console()
+    for line in stats.errors[:show_errors]:
+        console.print(f"[yellow]skipped[/] {line}", markup=True, highlight=False)
+    if len(stats.errors) > show_errors:
+        console.print(f"... and {len(stats.errors) - show_errors} more skipped rows")
+    summary = {"rows": stats.rows, "converted": stats.converted, "skipped": stats.skipped}
+    out.with_name(out.name + ".stats.json").write_text(json.dumps({**summary, "errors": stats.errors}, indent=2))
+    console.print(f"converted {stats.converted:,}/{stats.rows:,} rows to {out} (skipped {stats.skipped:,})")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(prepare_app, name="prepare")

@@ -1,0 +1,77 @@
+"""Loading problem sets: named sets, file formats, field maps and line-numbered errors."""
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rstar2_cli.data.problems import DataError, load_problems
+
+
+def test_named_sets_load_from_data_dir(data_dir):
+    sizes = {name: len(load_problems(name, data_dir=data_dir, allow_hub=False))
+             for name in ("aime24", "aime25", "math500", "hmmt25", "dapo_math_17k")}
+    assert sizes == {"aime24": 30, "aime25": 30, "math500": 500, "hmmt25": 30, "dapo_math_17k": 17917}
+    aime = load_problems("aime24", data_dir=data_dir, allow_hub=False)
+    assert (aime[0].id, aime[0].answer, aime[0].source) == ("2024-I-1", "204", "aime24")
+    assert aime[0].extra["year"] == 2024
+
+
+def test_named_set_found_via_env(data_dir, monkeypatch):
+    monkeypatch.setenv("RSTAR2_DATA_DIR", str(data_dir))
+    assert len(load_problems("aime25", allow_hub=False)) == 30
+
+
+def test_missing_named_set_without_hub_is_one_line_error(tmp_path):
+    with pytest.raises(DataError, match=r"aime24: no aime24.jsonl in"):
+        load_problems("aime24", data_dir=tmp_path, allow_hub=False)
+
+
+def test_malformed_row_names_file_and_line(tmp_path):
+    path = tmp_path / "x.jsonl"
+    rows = [{"id": str(i), "problem": f"p{i}", "answer": "1"} for i in range(20)]
+    del rows[16]["answer"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as err:
+        load_problems(path)
+    assert str(err.value) == f"{path}:17: missing field 'answer'"
+
+
+def test_invalid_json_line_is_reported(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "a", "problem": "p", "answer": "1"}\n{"id": \n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: invalid JSON"):
+        load_problems(path)
+
+
+def test_parquet_json_and_nested_field_maps(tmp_path):
+    rows = [{"extra_info": {"index": 7}, "prompt": [{"role": "user", "content": "What is 1+1?"}],
+             "reward_model": {"ground_truth": "2"}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    (tmp_path / "d.json").write_text(json.dumps({"data": rows}))
+    for name in ("d.parquet", "d.json"):
+        [p] = load_problems(tmp_path / name, id_field="extra_info.index", problem_field="prompt.0.content",
+                            answer_field="reward_model.ground_truth")
+        assert (p.id, p.problem, p.answer) == ("7", "What is 1+1?", "2")
+
+
+def test_unsupported_suffix(tmp_path):
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match=r"unsupported file type '.csv'"):
+        load_problems(tmp_path / "x.csv")
+
+
+def test_hub_fallback_offline_is_one_line_error(tmp_path):
+    """No local file and no network: the named hub id is tried and the failure is one line."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    code = ("from rstar2_cli.data.problems import load_problems, DataError\n"
+            "try:\n    load_problems('aime24', data_dir=%r)\nexcept DataError as e:\n    print(e)\n" % str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hub:HuggingFaceH4/aime_2024: load failed:"), proc.stdout + proc.stderr
