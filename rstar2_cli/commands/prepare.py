@@ -111,5 +111,35 @@ def sft_command(
     console.print(f"converted {stats.converted:,}/{stats.rows:,} rows to {out} (skipped {stats.skipped:,})")
 
 
+@prepare_app.command("hard")
+def hard_command(
+    policy: str = typer.Option(..., "--policy", help="The stage-2 checkpoint (HF folder) that rolls out."),
+    data: str = typer.Option("data/math42k.jsonl", "--data", help="The RL problem set to mine (file or named set)."),
+    out: Path = typer.Option(Path("data/math_hard.jsonl"), "--out", "-o", help="The hard subset (.jsonl)."),
+    samples: int = typer.Option(8, "--samples", min=1, help="Rollouts per problem; kept if not all solved."),
+    temperature: float = typer.Option(1.0, "--temperature"),
+    max_tokens: int = typer.Option(12288, "--max-tokens"),
+    max_turns: int = typer.Option(10, "--max-turns"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N problems."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", envvar="RSTAR2_DATA_DIR"),
+    sandbox_url: Optional[str] = typer.Option(None, "--sandbox-url", help="A running serve-sandbox (default: embedded)."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Stage-3 hard subset: problems the policy does not solve in all of its samples (with pass rates)."""
+    from rich.console import Console
+
+    from rstar2_cli.data.mine_hard import mine_hard
+    from rstar2_cli.data.problems import DataError
+
+    try:
+        summary = mine_hard(policy, data, out, samples=samples, data_dir=data_dir, temperature=temperature,
+                            max_tokens=max_tokens, max_turns=max_turns, limit=limit, seed=seed,
+                            sandbox_url=sandbox_url)
+    except DataError as e:
+        _fail(str(e))
+    Console().print(f"kept {summary['hard']:,} of {summary['problems']:,} problems not solved {samples}/{samples} "
+                    f"-> {out} (pass rates in {out}.pass_rates.json)")
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(prepare_app, name="prepare")

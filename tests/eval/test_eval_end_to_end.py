@@ -11,26 +11,14 @@ from rstar2_cli.eval.settings import BENCHMARKS, EvalSettings
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model):
-    from rstar2_cli.config import EngineConfig
-    from rstar2_cli.rollout.engines import VLLMEngine
-
-    eng = VLLMEngine.from_config(str(tiny_model), EngineConfig(), max_model_len=2048, seed=0)
-    yield eng
-    eng.shutdown()
+@pytest.fixture
+def engine(tiny_engine):
+    return tiny_engine
 
 
-@pytest.fixture(scope="module")
-def tools():
-    import asyncio
-
-    from sandbox import Sandbox
-
-    sb = Sandbox(workers=2)
-    asyncio.run(sb.start())
-    yield sb
-    asyncio.run(sb.close())
+@pytest.fixture
+def tools(sandbox_pool):
+    return sandbox_pool
 
 
 def _settings(tiny_model, data_dir, out, **kw) -> EvalSettings:

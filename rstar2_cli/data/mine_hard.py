@@ -1,0 +1,61 @@
+"""Stage-3 hard-subset mining: roll out the stage-2 policy 8 times per problem, keep the misses.
+
+The rollouts are an evaluation of the training set under the RL sampling settings, so this reuses
+`rstar2 eval`'s runner (same agent loop, sandbox and grader, and its resume: an interrupted
+mining run continues where it stopped). Every problem's pass rate is recorded next to the subset.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from rstar2_cli.data.hard_subset import select_hard
+
+
+def pass_counts_from_samples(records: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in records:
+        c = counts[r["problem_id"]]
+        c[0] += 1 if float(r["reward"]) > 0 else 0
+        c[1] += 1
+    return {pid: (s, t) for pid, (s, t) in counts.items()}
+
+
+def mine_hard(policy: str, data: str, out: str | Path, *, samples: int = 8, data_dir: str | None = None,
+              temperature: float = 1.0, top_p: float = 1.0, max_tokens: int = 12288, max_turns: int = 10,
+              limit: int | None = None, seed: int = 0, sandbox_url: str | None = None,
+              engine=None, tools=None, progress: bool = True) -> dict[str, Any]:
+    """Write `out` (the hard problems, trainer schema + pass_rate) and `out.pass_rates.json`."""
+    from rstar2_cli.data.problems import load_problems
+    from rstar2_cli.eval.runner import TRAJ_FILE, load_done, run_eval
+    from rstar2_cli.eval.settings import EvalSettings
+
+    out = Path(out)
+    work = out.parent / f"{out.stem}.rollouts"
+    settings = EvalSettings(benchmark="custom", model=policy, data=data, data_dir=data_dir, out_dir=str(work),
+                            samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                            max_turns=max_turns, limit=limit, seed=seed, sandbox_url=sandbox_url,
+                            progress=progress)
+    run_eval(settings, engine=engine, tools=tools)
+    problems = load_problems(data, data_dir=data_dir)
+    if limit:
+        problems = problems[:limit]
+    wanted = {p.id for p in problems}
+    records = [r for (pid, i), r in load_done(work / TRAJ_FILE).items() if pid in wanted and i < samples]
+    counts = pass_counts_from_samples(records)
+    hard = set(select_hard(counts, threshold_solved=samples))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        for p in problems:
+            if p.id in hard:
+                solved, total = counts[p.id]
+                f.write(json.dumps({**p.to_row(), "pass_rate": solved / total}) + "\n")
+    summary = {
+        "policy": policy, "data": data, "samples": samples, "problems": len(problems), "hard": len(hard),
+        "solved_all": len(problems) - len(hard), "out": str(out),
+        "pass_rates": {pid: s / t for pid, (s, t) in sorted(counts.items())},
+    }
+    Path(f"{out}.pass_rates.json").write_text(json.dumps(summary, indent=2))
+    return summary
