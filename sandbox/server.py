@@ -57,9 +57,11 @@ class ServiceConfig:
     max_solution_bytes: int = 1024 * 1024
     long_batch_wait: float = 600.0       # seconds a long-batch call may wait for room
     timeout: float | None = None         # per-call wall timeout; None: the backend's Limits
+    max_timeout: float = 300.0           # the most a submission may ask for via options.timeout
 
     def __post_init__(self) -> None:
-        for name in ("max_queue", "max_batch", "max_body_bytes", "max_solution_bytes", "long_batch_wait"):
+        for name in ("max_queue", "max_batch", "max_body_bytes", "max_solution_bytes", "long_batch_wait",
+                     "max_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ServiceConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if self.timeout is not None and self.timeout <= 0:
@@ -159,15 +161,32 @@ class SandboxService:
         self.counters = {"received": 0, "completed": 0, "rejected": 0, "queue_timeout": 0,
                          "internal_error": 0, "invalid_input": 0}
 
+    def _timeout(self, sub: Submission) -> float | None:
+        """Per-call timeout: `options.timeout` (rstar2 extension, seconds) or the service default."""
+        raw = (sub.options or {}).get("timeout")
+        if raw is None:
+            return self.config.timeout
+        value = float(raw)  # ValueError -> invalid_input
+        if not 0 < value <= self.config.max_timeout:
+            raise ValueError(f"options.timeout must be in (0, {self.config.max_timeout}], got {raw!r}")
+        return value
+
     def _invalid(self, sub: Submission) -> SubmissionResult | None:
-        message = None
+        """An `invalid_input` result for a submission we will not run, else None."""
+        limit = self.config.max_solution_bytes
         if sub.type not in SUPPORTED_TYPES:
             message = f"unsupported submission type {sub.type!r}; this sandbox runs {list(SUPPORTED_TYPES)}"
-        elif len(sub.solution.encode()) > self.config.max_solution_bytes:
-            message = f"solution of {len(sub.solution.encode())} bytes exceeds {self.config.max_solution_bytes} bytes"
-        elif sub.input is not None and len(sub.input.encode()) > self.config.max_solution_bytes:
-            message = f"input of {len(sub.input.encode())} bytes exceeds {self.config.max_solution_bytes} bytes"
-        return None if message is None else error_result(sub, ResultReason.INVALID_INPUT, message)
+        elif len(sub.solution.encode()) > limit:
+            message = f"solution of {len(sub.solution.encode())} bytes exceeds {limit} bytes"
+        elif sub.input is not None and len(sub.input.encode()) > limit:
+            message = f"input of {len(sub.input.encode())} bytes exceeds {limit} bytes"
+        else:
+            try:
+                self._timeout(sub)
+                return None
+            except ValueError as e:
+                message = f"options.timeout: {e}"
+        return error_result(sub, ResultReason.INVALID_INPUT, message)
 
     def _count(self, result: SubmissionResult) -> SubmissionResult:
         self.counters["completed"] += 1
@@ -179,7 +198,7 @@ class SandboxService:
         """Run one admitted submission; the caller holds its gate slot."""
         start = time.monotonic()
         try:
-            res = await self.backend.run(sub.solution, stdin=sub.input, timeout=self.config.timeout,
+            res = await self.backend.run(sub.solution, stdin=sub.input, timeout=self._timeout(sub),
                                          session=sub.session)
             return to_submission_result(sub, res)
         except QueueTimeout as e:

@@ -1,0 +1,113 @@
+"""`rstar2 serve-sandbox` and `rstar2 bench-tools`: flags only; the work is in `sandbox.launch`/`sandbox.bench`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+ISOLATIONS = ("auto", "nsjail", "bwrap", "namespaces", "none")
+
+
+def _sandbox_kwargs(workers, isolation, unsafe, timeout, memory_mb, max_output_bytes) -> dict:
+    if isolation not in ISOLATIONS:
+        raise typer.BadParameter(f"--isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
+    limits = {"timeout": timeout, "cpu_time": timeout, "memory_mb": memory_mb, "max_output_bytes": max_output_bytes}
+    return {"workers": workers, "isolation": isolation, "unsafe_no_isolation": unsafe, "limits": limits}
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg="red", err=True)
+    raise typer.Exit(2)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve-sandbox")
+    def serve_sandbox(
+        host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+        port: int = typer.Option(8088, help="Port (rStar2-Agent's tool config expects 8088)."),
+        redis: Optional[str] = typer.Option(None, help="redis://host:port: queue calls in Redis for --worker processes."),
+        worker: bool = typer.Option(False, "--worker", help="Run Redis workers (needs --redis) instead of the HTTP API."),
+        procs: int = typer.Option(1, help="--worker: supervised worker processes (dead ones are replaced)."),
+        concurrency: Optional[int] = typer.Option(None, help="--worker: calls in flight per process [default: 2x workers]."),
+        workers: Optional[int] = typer.Option(None, help="Sandbox pool size (zygote processes) [default: CPU count]."),
+        isolation: str = typer.Option("auto", help="auto | bwrap | namespaces | nsjail | none."),
+        unsafe_no_isolation: bool = typer.Option(False, "--unsafe-no-isolation", help="Allow running code unconfined."),
+        timeout: float = typer.Option(10.0, help="Default per-call wall/CPU timeout, seconds."),
+        memory_mb: int = typer.Option(1024, help="Per-call memory allowance, MiB."),
+        max_output_bytes: int = typer.Option(65536, help="Per-call stdout+stderr cap, bytes."),
+        max_queue: int = typer.Option(512, help="Calls admitted at once; /run answers 429 beyond it."),
+        max_batch: int = typer.Option(4096, help="Submissions per batch request."),
+        max_body_mb: float = typer.Option(32.0, help="Largest request body, MiB (413 beyond)."),
+        long_batch_wait: float = typer.Option(600.0, help="Seconds a long-batch call waits for room before queue_timeout."),
+        lease: float = typer.Option(10.0, help="Redis: seconds without heartbeat before a worker counts as dead."),
+        max_attempts: int = typer.Option(2, help="Redis: runs of a call before a worker death becomes an error result."),
+        check: bool = typer.Option(False, "--check", help="Print which protections are active; exit 0 if isolated, else 1."),
+        log_level: str = typer.Option("warning", help="uvicorn/worker log level."),
+    ) -> None:
+        """Serve the Python tool sandbox over code-judge's HTTP API (what rStar2-Agent's tool config calls)."""
+        from rich.console import Console
+
+        from sandbox.jail import SandboxUnavailable
+        from sandbox.launch import print_isolation_check, serve_http, serve_workers
+        from sandbox.redis_mode import RedisConfig
+        from sandbox.server import ServiceConfig
+
+        kwargs = _sandbox_kwargs(workers, isolation, unsafe_no_isolation, timeout, memory_mb, max_output_bytes)
+        if check:
+            raise typer.Exit(0 if print_isolation_check(kwargs, Console()) else 1)
+        try:
+            rcfg = None if redis is None else RedisConfig(redis, lease=lease, max_attempts=max_attempts,
+                                                           queue_wait=long_batch_wait, default_timeout=timeout)
+            if worker:
+                if rcfg is None:
+                    _fail("--worker needs --redis redis://host:port")
+                serve_workers(rcfg, kwargs, concurrency or 2 * (workers or _cpu_count()), procs)
+            else:
+                scfg = ServiceConfig(max_queue=max_queue, max_batch=max_batch,
+                                     max_body_bytes=int(max_body_mb * 1024 * 1024), long_batch_wait=long_batch_wait,
+                                     timeout=timeout)
+                serve_http(host, port, kwargs, scfg, rcfg, log_level)
+        except SandboxUnavailable as e:
+            _fail(f"{e} [to serve anyway: --unsafe-no-isolation]")
+        except ValueError as e:
+            _fail(str(e))
+
+    @app.command("bench-tools")
+    def bench_tools(
+        url: Optional[str] = typer.Option(None, help="Benchmark a running server (http://host:port) instead of the embedded pool."),
+        concurrency: str = typer.Option("1,8,64", help="Comma-separated concurrency levels."),
+        calls: int = typer.Option(200, help="Calls per (workload, concurrency)."),
+        workloads: str = typer.Option("trivial,sympy,numpy,error,timeout", help="Comma-separated workloads."),
+        no_baseline: bool = typer.Option(False, "--no-baseline", help="Skip the subprocess.run baseline."),
+        baseline_calls: int = typer.Option(24, help="Calls per baseline row (the baseline is slow)."),
+        json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report here as JSON."),
+        workers: Optional[int] = typer.Option(None, help="Embedded pool size [default: CPU count]."),
+        isolation: str = typer.Option("auto", help="Embedded pool: auto | bwrap | namespaces | none."),
+        unsafe_no_isolation: bool = typer.Option(False, "--unsafe-no-isolation", help="Allow an unconfined embedded pool."),
+    ) -> None:
+        """Measure tool-call throughput and latency against a naive subprocess baseline."""
+        from rich.console import Console
+
+        from sandbox.bench import BenchConfig, bench_main
+        from sandbox.jail import SandboxUnavailable
+
+        try:
+            levels = [int(c) for c in concurrency.split(",") if c.strip()]
+        except ValueError:
+            _fail(f"--concurrency {concurrency!r}: expected comma-separated integers like 1,8,64")
+        try:
+            cfg = BenchConfig(concurrency=levels, calls=calls, baseline=not no_baseline, baseline_calls=baseline_calls,
+                              workloads=[w.strip() for w in workloads.split(",") if w.strip()])
+            kwargs = _sandbox_kwargs(workers, isolation, unsafe_no_isolation, 10.0, 1024, 65536)
+            bench_main(cfg, url, kwargs, json_path, Console())
+        except SandboxUnavailable as e:
+            _fail(f"{e} [to benchmark anyway: --unsafe-no-isolation]")
+        except ValueError as e:
+            _fail(str(e))
+
+
+def _cpu_count() -> int:
+    import os
+
+    return os.cpu_count() or 1

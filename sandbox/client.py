@@ -1,0 +1,154 @@
+"""RemoteSandbox: the embedded Sandbox's async API, served by a remote `rstar2 serve-sandbox`.
+
+Callers (rollout loop, eval, bench) can switch between `Sandbox()` and `RemoteSandbox(url)`
+without code changes: both return core `RunResult`s and never raise for bad user code. Calls go
+through `/run/long-batch`, which waits for room in the server's queue instead of answering 429;
+transport failures and 429/5xx answers are retried with backoff, then become `internal_error`
+results rather than exceptions.
+
+Why calls are coalesced: one HTTP request per tool call makes the client the bottleneck under
+high concurrency (httpx's pool costs ~10x more per request at 64 in flight than at 1). Calls made
+in the same event-loop tick (plus `batch_window` seconds, default 0) share one long-batch
+request of up to `max_batch` submissions, as rStar2-Agent's own RequestProcessor does.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from sandbox.codejudge import to_run_result
+from sandbox.result import RunResult
+
+
+class RemoteSandbox:
+    def __init__(self, url: str, timeout: float = 600.0, retries: int = 3, backoff: float = 0.5,
+                 max_connections: int = 64, max_batch: int = 64, batch_window: float = 0.0):
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"RemoteSandbox url: expected http(s)://host:port, got {url!r}")
+        if timeout <= 0 or retries < 0 or max_batch < 1 or batch_window < 0:
+            raise ValueError(f"RemoteSandbox: need timeout > 0, retries >= 0, max_batch >= 1, batch_window >= 0; "
+                             f"got {timeout!r}, {retries!r}, {max_batch!r}, {batch_window!r}")
+        self.url = url.rstrip("/")
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.max_batch, self.batch_window = max_batch, batch_window
+        self._client: httpx.AsyncClient | None = None
+        self._background: set[asyncio.Task] = set()
+        self._buffer: list[tuple[dict, asyncio.Future]] = []
+        self._flush_pending = False
+        self.requests_sent = 0  # long-batch requests so far (calls are coalesced into them)
+
+    async def start(self) -> None:
+        if self._client is None:
+            self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout, limits=self._limits)
+
+    async def close(self) -> None:
+        if self._background:  # let requests in flight deliver their results first
+            await asyncio.gather(*self._background, return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def __aenter__(self) -> RemoteSandbox:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        await self.start()
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                resp = await self._client.request(method, path, **kwargs)
+            except httpx.TransportError as e:
+                last = e
+                continue
+            if resp.status_code == 429 or resp.status_code >= 500:
+                last = RuntimeError(f"{resp.status_code}: {resp.text[:200]}")
+                continue
+            if resp.status_code >= 400:  # our request is wrong: retrying cannot help
+                raise ValueError(f"sandbox server rejected {path} ({resp.status_code}): {resp.text[:300]}")
+            return resp
+        raise ConnectionError(f"sandbox server {self.url}{path} failed after {self.retries + 1} tries: {last!r}")
+
+    async def run(self, code: str, stdin: str | None = None, timeout: float | None = None,
+                  session: str | None = None) -> RunResult:
+        return (await self.run_batch([{"code": code, "stdin": stdin, "session": session}], timeout))[0]
+
+    async def run_batch(self, items: list[dict], timeout: float | None = None) -> list[RunResult]:
+        if not items:
+            return []
+        await self.start()
+        loop = asyncio.get_running_loop()
+        options = None if timeout is None else {"timeout": str(timeout)}
+        futures = []
+        for it in items:
+            sub = {"type": "python", "solution": it["code"], "input": it.get("stdin"),
+                   "session": it.get("session"), "options": options}
+            futures.append(loop.create_future())
+            self._buffer.append((sub, futures[-1]))
+        if len(self._buffer) >= self.max_batch:
+            self._flush()
+        elif not self._flush_pending:
+            self._flush_pending = True
+            if self.batch_window:
+                loop.call_later(self.batch_window, self._flush)
+            else:
+                loop.call_soon(self._flush)
+        return list(await asyncio.gather(*futures))
+
+    def _flush(self) -> None:
+        """Send what is buffered, `max_batch` submissions per request, without waiting."""
+        self._flush_pending = False
+        while self._buffer:
+            chunk, self._buffer = self._buffer[:self.max_batch], self._buffer[self.max_batch:]
+            task = asyncio.get_running_loop().create_task(self._send(chunk))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _send(self, chunk: list[tuple[dict, asyncio.Future]]) -> None:
+        start = time.monotonic()
+        try:
+            body = {"type": "batch", "submissions": [sub for sub, _ in chunk]}
+            self.requests_sent += 1
+            resp = await self._request("POST", "/run/long-batch", json=body)
+            results = [to_run_result(r) for r in resp.json()["results"]]
+            if len(results) != len(chunk):
+                raise ValueError(f"server answered {len(results)} results for {len(chunk)} submissions")
+        except Exception as e:  # every waiting caller gets a result, whatever went wrong
+            results = [RunResult.internal_error(str(e) or repr(e), time.monotonic() - start)] * len(chunk)
+        for (_, fut), res in zip(chunk, results):
+            if not fut.done():
+                fut.set_result(res)
+
+    def close_session(self, session: str) -> None:
+        """Like Sandbox.close_session (sync): fire-and-forget inside a running event loop."""
+        coro = self._request("POST", "/session/close", json={"session": session})
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            asyncio.run(coro)
+            return
+        task = loop.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def status(self) -> dict:
+        """The server's /status: queue depth, counters and the backend's stats."""
+        return (await self._request("GET", "/status")).json()
+
+    async def protections(self) -> dict:
+        return (await self._request("GET", "/protections")).json()
+
+    def run_sync(self, code: str, stdin: str | None = None, timeout: float | None = None,
+                 session: str | None = None) -> RunResult:
+        async def once() -> RunResult:
+            async with RemoteSandbox(self.url, self.timeout, self.retries, self.backoff) as sb:
+                return await sb.run(code, stdin, timeout, session)
+        return asyncio.run(once())

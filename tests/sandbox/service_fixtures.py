@@ -1,0 +1,76 @@
+"""Shared helpers for the sandbox-service tests: a real uvicorn server in a thread, a real
+redis-server on a free loopback port, and the embedded Sandbox they serve."""
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_sandbox(workers: int = 2, timeout: float = 5.0):
+    from sandbox.api import Sandbox
+    from sandbox.limits import Limits
+
+    return Sandbox(workers=workers, limits=Limits(timeout=timeout, cpu_time=timeout), unsafe_no_isolation=True,
+                   preload=("math",))  # fast start; the service tests need no numpy/sympy
+
+
+@contextlib.contextmanager
+def serve_in_thread(app, port: int | None = None):
+    """Run `app` on uvicorn in a background thread (its own event loop); yield its base URL."""
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn test server did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@contextlib.contextmanager
+def redis_server():
+    """A throwaway redis-server on a free loopback port; yields its URL and stops it after."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def post_batch(url: str, submissions: list[dict], route: str = "/run/long-batch", **kw) -> httpx.Response:
+    return httpx.post(f"{url}{route}", json={"type": "batch", "submissions": submissions}, timeout=60, **kw)
