@@ -1,0 +1,34 @@
+"""Two tiers of zygotes: "heavy" (full preload) and "light" (stdlib-only preload).
+
+Forking is copy-on-write, but the cost of fork+exit grows with the parent's memory map: a zygote
+holding sympy+numpy costs ~2 ms of CPU per call, a stdlib-only one ~0.3 ms. Most tool calls
+either use sympy/numpy or are plain arithmetic, so calls that cannot need a heavy module go to
+light zygotes. The routing is only an optimisation: a mis-routed call still runs correctly (it
+imports the module itself, just more slowly).
+"""
+from __future__ import annotations
+
+import re
+import sys
+
+_IMPORT = re.compile(r"\b(?:from\s+([\w.]+)\s+import|import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*))")
+
+
+def split_preload(preload: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(light preload, heavy module names); the light tier is empty when nothing is heavy."""
+    light = tuple(m for m in preload if m.split(".")[0] in sys.stdlib_module_names)
+    heavy = tuple(m for m in preload if m not in light)
+    return (light, heavy) if heavy else ((), ())
+
+
+def fits_light(text: str, heavy: tuple[str, ...]) -> bool:
+    """True when `text` imports only stdlib modules and never names a heavy module."""
+    if "__import__" in text or "importlib" in text:
+        return False
+    for match in _IMPORT.finditer(text):
+        names = [match.group(1)] if match.group(1) else match.group(2).split(",")
+        for name in names:
+            top = name.strip().split()[0].split(".")[0]
+            if top not in sys.stdlib_module_names:
+                return False
+    return not any(re.search(rf"\b{re.escape(name)}\b", text) for name in heavy)

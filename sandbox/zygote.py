@@ -1,0 +1,349 @@
+"""The pre-forked worker: a preloaded Python that forks one fresh child per call.
+
+Started once per worker inside the jail (so namespaces are set up once, not per call), it imports
+sympy/numpy/... and then serves length-prefixed JSON requests on fd 0, answering on fd 1. Each
+request runs in a child forked from this preloaded state (copy-on-write, ~1 ms), so no state leaks
+between calls. Up to `slots` children run at once; each slot owns a scratch dir and, when the
+zygote may change uids, its own uid, which makes RLIMIT_NPROC per call, stops calls signalling
+each other or the zygote, and lets us find every process a call left behind (even double-forked
+daemons) by uid. Without uid changes the zygote runs one call at a time as a child subreaper and
+kills all its descendants after each call.
+"""
+from __future__ import annotations
+
+import errno
+import gc
+import importlib
+import json
+import mmap
+import os
+import selectors
+import shutil
+import signal
+import sys
+import time
+
+from sandbox import child
+from sandbox.protocol import FrameBuffer, encode
+
+_READ = 65536
+CALL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class Call:
+    def __init__(self, req: dict, slot: int, pid: int, pidfd: int, out_r: int, err_r: int):
+        self.req, self.slot, self.pid, self.pidfd = req, slot, pid, pidfd
+        self.out_r, self.err_r = out_r, err_r
+        self.start = time.monotonic()
+        self.deadline = self.start + float(req["limits"]["timeout"])
+        self.cap = int(req["limits"]["max_output_bytes"])
+        self.out, self.err = bytearray(), bytearray()
+        self.reason: str | None = None  # set when we end the call ourselves
+        self.dirty = False  # something other than the zygote forked while this call ran
+
+
+class Zygote:
+    def __init__(self, config: dict) -> None:
+        self.slots = int(config["slots"])
+        self.uid_base = config.get("uid_base")
+        self.scratch_root = config["scratch_root"]
+        self.sel = selectors.DefaultSelector()
+        self.frames = FrameBuffer()
+        self.free = list(range(self.slots))
+        self.waiting: list[dict] = []
+        self.calls: dict[int, Call] = {}  # by slot
+        self.base_vm = 0
+        self.status_map = mmap.mmap(-1, max(1, self.slots))  # shared with children: outcome bytes
+        self.pid = os.getpid()
+        self.own_pid_ns = bool(config.get("own_pid_ns"))
+        self.last_forked = 0
+        self._skip_pids = frozenset({"1", str(self.pid)})
+
+    # ---- set-up -------------------------------------------------------------------------
+    def preload(self, modules: list[str]) -> None:
+        child.prepare_zygote(CALL_ENV)
+        for name in modules:
+            importlib.import_module(name)
+        if "sympy" in modules:  # warm lazy caches so every child starts hot
+            import sympy
+            sympy.factorint(2**61 - 1)
+            sympy.simplify(sympy.Symbol("x") ** 2 - 1)
+        child._libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come back to us
+        os.makedirs(self.scratch_root, exist_ok=True)
+        for slot in range(self.slots):
+            self._fresh_scratch(slot)
+        gc.collect()
+        gc.freeze()
+        with open("/proc/self/status") as f:
+            vm = next(line for line in f if line.startswith("VmSize:"))
+        self.base_vm = int(vm.split()[1]) * 1024
+
+    def _scratch(self, slot: int) -> str:
+        return os.path.join(self.scratch_root, f"slot{slot}")
+
+    def _fresh_scratch(self, slot: int) -> None:
+        """Wipe the slot's scratch dir (cheaply, when the call left it empty)."""
+        path = self._scratch(slot)
+        try:
+            if not os.listdir(path):
+                os.chmod(path, 0o700)
+                return
+        except OSError:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+        os.mkdir(path, 0o700)
+        if self.uid_base is not None:
+            os.chown(path, self.uid_base + slot, self.uid_base + slot)
+
+    # ---- serving ------------------------------------------------------------------------
+    def serve(self) -> None:
+        os.set_blocking(0, False)
+        self.sel.register(0, selectors.EVENT_READ, None)
+        self._send({"ready": True, "base_vm": self.base_vm, "slots": self.slots})
+        while True:
+            now = time.monotonic()
+            timeout = min((c.deadline for c in self.calls.values()), default=now + 3600) - now
+            for key, _ in self.sel.select(max(0.0, timeout)):
+                if key.data is None:
+                    if not self._read_requests():
+                        return
+                else:
+                    self._on_event(*key.data)
+            now = time.monotonic()
+            for call in [c for c in self.calls.values() if c.deadline <= now]:
+                call.reason = "timeout"
+                self._finish(call)
+
+    def _read_requests(self) -> bool:
+        try:
+            data = os.read(0, _READ)
+        except BlockingIOError:
+            return True
+        if not data:  # host went away: end everything
+            for call in list(self.calls.values()):
+                self._kill_leftovers(call)
+            return False
+        self.waiting.extend(self.frames.feed(data))
+        while self.waiting and self.free:
+            self._start(self.waiting.pop(0), self.free.pop(0))
+        return True
+
+    def _start(self, req: dict, slot: int) -> None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self.status_map[slot] = 0
+        uid = None if self.uid_base is None else self.uid_base + slot
+        if self.own_pid_ns and _last_pid() != self.last_forked:
+            for running in self.calls.values():  # one of them forked: scan for it at its end
+                running.dirty = True
+        pid = os.fork()
+        self.last_forked = pid
+        if pid == 0:
+            code, reason = 1, "runtime_error"
+            try:
+                child.enter_call(out_w, err_w, self._scratch(slot), uid, req["limits"], self.base_vm)
+                code, reason = child.execute(req["code"], req.get("stdin"), req.get("history"))
+            except BaseException as exc:  # noqa: BLE001 - never let a child return into the zygote
+                try:
+                    os.write(2, f"Sandbox internal error: {type(exc).__name__}: {exc}".encode())
+                except OSError:
+                    pass
+            finally:
+                child.finish(code, reason, self.status_map, slot)
+        for fd in (out_w, err_w):
+            os.close(fd)
+        call = Call(req, slot, pid, os.pidfd_open(pid), out_r, err_r)
+        self.calls[slot] = call
+        for fd, kind in ((out_r, "out"), (err_r, "err"), (call.pidfd, "exit")):
+            if kind != "exit":
+                os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ, (call, kind))
+
+    def _on_event(self, call: Call, kind: str) -> None:
+        if call.slot not in self.calls or self.calls[call.slot] is not call:
+            return
+        if kind == "exit":
+            self._finish(call)
+            return
+        fd = call.out_r if kind == "out" else call.err_r
+        self._drain(call, fd, kind, once=True)
+        if len(call.out) + len(call.err) > call.cap:
+            call.reason = "output_limit"
+            self._finish(call)
+
+    def _drain(self, call: Call, fd: int, kind: str, once: bool = False) -> None:
+        buf = call.out if kind == "out" else call.err
+        while True:
+            try:
+                data = os.read(fd, _READ)
+            except (BlockingIOError, InterruptedError):
+                return
+            if not data:
+                self.sel.unregister(fd)
+                os.close(fd)
+                setattr(call, f"{kind}_r", -1)
+                return
+            if len(call.out) + len(call.err) <= call.cap:
+                buf += data
+            if once:
+                return
+
+    def _kill_leftovers(self, call: Call) -> None:
+        """SIGKILL every process of this call, including ones that double-forked away."""
+        if self.own_pid_ns and not (call.dirty or call.reason) and _last_pid() == self.last_forked:
+            return  # only the zygote forked in our pid namespace since this call began: no leftovers
+        uid = None if self.uid_base is None else self.uid_base + call.slot
+        tracked = {c.pid for c in self.calls.values()}
+        for _ in range(1000):
+            victims = []
+            for pid, puid, ppid, state in _processes(self._other_uids(call.slot), self._skip_pids):
+                if state == "Z":
+                    if ppid == self.pid and pid not in tracked:  # an orphan reparented to us
+                        _reap(pid)
+                elif (puid == uid if uid is not None else _descends(pid, self.pid)):
+                    victims.append(pid)
+            if not victims:
+                return
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def _other_uids(self, slot: int) -> frozenset:
+        if self.uid_base is None:
+            return frozenset()
+        return frozenset(self.uid_base + s for s in range(self.slots) if s != slot)
+
+    def _finish(self, call: Call) -> None:
+        if call.reason:  # we are ending a live call: it may not have dropped to its uid yet
+            os.kill(call.pid, signal.SIGKILL)
+        self._kill_leftovers(call)
+        _, status = os.waitpid(call.pid, 0)
+        wall = time.monotonic() - call.start
+        for fd, kind in ((call.out_r, "out"), (call.err_r, "err")):
+            if fd >= 0:  # writers are dead; never block here, whatever is left in the pipe is read
+                self._drain(call, fd, kind)
+                if getattr(call, f"{kind}_r") >= 0:
+                    self.sel.unregister(fd)
+                    os.close(fd)
+        self.sel.unregister(call.pidfd)
+        os.close(call.pidfd)
+        exit_code, reason, note = _outcome(status, child.OUTCOMES[self.status_map[call.slot] % 4], call)
+        cap = call.cap
+        out = bytes(call.out[:cap])
+        err = bytes(call.err[:max(0, cap - len(out))])
+        stderr = err.decode(errors="replace")
+        if note:
+            stderr = f"{stderr}\n{note}" if stderr and not stderr.endswith("\n") else stderr + note
+        self._send({"id": call.req["id"], "stdout": out.decode(errors="replace"), "stderr": stderr,
+                    "exit_code": exit_code, "wall_time": round(wall, 6), "reason": reason})
+        del self.calls[call.slot]
+        self._fresh_scratch(call.slot)
+        self.free.append(call.slot)
+        while self.waiting and self.free:
+            self._start(self.waiting.pop(0), self.free.pop(0))
+
+    def _send(self, obj: dict) -> None:
+        data = memoryview(encode(obj))
+        os.set_blocking(1, True)
+        while data:
+            data = data[os.write(1, data):]
+
+
+def _outcome(status: int, child_reason: str, call: Call) -> tuple[int | None, str, str]:
+    """(exit_code, reason, note for stderr) from how the child ended."""
+    limits = call.req["limits"]
+    if call.reason == "timeout":
+        return None, "timeout", f"Timeout: the code ran longer than {limits['timeout']:g} s and was stopped."
+    if call.reason == "output_limit":
+        return None, "output_limit", f"Output limit: more than {call.cap} bytes of output; the run was stopped."
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig == signal.SIGXCPU:
+            return None, "timeout", f"Timeout: CPU time limit of {limits['cpu_time']:g} s exceeded."
+        return None, "runtime_error", f"Killed by signal {signal.Signals(sig).name}."
+    code = os.WEXITSTATUS(status)
+    if child_reason in ("ok", "runtime_error", "memory"):
+        if child_reason == "ok" and code != 0:
+            return code, "runtime_error", ""
+        return code, child_reason, ""
+    return code, ("ok" if code == 0 else "runtime_error"), ""
+
+
+def _processes(skip_uids: frozenset = frozenset(), skip_pids: frozenset = frozenset()):
+    """(pid, uid, ppid, state) of visible processes, skipping those owned by `skip_uids`.
+
+    /proc/<pid> is owned by the process's uid when it is dumpable; processes that changed uid
+    are not, and show as root, so root-owned entries have their real uid read from
+    /proc/<pid>/status.
+    """
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or name in skip_pids:
+            continue
+        try:
+            uid = os.stat(f"/proc/{name}").st_uid
+            if uid in skip_uids:
+                continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if uid == 0:
+                with open(f"/proc/{name}/status", "rb") as f:
+                    uid = int(next(line for line in f if line.startswith(b"Uid:")).split()[1])
+        except (OSError, StopIteration, IndexError, ValueError):
+            continue
+        yield int(name), uid, int(fields[1]), fields[0].decode()
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    for _ in range(4096):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
+
+
+def _last_pid() -> int:
+    with open("/proc/sys/kernel/ns_last_pid", "rb") as f:
+        return int(f.read())
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _unshare_network() -> None:
+    """The "namespaces" backend: leave the host network (and IPC/UTS) without bubblewrap."""
+    import ctypes
+    clone_newnet, clone_newipc, clone_newuts = 0x40000000, 0x08000000, 0x04000000
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(clone_newnet | clone_newipc | clone_newuts) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    if config.get("unshare_net"):
+        _unshare_network()
+    zygote = Zygote(config)
+    zygote.preload(config.get("preload", []))
+    try:
+        zygote.serve()
+    except OSError as exc:
+        if exc.errno != errno.EPIPE:
+            raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""One shared sandbox pool for the sandbox tests: starting it preloads sympy (~1-2 s)."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from sandbox import Limits, Sandbox
+
+HOST_SECRET_NAME = "RSTAR2_SANDBOX_TEST_SECRET"
+HOST_SECRET_VALUE = "hunter2-do-not-leak"
+
+
+@pytest.fixture(scope="session")
+def sandbox_pool():
+    """A started Sandbox (1 heavy + 1 light zygote); usable from any test's event loop."""
+    os.environ[HOST_SECRET_NAME] = HOST_SECRET_VALUE  # must be invisible inside the sandbox
+    pool = Sandbox(workers=1, limits=Limits(timeout=5.0, cpu_time=5.0, memory_mb=512, max_output_bytes=65536))
+    pool.run_sync("pass")
+    yield pool
+    asyncio.run(pool.close())

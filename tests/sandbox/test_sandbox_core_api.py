@@ -1,0 +1,73 @@
+"""Request/response shapes of the embedded Sandbox API."""
+from __future__ import annotations
+
+import pytest
+
+from sandbox import RunResult, Sandbox, SandboxUnavailable
+from sandbox.jail import bwrap_problem
+
+
+async def test_run_returns_a_complete_result(sandbox_pool):
+    result = await sandbox_pool.run("print(1 + 1)")
+    assert isinstance(result, RunResult)
+    assert (result.stdout, result.stderr, result.exit_code, result.reason, result.ok) == ("2\n", "", 0, "ok", True)
+    assert result.wall_time > 0
+    assert set(result.to_dict()) == {"stdout", "stderr", "exit_code", "wall_time", "reason"}
+
+
+async def test_preloaded_sympy_and_numpy_work(sandbox_pool):
+    result = await sandbox_pool.run("import sympy, numpy as np\nprint(sympy.factorint(2**61-1), np.arange(4).sum())")
+    assert result.stdout == "{2305843009213693951: 1} 6\n", result.stderr
+
+
+async def test_stdin_and_echo(sandbox_pool):
+    result = await sandbox_pool.run("n = int(input())\nn * n", stdin="12\n")
+    assert result.stdout == "144\n"
+
+
+async def test_runtime_error_is_short(sandbox_pool):
+    result = await sandbox_pool.run("x = 1\ny = x / 0")
+    assert result.reason == "runtime_error" and result.exit_code == 1
+    assert result.stderr == "Line 2: ZeroDivisionError: division by zero\n    y = x / 0\n"
+
+
+async def test_run_batch_keeps_input_order(sandbox_pool):
+    items = [{"code": f"import time; time.sleep({0.05 * (i % 3)}); print({i})"} for i in range(12)]
+    items.append({"code": "print(input())", "stdin": "last"})
+    results = await sandbox_pool.run_batch(items)
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(12)] + ["last\n"]
+
+
+async def test_run_batch_rejects_items_without_code(sandbox_pool):
+    with pytest.raises(ValueError, match=r"items\[1\]"):
+        await sandbox_pool.run_batch([{"code": "1"}, {"stdin": "x"}])
+
+
+def test_run_sync_and_bad_arguments(sandbox_pool):
+    assert sandbox_pool.run_sync("21 * 2").stdout == "42\n"
+    with pytest.raises(ValueError, match="code"):
+        sandbox_pool.run_sync(b"print(1)")
+
+
+def test_stats_report_the_pool(sandbox_pool):
+    stats = sandbox_pool.stats()
+    assert {"workers", "busy", "queued", "completed", "errors", "restarts"} <= set(stats)
+    assert stats["workers"] >= 1 and stats["completed"] >= 1
+
+
+@pytest.mark.skipif(bwrap_problem() is not None, reason="bubblewrap unavailable here")
+def test_protections_are_measured_and_active(sandbox_pool):
+    found = sandbox_pool.protections()
+    assert found["backend"] == "bwrap"
+    for key in ("network", "readonly_fs", "env_cleared", "home_hidden", "project_hidden", "non_root",
+                "per_call_uid", "pool_unsignalable", "rlimits", "pid_namespace", "no_new_privs"):
+        assert found[key] is True, key
+
+
+def test_unavailable_isolation_is_a_clear_error():
+    with pytest.raises(SandboxUnavailable, match="nsjail"):
+        Sandbox(isolation="nsjail").run_sync("1")
+    with pytest.raises(ValueError, match="isolation"):
+        Sandbox(isolation="chroot").run_sync("1")
+    with pytest.raises(ValueError, match="workers"):
+        Sandbox(workers=0)

@@ -1,0 +1,39 @@
+"""Hostile or broken snippets, and dying workers, never take the pool down."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+
+async def test_os_exit_and_self_kill(sandbox_pool):
+    exited = await sandbox_pool.run("import os\nprint('bye', flush=True)\nos._exit(3)")
+    assert (exited.exit_code, exited.reason, exited.stdout) == (3, "runtime_error", "bye\n")
+    killed = await sandbox_pool.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert killed.reason == "runtime_error" and killed.exit_code is None and "SIGKILL" in killed.stderr
+
+
+async def test_closed_stdout_does_not_hang(sandbox_pool):
+    result = await sandbox_pool.run("import os, sys\nsys.stdout.close()\nos.close(1)\nos.close(2)\nx = 1")
+    assert result.reason == "ok"
+
+
+async def test_system_exit_and_keyboard_interrupt(sandbox_pool):
+    assert (await sandbox_pool.run("import sys\nsys.exit(0)")).reason == "ok"
+    assert (await sandbox_pool.run("raise KeyboardInterrupt")).reason == "runtime_error"
+
+
+async def test_killed_worker_fails_in_flight_call_and_is_replaced(sandbox_pool):
+    restarts = sandbox_pool.stats()["restarts"]
+    # `sympy` routes the call to the heavy tier; kill every heavy worker while the call sleeps
+    pending = asyncio.ensure_future(sandbox_pool.run("import sympy, time\ntime.sleep(30)", timeout=60))
+    await asyncio.sleep(0.5)
+    heavy = [w.pid for w in sandbox_pool._workers if w.tier == "heavy" and w.alive]
+    for pid in heavy:
+        os.kill(pid, signal.SIGKILL)
+    result = await asyncio.wait_for(pending, 30)
+    assert result.reason == "internal_error"
+    after = await sandbox_pool.run("import sympy\nprint(sympy.isprime(97))")
+    assert after.stdout == "True\n", after
+    assert sandbox_pool.stats()["restarts"] >= restarts + len(heavy)
+    assert sandbox_pool.stats()["errors"] >= 1
