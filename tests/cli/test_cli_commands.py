@@ -1,0 +1,48 @@
+"""The CLI surface: help is fast and lists every command; `rl --dry-run` shows config and plan."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from rstar2_cli.cli import app
+
+runner = CliRunner()
+
+
+def test_help_lists_every_command():
+    out = runner.invoke(app, ["--help"])
+    assert out.exit_code == 0
+    for cmd in ("quickstart", "prepare", "sft", "rl", "eval", "serve-sandbox", "bench-tools"):
+        assert cmd in out.output, cmd
+
+
+def test_help_does_not_import_torch_or_vllm():
+    code = "import sys; from rstar2_cli.cli import app; print('torch' in sys.modules, 'vllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"
+
+
+def test_rl_dry_run_multi_node():
+    out = runner.invoke(app, ["rl", "--stage", "2", "--gpus", "64", "--nodes", "8", "--master-addr", "head0",
+                              "--dry-run"], terminal_width=200)
+    assert out.exit_code == 0, out.output
+    text = out.output
+    assert "max_response_tokens: 12288" in text and "path: runs/stage1/final" in text
+    assert "--nnodes 8" in text and "--node-rank 7" in text and "head0:29500" in text
+    assert "serve-sandbox --worker --redis redis://head0:6379/0" in text
+
+
+def test_rl_dry_run_single_cpu_launches_directly():
+    out = runner.invoke(app, ["rl", "--stage", "1", "--set", "train.prompts_per_step=4", "--dry-run"],
+                        terminal_width=200)
+    assert out.exit_code == 0, out.output
+    assert "launch directly" in out.output and "prompts_per_step: 4" in out.output
+
+
+def test_rl_bad_sizes_and_bad_config_fail_early():
+    out = runner.invoke(app, ["rl", "--stage", "1", "--gpus", "12", "--nodes", "8", "--master-addr", "h", "--dry-run"])
+    assert out.exit_code == 2 and "not divisible by nodes" in out.output
+    out = runner.invoke(app, ["rl", "--stage", "1", "--set", "optim.lrr=1", "--dry-run"])
+    assert out.exit_code == 2 and "optim.lrr: unknown field" in out.output

@@ -1,0 +1,72 @@
+"""Recipes: the paper's constants load from YAML, overrides apply, bad input fails in one line."""
+from __future__ import annotations
+
+import pytest
+
+from rstar2_cli.config import ConfigError, load_recipe, load_recipe_dict
+from rstar2_cli.rl.stages import resolve_stage_recipe
+
+
+@pytest.mark.parametrize("stage,max_len,turns,steps", [(1, 8192, 10, 385), (2, 12288, 10, 85), (3, 12288, 15, 40)])
+def test_paper_stage_recipes(stage, max_len, turns, steps):
+    cfg = resolve_stage_recipe(None, stage, [])
+    assert cfg.stage == stage
+    assert cfg.rollout.max_response_tokens == max_len and cfg.rollout.max_turns == turns
+    assert cfg.train.prompts_per_step == 512 and cfg.train.group_size == 16 and cfg.rollouts_per_prompt == 32
+    assert cfg.rollout.temperature == 1.0 and cfg.optim.lr == 1e-6 and cfg.optim.warmup_steps == 20
+    assert (cfg.loss.eps_low, cfg.loss.eps_high) == (0.2, 0.28) and cfg.train.steps == steps
+
+
+def test_stages_chain_checkpoints_and_stage3_resets_optimizer():
+    s1, s2, s3 = (resolve_stage_recipe(None, s, []) for s in (1, 2, 3))
+    assert s2.model.path == f"{s1.train.out_dir}/final"
+    assert s3.model.path == f"{s2.train.out_dir}/final"
+    assert s3.data.train.endswith("math_hard.jsonl") and s3.optim.reset and not s2.optim.reset
+    # an explicit --set model.path wins over the stage link
+    assert resolve_stage_recipe(None, 2, ["model.path=/ckpt/x"]).model.path == "/ckpt/x"
+
+
+def test_overrides_parse_yaml_values():
+    cfg = load_recipe(None, ["optim.lr=2e-6", "roc.enabled=false", "train.group_size=4", "sandbox.url=null"])
+    assert cfg.optim.lr == 2e-6 and cfg.roc.enabled is False and cfg.rollouts_per_prompt == 4
+    assert cfg.sandbox.url is None
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("loss.eps_hihg=0.3", "loss.eps_hihg: unknown field"),
+    ("train.steps=abc", "train.steps"),
+    ("loss.eps_high=0.1", "eps_high (0.1) must be >= loss.eps_low"),
+    ("roc.mode=fancy", "roc.mode"),
+    ("rollout.top_p=0", "rollout.top_p"),
+    ("lr=1", "lr: unknown field"),
+    ("optim", "expected key=value"),
+])
+def test_bad_overrides_fail_with_one_line(override, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_recipe(None, [override])
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bad_recipe_files_name_the_file(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("train:\n  steps: -3\n")
+    with pytest.raises(ConfigError, match=r"r\.yaml: train\.steps"):
+        load_recipe(p)
+    p.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_recipe(p)
+    with pytest.raises(ConfigError, match="not found"):
+        load_recipe(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="recipe not found"):
+        resolve_stage_recipe("nope", None, [])
+
+
+def test_stage3_without_reset_is_rejected(tmp_path):
+    with pytest.raises(ConfigError, match="optim.reset"):
+        resolve_stage_recipe(None, 3, ["optim.reset=false"])
+
+
+def test_recipe_dict_defaults_are_the_paper():
+    cfg = load_recipe_dict({})
+    assert cfg.roc.mode == "paper" and cfg.roc.oversample == 2 and cfg.loss.tis is False
+    assert cfg.optim.grad_clip == 1.0
