@@ -1,0 +1,41 @@
+"""`rstar2 sft RECIPE`: non-reasoning SFT in the rStar2 tool format (TRL + optional LoRA)."""
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("sft")
+    def sft_cmd(
+        recipe: Optional[str] = typer.Argument(None, help="SFT recipe YAML (e.g. recipes/sft.yaml)"),
+        overrides: List[str] = typer.Option([], "--set", help="override a field, e.g. --set lora.r=16 (repeatable)"),
+    ) -> None:
+        """Supervised fine-tuning on tool-call / instruction / chat conversations (loss on assistant tokens only)."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from rstar2_cli.config import ConfigError
+        from rstar2_cli.sft.settings import load_sft_config
+        from rstar2_cli.sft.trainer import SftDataError, run_sft
+
+        try:
+            cfg = load_sft_config(recipe, list(overrides))
+            summary = run_sft(cfg)
+        except (ConfigError, SftDataError) as e:
+            typer.secho(f"error: {e}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        if int(os.environ.get("RANK", "0")) != 0:         # under torchrun only the main rank reports
+            return
+        table = Table(title="rstar2 sft")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for key in ("examples", "dropped_too_long", "global_batch", "steps", "first_logged_loss",
+                    "last_logged_loss", "train_loss", "lora", "final_checkpoint"):
+            value = summary.get(key)
+            table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+        console = Console()
+        console.print(table)
+        console.print(f"summary: {cfg.out_dir}/sft_summary.json")
