@@ -1,40 +1,9 @@
-"""Shared fixtures for the RL tests: a tiny random Qwen3 on disk and synthetic trajectories."""
+"""Shared fixtures for the RL tests."""
 from __future__ import annotations
-
-import random
 
 import pytest
 
-from rstar2_cli.rollout.trajectory import Trajectory
-
-TINY_QWEN3 = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=512)
-
-
-def build_tiny_model(seed: int = 0):
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    return Qwen3ForCausalLM(Qwen3Config(**TINY_QWEN3)).float()
-
-
-def make_trajectories(n: int, seed: int = 0, min_len: int = 5, max_len: int = 40) -> list[Trajectory]:
-    """Random token trajectories with a tool-response gap (mask 0) in the middle of some."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        p = [rng.randrange(384) for _ in range(rng.randint(3, 12))]
-        r_len = rng.randint(min_len, max_len)
-        r = [rng.randrange(384) for _ in range(r_len)]
-        mask = [1] * r_len
-        if i % 2 and r_len > 6:
-            for j in range(2, 5):
-                mask[j] = 0
-        logprobs = [(-rng.random() * 5 if m else 0.0) for m in mask]
-        out.append(Trajectory(prompt_id=f"p{i // 4}", sample_index=i % 4, prompt_ids=p, response_ids=r,
-                              loss_mask=mask, logprobs=logprobs, reward=float(i % 3 == 0)))
-    return out
+from rl_synthetic import build_tiny_model
 
 
 @pytest.fixture(scope="session")

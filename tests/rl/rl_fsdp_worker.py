@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import make_trajectories  # noqa: E402
+from rl_synthetic import make_trajectories  # noqa: E402
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # noqa: E402
 from rstar2_cli.rl.dist import shard_for_rank  # noqa: E402

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import make_trajectories
+from rl_synthetic import make_trajectories
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
 from rstar2_cli.rl.checkpoint import latest_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_tiny_model, make_trajectories
+from rl_synthetic import build_tiny_model, make_trajectories
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
 from rstar2_cli.rl.packing import pack_sequences, plan_bins

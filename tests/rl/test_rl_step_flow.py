@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import build_tiny_model, make_trajectories
+from rl_synthetic import build_tiny_model, make_trajectories
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig, RocConfig
 from rstar2_cli.rl.dist import shard_for_rank
