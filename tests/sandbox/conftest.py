@@ -8,8 +8,7 @@ import pytest
 
 from sandbox import Limits, Sandbox
 
-HOST_SECRET_NAME = "RSTAR2_SANDBOX_TEST_SECRET"
-HOST_SECRET_VALUE = "hunter2-do-not-leak"
+from host_secret import HOST_SECRET_NAME, HOST_SECRET_VALUE
 
 
 @pytest.fixture(scope="session")

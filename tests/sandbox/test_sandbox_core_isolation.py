@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HOST_SECRET_NAME, HOST_SECRET_VALUE
+from host_secret import HOST_SECRET_NAME, HOST_SECRET_VALUE
 from sandbox.jail import bwrap_problem
 
 REPO = Path(__file__).resolve().parents[2]
