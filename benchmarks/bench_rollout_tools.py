@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> dict:
     tool_s, tool_tokens, trajs = asyncio.run(tools_side())
     calls = sum(t.num_tool_calls for t in trajs)
     errors = sum(t.num_tool_errors for t in trajs)
+    from collections import Counter
+
+    reasons = Counter(r for t in trajs for r in t.extra.get("tool_reasons", []))
     # plain: the same generated-token count, one request per trajectory, one continuous batch
     per_traj = max(1, tool_tokens // len(trajs))
     prompt = trajs[0].prompt_ids
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     tool_tps, plain_tps = tool_tokens / tool_s, plain_tokens / plain_s
     result = {
-        "trajectories": len(trajs), "tool_calls": calls, "tool_errors": errors,
+        "trajectories": len(trajs), "tool_calls": calls, "tool_errors": errors, "tool_reasons": dict(reasons),
         "tools": {"generated_tokens": tool_tokens, "seconds": round(tool_s, 3), "tokens_per_s": round(tool_tps, 1)},
         "plain_vllm": {"generated_tokens": plain_tokens, "seconds": round(plain_s, 3),
                        "tokens_per_s": round(plain_tps, 1)},
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
     t.add_row("agent loop + sandbox", f"{tool_tokens:,}", f"{tool_s:.2f}", f"{tool_tps:,.0f}")
     t.add_row("plain vLLM", f"{plain_tokens:,}", f"{plain_s:.2f}", f"{plain_tps:,.0f}")
     Console().print(t)
-    Console().print(f"tool calls {calls} (errors {errors}); ratio {result['ratio_tools_vs_plain']:.2f} (target >= 0.8)")
+    Console().print(f"tool calls {calls} (errors {errors}: {dict(reasons)}); ratio {result['ratio_tools_vs_plain']:.2f} (target >= 0.8)")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result
