@@ -1,0 +1,41 @@
+"""`rstar2 quickstart`: prepare -> sft -> rl -> eval on a toy task, on CPU, in one command."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("quickstart")
+    def quickstart_cmd(
+        seed: int = typer.Option(0, "--seed", help="changes the toy problems, the held-out set and the initialisation"),
+        out: str = typer.Option("runs/quickstart", "--out", help="output folder (report.json, report.png, report.md)"),
+        compare_grpo: bool = typer.Option(False, "--compare-grpo",
+                                          help="also run plain GRPO (RoC off) from the same SFT start"),
+        smoke: bool = typer.Option(False, "--smoke", help="a few-minute size preset (CI)"),
+        sft_steps: Optional[int] = typer.Option(None, "--sft-steps", min=1, help="override the preset's SFT steps"),
+        steps: Optional[int] = typer.Option(None, "--steps", min=1, help="override the preset's RL steps"),
+        eval_every: Optional[int] = typer.Option(None, "--eval-every", min=1, help="RL steps between held-out points"),
+    ) -> None:
+        """Train a tiny model to use the Python tool, end to end on CPU, and write a report."""
+        from pydantic import ValidationError
+        from rich.console import Console
+
+        from rstar2_cli.quickstart.pipeline import run_quickstart
+        from rstar2_cli.quickstart.report import results_table
+        from rstar2_cli.quickstart.settings import QuickstartSettings
+
+        try:
+            settings = QuickstartSettings.for_preset(out, "smoke" if smoke else "full", seed=seed,
+                                                     compare_grpo=compare_grpo, sft_steps=sft_steps,
+                                                     rl_steps=steps, eval_every=eval_every)
+        except (ValidationError, ValueError) as e:
+            errs = getattr(e, "errors", None)
+            msg = f"{'.'.join(map(str, errs()[0]['loc']))}: {errs()[0]['msg']}" if callable(errs) else str(e)
+            raise typer.BadParameter(msg) from None
+        report = run_quickstart(settings)
+        console = Console()
+        console.print(results_table(report))
+        console.print(f"report: {settings.out / 'report.md'}  curves: {settings.out / 'report.png'}  "
+                      f"numbers: {settings.out / 'report.json'}")

@@ -1,0 +1,135 @@
+"""SFT conversations for the toy task, with deliberately imperfect behaviour.
+
+The SFT start must leave room for RL: if SFT taught perfect tool use there would be nothing to
+learn. So the data mixes three behaviours, in fixed proportions:
+  * guess: answer straight away with a plausible but (almost always) wrong number;
+  * buggy then repair: a first call with a bug (syntax error, misspelt name), the sandbox's real
+    error message, then a corrected call and the right answer;
+  * sloppy: one call that prints the result and then crashes (NameError), the answer copied
+    from the output: correct, but with a tool error (what RoC is meant to filter out);
+  * correct tool use: one call, its output, the answer.
+RL should learn to stop guessing (accuracy rises) and, with RoC, to stop making the errors that
+the buggy-then-repair positives carry (tool-error ratio in positives falls).
+
+Tool responses are produced by running the code in the real sandbox and formatting the result
+with the same function the agent loop uses, so SFT text matches RL rollouts byte for byte.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from rstar2_cli.quickstart.toy_task import ToyProblem
+
+TOOL = "python_code_with_standard_io"
+
+
+@dataclass(frozen=True)
+class BehaviourMix:
+    guess: float = 0.5
+    buggy_repair: float = 0.2
+    correct: float = 0.3
+    sloppy: float = 0.0
+
+    def pick(self, rng: random.Random) -> str:
+        weights = [("guess", self.guess), ("buggy_repair", self.buggy_repair), ("sloppy", self.sloppy),
+                   ("correct", self.correct)]
+        x = rng.random() * sum(w for _, w in weights)
+        for name, w in weights:
+            if x < w:
+                return name
+            x -= w
+        return "correct"
+
+
+def _call(code: str) -> dict[str, Any]:
+    return {"name": TOOL, "arguments": {"code": code, "input": ""}}
+
+
+def _wrong_guess(p: ToyProblem, rng: random.Random) -> int:
+    true = int(p.answer)
+    digits = list(str(true))
+    for _ in range(rng.randint(1, 3)):               # perturb 1-3 digits: right size, wrong value
+        i = rng.randrange(len(digits))
+        digits[i] = str((int(digits[i]) + rng.randint(1, 9)) % 10)
+    guess = int("".join(digits).lstrip("0") or "0")
+    return guess if guess != true else true + rng.randint(1, 9)
+
+
+def _buggy_code(p: ToyProblem, rng: random.Random) -> str:
+    """A call that fails. The sandbox echoes the failing line, so the repair can copy the
+    expression from the error message right above it (a short copy a tiny model learns)."""
+    kind = rng.randrange(3)
+    if kind == 0:
+        return f"print({p.expression}"                 # SyntaxError: '(' was never closed
+    if kind == 1:
+        return f"pritn({p.expression})"                # NameError: name 'pritn' is not defined
+    return f"print({p.expression}))"                   # SyntaxError: unmatched ')'
+
+
+def plan_conversation(p: ToyProblem, behaviour: str, rng: random.Random,
+                      system_prompt: str | None = None) -> list[dict[str, Any]]:
+    """Messages with `None` placeholders for tool outputs; `fill_tool_outputs` runs the code.
+
+    `system_prompt` must be the RL recipe's `rollout.system_prompt` (None: the paper's), so the
+    SFT conversations start with exactly the prompt the agent loop renders."""
+    from rstar2_cli.protocol.template import problem_messages
+
+    msgs = problem_messages(p.problem, system_prompt)
+    good = f"print({p.expression})"
+    if behaviour == "guess":
+        g = _wrong_guess(p, rng)
+        msgs.append({"role": "assistant",
+                     "content": f"<reason>I can do this in my head.</reason>\n<answer>\\boxed{{{g}}}</answer>"})
+        return msgs
+    if behaviour == "sloppy":                          # right output, then a crash: a messy positive
+        msgs.append({"role": "assistant", "content": "<reason>Let me compute it with Python.</reason>",
+                     "tool_calls": [_call(f"{good}\nprint(ans)")]})
+    elif behaviour == "buggy_repair":
+        msgs.append({"role": "assistant", "content": "<reason>Let me compute it with Python.</reason>",
+                     "tool_calls": [_call(_buggy_code(p, rng))]})
+        msgs.append({"role": "tool", "content": None})
+        msgs.append({"role": "assistant", "content": "<reason>The code had a bug; fix it.</reason>",
+                     "tool_calls": [_call(good)]})
+    else:
+        msgs.append({"role": "assistant", "content": "<reason>Let me compute it with Python.</reason>",
+                     "tool_calls": [_call(good)]})
+    msgs.append({"role": "tool", "content": None})
+    msgs.append({"role": "assistant", "content": f"<answer>\\boxed{{{p.answer}}}</answer>"})
+    return msgs
+
+
+async def fill_tool_outputs(conversations: list[list[dict[str, Any]]], sandbox, max_chars: int) -> None:
+    """Run every planned call in the sandbox and put the formatted output in its tool message."""
+    from rstar2_cli.protocol.responses import response_text
+
+    slots: list[tuple[dict[str, Any], str]] = []
+    for msgs in conversations:
+        pending = None
+        for m in msgs:
+            if m["role"] == "assistant" and m.get("tool_calls"):
+                pending = m["tool_calls"][0]["arguments"]["code"]
+            elif m["role"] == "tool" and m["content"] is None:
+                slots.append((m, pending))
+    results = await sandbox.run_batch([{"code": code} for _, code in slots])
+    for (m, _), r in zip(slots, results):
+        m["content"] = response_text(r, max_chars)
+
+
+async def make_sft_rows(problems: list[ToyProblem], seed: int, sandbox, *, mix: BehaviourMix | None = None,
+                        max_chars: int = 4096, system_prompt: str | None = None,
+                        tools_in_prompt: bool = True) -> list[dict[str, Any]]:
+    """One SFT conversation per problem: {"messages": [...], "tools": [...] | None, "behaviour": ...}.
+
+    `system_prompt` / `tools_in_prompt` must equal the RL recipe's `rollout` settings: the SFT
+    token layout then matches the agent loop's prompt exactly."""
+    from rstar2_cli.protocol.tools import get_tools, tool_schemas
+
+    rng = random.Random(f"rstar2-toy-sft-{seed}")
+    mix = mix or BehaviourMix()
+    behaviours = [mix.pick(rng) for _ in problems]
+    convs = [plan_conversation(p, b, rng, system_prompt) for p, b in zip(problems, behaviours)]
+    await fill_tool_outputs(convs, sandbox, max_chars)
+    schemas = tool_schemas(get_tools(TOOL)) if tools_in_prompt else None
+    return [{"messages": c, "tools": schemas, "behaviour": b} for c, b in zip(convs, behaviours)]
