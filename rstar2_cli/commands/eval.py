@@ -27,6 +27,8 @@ def register(app: typer.Typer) -> None:
         tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer folder for --engine openai (default: MODEL)"),
         sandbox_url: Optional[str] = typer.Option(None, "--sandbox-url", help="a running rstar2 serve-sandbox (default: embedded pool)"),
         max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
+        system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="replace the paper's system prompt (as the RL recipe's rollout.system_prompt)"),
+        tools_in_prompt: bool = typer.Option(True, "--tools-in-prompt/--no-tools-in-prompt", help="list the tool schema in the prompt (paper: yes)"),
     ) -> None:
         """Evaluate a checkpoint with tool-integrated generation: avg@k pass@1, pass@k, maj@k, lengths, tool stats."""
         from pydantic import ValidationError
@@ -40,6 +42,7 @@ def register(app: typer.Typer) -> None:
                 temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
                 limit=limit, seed=seed, answer_mode=answer_mode, engine=engine, base_url=base_url,
                 tokenizer=tokenizer, sandbox_url=sandbox_url, max_model_len=max_model_len,
+                system_prompt=system_prompt, tools_in_prompt=tools_in_prompt,
             )
         except ValidationError as e:
             err = e.errors()[0]

@@ -78,8 +78,7 @@ async def _make_engine(s: EvalSettings, tokenizer):
     return VLLMEngine.from_config(s.model, cfg, max_model_len=max_len, seed=s.seed)
 
 
-async def _generate(s: EvalSettings, problems, tokenizer, out_file: Path, engine=None, tools=None,
-                    system_prompt: str | None = None, tools_in_prompt: bool = True) -> None:
+async def _generate(s: EvalSettings, problems, tokenizer, out_file: Path, engine=None, tools=None) -> None:
     """Roll out every problem that is not complete in `out_file`, appending chunk by chunk.
 
     `engine` / `tools`: an already running generator and sandbox to reuse (the quickstart and
@@ -93,8 +92,8 @@ async def _generate(s: EvalSettings, problems, tokenizer, out_file: Path, engine
         max_response_tokens=s.max_tokens,
         temperature=s.temperature,
         top_p=s.top_p,
-        system_prompt=system_prompt,
-        tools_in_prompt=tools_in_prompt,
+        system_prompt=s.system_prompt,
+        tools_in_prompt=s.tools_in_prompt,
     )
     async with AsyncExitStack() as stack:
         if engine is None:
@@ -137,13 +136,12 @@ async def _generate(s: EvalSettings, problems, tokenizer, out_file: Path, engine
                     f.write(json.dumps(sample_record(t, g)) + "\n")
 
 
-def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None, system_prompt: str | None = None,
-             tools_in_prompt: bool = True) -> dict[str, Any]:
+def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[str, Any]:
     """Run (or resume) one evaluation and write results.json; returns the results dict.
 
     `engine` (anything with `async generate(req, key=None)`) and `tools` (a started sandbox) may
-    be passed in to reuse them across evaluations. `system_prompt` / `tools_in_prompt`: as the
-    RL recipe's `rollout` fields, for models trained with a non-default prompt (the quickstart)."""
+    be passed in to reuse them across evaluations. The prompt layout (`system_prompt`,
+    `tools_in_prompt`) is part of the settings, so results.json records it."""
     from transformers import AutoTokenizer
 
     from rstar2_cli.data.problems import load_problems
@@ -165,8 +163,7 @@ def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None, system_p
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.cpu_kvcache_space_gb))
         # The sandbox pool and vLLM engines run their own event-loop threads, so a fresh loop
         # here can drive engines and sandboxes that callers started elsewhere.
-        asyncio.run(_generate(s, todo, tokenizer, traj_path, engine=engine, tools=tools,
-                              system_prompt=system_prompt, tools_in_prompt=tools_in_prompt))
+        asyncio.run(_generate(s, todo, tokenizer, traj_path, engine=engine, tools=tools))
     records = [
         r
         for (pid, idx), r in load_done(traj_path).items()

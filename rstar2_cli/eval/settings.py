@@ -29,6 +29,8 @@ class EvalSettings(BaseModel):
     limit: int | None = Field(None, ge=1)            # only the first N problems
     seed: int = 0
     answer_mode: Literal["paper", "last_boxed"] = "paper"
+    system_prompt: str | None = None                 # as the RL recipe's rollout.system_prompt
+    tools_in_prompt: bool = True                     # as rollout.tools_in_prompt
     engine: Literal["vllm", "openai"] = "vllm"
     base_url: str | None = None                      # for --engine openai
     tokenizer: str | None = None                     # for --engine openai (default: model)

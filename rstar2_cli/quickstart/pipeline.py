@@ -78,10 +78,10 @@ def heldout_eval(s: QuickstartSettings, prep: PreparedToy, model: str, out_dir: 
     settings = EvalSettings(benchmark="toy-heldout", model=model, data=str(prep.heldout_file), out_dir=str(out_dir),
                             tokenizer=tokenizer, samples=s.eval_samples, temperature=s.eval_temperature, top_p=1.0,
                             max_tokens=s.max_response_tokens, max_turns=s.max_turns, seed=s.seed,
-                            max_model_len=512, progress=progress)
+                            max_model_len=512, progress=progress, system_prompt=TOY_SYSTEM_PROMPT,
+                            tools_in_prompt=False)
     quiet = Console(file=io.StringIO())   # the quickstart prints its own table at the end
-    results = run_eval(settings, engine=engine, tools=tools, console=quiet,
-                       system_prompt=TOY_SYSTEM_PROMPT, tools_in_prompt=False)
+    results = run_eval(settings, engine=engine, tools=tools, console=quiet)
     records = list(load_done(out_dir / TRAJ_FILE).values())
     pos = [r for r in records if r["reward"] > 0]
     pos_calls = sum(r["tool_calls"] for r in pos)
