@@ -186,7 +186,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def _first_error(e: ValidationError, source: str) -> ConfigError:
+def first_error(e: ValidationError, source: str) -> ConfigError:
+    """The first validation error as one line: `source: a.b: message (got value)`."""
     err = e.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "<root>"
     msg = err["msg"]
@@ -204,13 +205,11 @@ def load_recipe_dict(raw: dict[str, Any], overrides: list[str] | None = None,
     try:
         return RecipeConfig.model_validate(raw)
     except ValidationError as e:
-        raise _first_error(e, source) from None
+        raise first_error(e, source) from None
 
 
-def load_recipe(path: str | Path | None, overrides: list[str] | None = None) -> RecipeConfig:
-    """Load a YAML recipe (or the defaults when path is None) and apply `--set` overrides."""
-    if path is None:
-        return load_recipe_dict({}, overrides, source="<defaults>")
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping, or a one-line ConfigError naming the file."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: recipe file not found")
@@ -220,7 +219,14 @@ def load_recipe(path: str | Path | None, overrides: list[str] | None = None) -> 
         raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: top level must be a mapping, got {type(raw).__name__}")
-    return load_recipe_dict(raw, overrides, source=str(p))
+    return raw
+
+
+def load_recipe(path: str | Path | None, overrides: list[str] | None = None) -> RecipeConfig:
+    """Load a YAML recipe (or the defaults when path is None) and apply `--set` overrides."""
+    if path is None:
+        return load_recipe_dict({}, overrides, source="<defaults>")
+    return load_recipe_dict(read_yaml_mapping(path), overrides, source=str(path))
 
 
 def dump_recipe(cfg: RecipeConfig) -> str:

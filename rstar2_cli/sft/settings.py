@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rstar2_cli.config import ConfigError, apply_overrides
+from rstar2_cli.config import apply_overrides, first_error, read_yaml_mapping
 
 
 class _S(BaseModel):
@@ -59,19 +58,10 @@ class SftConfig(_S):
 
 def load_sft_config(path: str | Path | None, overrides: list[str] | None = None) -> SftConfig:
     """The recipe at `path` (or the defaults) with `--set a.b=value` overrides; ConfigError if invalid."""
-    raw: dict[str, Any] = {}
-    source = "<defaults>"
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"{p}: recipe file not found")
-        raw = yaml.safe_load(p.read_text()) or {}
-        source = str(p)
+    raw: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
+    source = str(path) if path is not None else "<defaults>"
     raw = apply_overrides(raw, list(overrides or []))
     try:
         return SftConfig.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-        raise ConfigError(f"{source}: {loc}: {msg}") from None
+        raise first_error(e, source) from None
