@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             settings = EvalSettings(
-                benchmark=benchmark if not data else (benchmark if benchmark != "custom" else "custom"),
+                benchmark=benchmark,
                 model=model, data=data, data_dir=data_dir, out_dir=out, samples=samples,
                 temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
                 limit=limit, seed=seed, answer_mode=answer_mode, engine=engine, base_url=base_url,

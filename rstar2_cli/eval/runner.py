@@ -66,7 +66,7 @@ def sample_record(traj, grade) -> dict[str, Any]:
     }
 
 
-async def _make_engine(s: EvalSettings, tokenizer):
+async def _make_engine(s: EvalSettings):
     from rstar2_cli.config import EngineConfig
     from rstar2_cli.rollout.engines import OpenAIEngine, VLLMEngine
 
@@ -97,7 +97,7 @@ async def _generate(s: EvalSettings, problems, tokenizer, out_file: Path, engine
     )
     async with AsyncExitStack() as stack:
         if engine is None:
-            engine = await _make_engine(s, tokenizer)
+            engine = await _make_engine(s)
             stack.push_async_callback(engine.close)
         if tools is None:
             if s.sandbox_url:
@@ -164,11 +164,8 @@ def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[
         # The sandbox pool and vLLM engines run their own event-loop threads, so a fresh loop
         # here can drive engines and sandboxes that callers started elsewhere.
         asyncio.run(_generate(s, todo, tokenizer, traj_path, engine=engine, tools=tools))
-    records = [
-        r
-        for (pid, idx), r in load_done(traj_path).items()
-        if idx < s.samples and pid in {p.id for p in problems}
-    ]
+    wanted = {p.id for p in problems}
+    records = [r for (pid, idx), r in load_done(traj_path).items() if idx < s.samples and pid in wanted]
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= s.samples]
     metrics = summarize(records, ks=ks)
     results = {
