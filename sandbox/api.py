@@ -22,6 +22,9 @@ from sandbox.tiers import fits_light, split_preload
 from sandbox.worker import Worker, WorkerDied
 
 DEFAULT_PRELOAD = ("math", "fractions", "itertools", "numpy", "sympy")
+# Calls sent to a zygote beyond its slots wait in its queue: it starts them the moment a slot
+# frees (no host round trip) and in bursts, which is cheaper per call (see Zygote._start_waiting).
+QUEUE_PER_SLOT = 2
 _RESTART_ATTEMPTS = 3
 
 
@@ -78,7 +81,7 @@ class Sandbox:
         self._changed = asyncio.Condition()
         tiers = [("heavy", self.preload)] + ([("light", self._light_preload)] if self._heavy else [])
         for t, (tier, preload) in enumerate(tiers):
-            self._free[tier] = asyncio.Semaphore(self.n_workers * self._plan.slots)
+            self._free[tier] = asyncio.Semaphore(self.n_workers * self._depth)
             self._workers += [Worker(t * self.n_workers + i, self._plan, preload, tier) for i in range(self.n_workers)]
         try:
             await asyncio.gather(*(w.start() for w in self._workers))
@@ -88,6 +91,11 @@ class Sandbox:
         self._supervisors = [asyncio.create_task(self._supervise(w)) for w in self._workers]
         self._protections = await probe_protections(lambda code: self._run(code, None, 10.0, None),
                                                     self._plan.backend)
+
+    @property
+    def _depth(self) -> int:
+        """Calls in flight per zygote: its slots plus its queue."""
+        return self._plan.slots * QUEUE_PER_SLOT
 
     async def close(self) -> None:
         if self._started is None:
@@ -197,7 +205,7 @@ class Sandbox:
         async with self._changed:
             while True:
                 mine = [w for w in self._workers if w.tier == tier]
-                live = [w for w in mine if w.alive and w.inflight < self._plan.slots]
+                live = [w for w in mine if w.alive and w.inflight < self._depth]
                 if live:
                     return min(live, key=lambda w: w.inflight)
                 if not mine:

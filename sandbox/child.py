@@ -126,7 +126,10 @@ def short_error(exc: BaseException, source: str) -> str:
     return f"Line {lineno}: {head}\n    {text}" if text else f"Line {lineno}: {head}"
 
 
-def _compile_cell(source: str):
+PRECOMPILE_MAX_CHARS = 8192
+
+
+def compile_cell(source: str):
     """Split a cell into (body, last expression or None), as a notebook does for its echo."""
     tree = ast.parse(source, SNIPPET, "exec")
     last = None
@@ -157,8 +160,27 @@ def _replay(history: list, namespace: dict) -> str | None:
     return None
 
 
-def execute(source: str, stdin: str | None = None, history: list | None = None) -> tuple[int, str]:
-    """Run one cell; returns (exit code, reason). Prints the echo or the short error itself."""
+def precompile(source: str):
+    """Compile a short cell in the zygote, before the fork, or None (the child then compiles it).
+
+    Why: the first use of the parser and compiler in a fresh child copies ~140 pages of the
+    zygote (copy-on-write faults), about a third of a trivial call's cost; the zygote's own pages
+    are already private. Only short cells qualify, so a hostile one cannot stall the zygote (an
+    8 KB cell compiles in < 10 ms on CPython 3.11, whose parser and optimiser bound nesting and
+    constant folding); any compile error is left for the child to report in the usual way.
+    """
+    if len(source) > PRECOMPILE_MAX_CHARS:
+        return None
+    try:
+        return compile_cell(source)
+    except BaseException:  # noqa: BLE001 - the child recompiles and reports it
+        return None
+
+
+def execute(source: str, stdin: str | None = None, history: list | None = None,
+            compiled=None) -> tuple[int, str]:
+    """Run one cell; returns (exit code, reason). Prints the echo or the short error itself.
+    `compiled` is `precompile(source)` done before the fork, when available."""
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     if history:
         failure = _replay(history, namespace)
@@ -169,7 +191,7 @@ def execute(source: str, stdin: str | None = None, history: list | None = None) 
     if not isinstance(sys.stdout, _TrackingText):
         sys.stdout = _TrackingProxy(sys.stdout)
     try:
-        body, last = _compile_cell(source)
+        body, last = compiled or compile_cell(source)
         exec(body, namespace)
         if last is not None:
             value = eval(last, namespace)

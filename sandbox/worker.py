@@ -12,7 +12,7 @@ import contextlib
 import itertools
 
 from sandbox.jail import JailPlan
-from sandbox.protocol import encode, read_frame
+from sandbox.protocol import encode_request, read_frame
 
 STARTUP_TIMEOUT = 120.0
 _ids = itertools.count(1)
@@ -68,7 +68,7 @@ class Worker:
         future = asyncio.get_running_loop().create_future()
         self.pending[call_id] = future
         try:
-            self.proc.stdin.write(encode({**request, "id": call_id}))
+            self.proc.stdin.write(encode_request({**request, "id": call_id}))
             await self.proc.stdin.drain()
             return await asyncio.wait_for(future, watchdog)
         except asyncio.TimeoutError:
