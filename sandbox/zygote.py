@@ -78,6 +78,7 @@ class Zygote:
         os.makedirs(self.scratch_root, exist_ok=True)
         for slot in range(self.slots):
             self._fresh_scratch(slot)
+        self.environments = [child.SlotEnvironment(self._scratch(slot)) for slot in range(self.slots)]
         gc.collect()
         gc.freeze()
         with open("/proc/self/status") as f:
@@ -162,7 +163,8 @@ class Zygote:
         if pid == 0:
             code, reason = 1, "runtime_error"
             try:
-                child.enter_call(out_w, err_w, self._scratch(slot), uid, req["limits"], self.base_vm)
+                child.enter_call(out_w, err_w, self._scratch(slot), uid, req["limits"], self.base_vm,
+                                 self.environments[slot])
                 code, reason = child.execute(req["code"], req.get("stdin"), req.get("history"), compiled)
             except BaseException as exc:  # noqa: BLE001 - never let a child return into the zygote
                 try:

@@ -71,6 +71,17 @@ async def test_host_environment_is_invisible(sandbox_pool):
     assert result.stdout == "False False\n", result
 
 
+async def test_home_and_tmpdir_are_the_calls_scratch_dir_for_python_and_subprocesses(sandbox_pool):
+    code = ("import os, subprocess, tempfile\n"
+            "here = os.getcwd()\n"
+            "sub = subprocess.run(['/bin/sh', '-c', 'echo $HOME $TMPDIR'], capture_output=True, text=True).stdout.split()\n"
+            "fd, name = tempfile.mkstemp()\n"
+            "print(os.environ['HOME'] == os.environ['TMPDIR'] == here, sub == [here, here],\n"
+            "      os.path.dirname(name) == here, os.path.expanduser('~') == here)")
+    results = await sandbox_pool.run_batch([{"code": code}] * 3)
+    assert [r.stdout for r in results] == ["True True True True\n"] * 3, results[0].stderr
+
+
 @needs_bwrap
 async def test_home_and_project_files_are_unreadable(sandbox_pool):
     for path in (REPO / "pyproject.toml", Path.home() / ".bashrc", REPO / "sandbox" / "api.py"):
