@@ -127,7 +127,9 @@ class Sandbox:
     async def run(self, code: str, stdin: str | None = None, timeout: float | None = None,
                   session: str | None = None) -> RunResult:
         self._check_call(code, stdin, session)
-        await self.start()
+        if self._started is None or not self._started.done():
+            await self.start()
+        self._started.result()  # raises if the pool failed to start
         future = asyncio.run_coroutine_threadsafe(self._run(code, stdin, timeout, session), self._loop)
         return await asyncio.wrap_future(future)
 
