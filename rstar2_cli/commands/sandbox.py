@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
         baseline_calls: int = typer.Option(24, help="Calls per baseline row (the baseline is slow)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report here as JSON."),
         workers: Optional[int] = typer.Option(None, help="Embedded pool size [default: CPU count]."),
-        isolation: str = typer.Option("auto", help="Embedded pool: auto | bwrap | namespaces | none."),
+        isolation: str = typer.Option("auto", help="Embedded pool: auto | nsjail | bwrap | namespaces | none."),
         unsafe_no_isolation: bool = typer.Option(False, "--unsafe-no-isolation", help="Allow an unconfined embedded pool."),
     ) -> None:
         """Measure tool-call throughput and latency against a naive subprocess baseline."""

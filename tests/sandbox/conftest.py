@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from sandbox import Limits, Sandbox
+from sandbox import Limits, Sandbox, jail
 
 from host_secret import HOST_SECRET_NAME, HOST_SECRET_VALUE
 
@@ -16,6 +16,24 @@ def sandbox_pool():
     """A started Sandbox (1 heavy + 1 light zygote); usable from any test's event loop."""
     os.environ[HOST_SECRET_NAME] = HOST_SECRET_VALUE  # must be invisible inside the sandbox
     pool = Sandbox(workers=1, limits=Limits(timeout=5.0, cpu_time=5.0, memory_mb=512, max_output_bytes=65536))
+    pool.run_sync("pass")
+    yield pool
+    asyncio.run(pool.close())
+
+
+def _jail_param(backend: str, problem):
+    reason = f"{backend} unavailable here: {problem}" if problem else ""
+    return pytest.param(backend, id=backend, marks=pytest.mark.skipif(problem is not None, reason=reason))
+
+
+@pytest.fixture(scope="session", params=[_jail_param("nsjail", jail.nsjail_problem()),
+                                         _jail_param("bwrap", jail.bwrap_problem())])
+def jailed_pool(request):
+    """The same pool as `sandbox_pool`, once per jail backend: the isolation and limit tests run on
+    every backend this machine has (auto picks only the first)."""
+    os.environ[HOST_SECRET_NAME] = HOST_SECRET_VALUE
+    pool = Sandbox(workers=1, isolation=request.param,
+                   limits=Limits(timeout=5.0, cpu_time=5.0, memory_mb=512, max_output_bytes=65536))
     pool.run_sync("pass")
     yield pool
     asyncio.run(pool.close())

@@ -102,7 +102,7 @@ def test_http_front_end_runs_calls_on_redis_workers(redis_url, workers):
         assert status["backend"]["completed"] >= 6 and status["queue"] == 0
         prot = httpx.get(f"{url}/protections").json()
         assert prot["backend"] == "redis" and len(prot["workers"]) == 1
-        assert all(p["backend"] in ("bwrap", "namespaces", "none") for p in prot["workers"].values())
+        assert all(p["backend"] in ("nsjail", "bwrap", "namespaces", "none") for p in prot["workers"].values())
 
 
 async def _run_and_kill(cfg: RedisConfig, workers: Workers, r: redis.Redis):
