@@ -59,6 +59,32 @@ def all_reduce_max(values: list[float], device: torch.device) -> list[float]:
     return _reduce(values, dist.ReduceOp.MAX, device)
 
 
+def all_gather_objects(obj) -> list:
+    """Every rank's `obj` (picklable), indexed by rank; `[obj]` without a process group.
+    For small objects: each rank's payload is padded to the largest one."""
+    if not is_distributed():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_from_each(obj, sources: list[int]) -> list:
+    """The `obj` of each rank in `sources`, in that order, on every rank (one broadcast per
+    source: a rank receives the sources' payloads and nothing from the other ranks, unlike
+    all_gather_object, which pads every rank's part to the largest). Non-source ranks' `obj`
+    is ignored. Without a process group: `[obj]`."""
+    if not is_distributed():
+        return [obj]
+    rank = dist.get_rank()
+    out = []
+    for src in sources:
+        box = [obj if rank == src else None]
+        dist.broadcast_object_list(box, src=src)
+        out.append(box[0])
+    return out
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()

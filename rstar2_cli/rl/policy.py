@@ -233,6 +233,26 @@ class PolicyTrainer:
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return iter(list(sd.items()))
 
+    def full_state_for_engines(self, keep: bool) -> list[tuple[str, torch.Tensor]]:
+        """(name, full tensor) pairs for the rollout hosts' engines; every rank calls it.
+
+        Unsharded: the live parameters, as `full_state_dict` (no copy). Sharded: each parameter is
+        all-gathered on the training device in turn (`DTensor.full_tensor`, a collective in the
+        same order on every rank) and copied to CPU where `keep` (a rollout host), else dropped at
+        once: beyond its shard a rank holds one gathered parameter at a time on its device, and
+        only hosts keep the full weights, on CPU, for as long as they push them (as rank 0 did
+        with `full_state_dict`). Non-host ranks get an empty list."""
+        if not self.sharded:
+            return list(self.full_state_dict())
+        from torch.distributed.tensor import DTensor
+
+        kept: list[tuple[str, torch.Tensor]] = []
+        for name, value in self.model.state_dict().items():
+            full = value.full_tensor() if isinstance(value, DTensor) else value
+            if keep:
+                kept.append((name, full.detach().to("cpu")))
+        return kept
+
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Inverse of full_state_dict (every rank passes the full dict)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -10,13 +10,24 @@ One step, in the paper's order:
   7. push the new weights into the engines;
   8. log metrics (JSONL, live table, optional TensorBoard).
 
-Placement: rollouts run on rank 0, which hosts the engine replicas and the sandbox (or talks to a
-remote sandbox cluster); the trajectories are then broadcast so every rank trains on its
-interleaved shard. On one process (CPU quickstart, single GPU) the broadcast is a no-op.
+Placement (`rollout_hosts.py`): the local rank 0 of every node is that node's rollout host. It
+starts the node's vLLM replicas on the GPUs the launch plan names (`RSTAR2_ENGINE_GPU_IDS`,
+`RSTAR2_ENGINE_TP`; without them `engine.replicas` replicas on its default device) and a sandbox
+(the embedded pool, or `sandbox.url`: the Redis cluster), then each step rolls out and grades its
+interleaved node-shard of the prompts through its own load-balanced scheduler. The hosts
+broadcast their shards and every rank reassembles them in the global prompt order, so RoC,
+advantages and the update see the same list on every rank as with a single host; each rank then
+trains on its interleaved shard of the kept trajectories. Sampling seeds depend on the step, the
+prompt id and the sample index only, so which node rolls a prompt out changes nothing. After the
+update the weights are gathered one parameter at a time; each host pushes them into its engines.
+Checkpoints and metrics stay on rank 0. On one process (CPU quickstart, single GPU) rank 0 is the
+only host and nothing is sent anywhere.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import random
 import time
 from pathlib import Path
@@ -26,19 +37,12 @@ import numpy as np
 import torch
 
 from rstar2_cli.config import RecipeConfig, dump_recipe
+from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.rollout_hosts import host_ranks, plan_rollout_host, reassemble
 from rstar2_cli.rollout.trajectory import Trajectory
 
 PROMPT_BUDGET_TOKENS = 2048
-
-
-def _broadcast(obj: Any, info) -> Any:
-    if info.world_size == 1:
-        return obj
-    import torch.distributed as dist
-
-    box = [obj if info.rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+log = logging.getLogger(__name__)
 
 
 class RLTrainer:
@@ -63,9 +67,12 @@ class RLTrainer:
         torch.manual_seed(cfg.train.seed)
         self.rng = np.random.default_rng(cfg.train.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        self.host = plan_rollout_host(cfg.engine, os.environ)    # a bad launch env fails here too
         self.policy = PolicyTrainer(cfg.model, cfg.optim, cfg.loss, micro_batch_tokens=cfg.train.micro_batch_tokens,
                                     ppo_mini_batches=cfg.train.ppo_mini_batches, dual_clip=cfg.loss.dual_clip)
         self.info = self.policy.info
+        roles = rl_dist.all_gather_objects((self.host.node_index, self.host.is_host))
+        self.host_ranks = host_ranks(roles, self.host.num_nodes)
         self.sampler = DataSampler(len(self.problems), min(cfg.train.prompts_per_step, len(self.problems)),
                                    seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         self.step = 0
@@ -88,6 +95,9 @@ class RLTrainer:
         if self.info.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "resolved_recipe.yaml").write_text(dump_recipe(cfg))
+        if self.host.is_host:
+            if self.host.warning:
+                log.warning(self.host.warning)
             self._start_rollout_side(engine_weights)
 
     # ------------------------------------------------------------------ set-up / tear-down
@@ -95,10 +105,15 @@ class RLTrainer:
         from rstar2_cli.rollout.engines import VLLMEngine
         from rstar2_cli.rollout.scheduler import LoadBalancedScheduler
 
-        cfg = self.cfg
+        cfg, slots = self.cfg, self.host.engines
         max_len = cfg.engine.max_model_len or (PROMPT_BUDGET_TOKENS + cfg.rollout.max_response_tokens)
-        self.engines = [VLLMEngine.from_config(weights, cfg.engine, max_model_len=max_len, seed=cfg.train.seed + i)
-                        for i in range(cfg.engine.replicas)]
+        engine_cfg = cfg.engine
+        if self.host.tp_size != engine_cfg.tensor_parallel_size:   # the launch plan's TP wins
+            engine_cfg = engine_cfg.model_copy(update={"tensor_parallel_size": self.host.tp_size})
+        first = self.host.node_index * len(slots)     # global replica index under a uniform plan
+        self.engines = [VLLMEngine.from_config(weights, engine_cfg, max_model_len=max_len,
+                                               seed=cfg.train.seed + first + i, gpu_ids=slot.gpu_ids)
+                        for i, slot in enumerate(slots)]
         self.scheduler = LoadBalancedScheduler(self.engines)
         if cfg.sandbox.url:
             from sandbox.client import RemoteSandbox
@@ -119,7 +134,7 @@ class RLTrainer:
             if self.tools is not None:
                 await self.tools.close()
 
-        if self.info.is_main:
+        if self.host.is_host:
             self.loop.run_until_complete(_close())
         self.loop.close()
         self.writer.close()
@@ -141,13 +156,41 @@ class RLTrainer:
         for t, g in zip(trajs, grades):
             t.reward, t.extracted, t.grade_reason = g.reward, g.extracted, g.reason
         t2 = time.perf_counter()
-        timing = {"time/rollout": t1 - t0, "time/reward": t2 - t1,
-                  "time/tools": float(sum(t.tool_time for t in trajs)) / max(1, len(trajs))}
-        return trajs, timing
+        return trajs, {"time/rollout": t1 - t0, "time/reward": t2 - t1}
+
+    def _rollout_all_nodes(self, batch: list) -> tuple[list[Trajectory], dict[str, float], dict[str, float]]:
+        """Every host rolls out its node-shard of `batch`; every rank gets all trajectories in
+        the global prompt order, the slowest host's rollout and reward times, and (more than one
+        node) how many trajectories each node rolled out."""
+        piece: Any = None
+        if self.host.is_host:
+            positions = self.host.prompt_positions(len(batch))
+            try:
+                trajs, timing = (self._rollout_and_grade([batch[i] for i in positions]) if positions
+                                 else ([], {"time/rollout": 0.0, "time/reward": 0.0}))
+            except Exception as e:
+                if not rl_dist.is_distributed():
+                    raise
+                log.exception("rollout failed on this node")
+                piece = f"node {self.host.node_index}: {e!r}"   # tell the other ranks, then fail
+            else:
+                for t in trajs:
+                    t.extra["node"] = self.host.node_index
+                piece = (positions, trajs, timing)
+        pieces = rl_dist.broadcast_from_each(piece, self.host_ranks)
+        errors = [p for p in pieces if isinstance(p, str)]
+        if errors:
+            raise RuntimeError(f"rollout failed on {errors[0]}")
+        trajs = reassemble([(p[0], p[1]) for p in pieces], len(batch), self.cfg.rollouts_per_prompt)
+        timing = {k: max(p[2][k] for p in pieces) for k in ("time/rollout", "time/reward")}
+        timing["time/tools"] = float(sum(t.tool_time for t in trajs)) / max(1, len(trajs))
+        per_node = ({f"rollout/trajectories_node{n}": float(len(p[1])) for n, p in enumerate(pieces)}
+                    if len(pieces) > 1 else {})
+        return trajs, timing, per_node
 
     def _engines(self, method: str, *args) -> None:
-        """Call sleep/wake_up on every engine (a no-op unless colocated on GPU)."""
-        if not self.info.is_main or not self.cfg.engine.colocate:
+        """Call sleep/wake_up on this host's engines (a no-op unless colocated on GPU)."""
+        if not self.host.is_host or not self.cfg.engine.colocate:
             return
 
         async def call():
@@ -158,13 +201,10 @@ class RLTrainer:
 
     def _sync_weights(self) -> float:
         t0 = time.perf_counter()
-        named = self.policy.full_state_dict()   # collective under FSDP: every rank calls it
-        if self.info.is_main:
-            named = list(named)
-
-            async def push():
-                for e in self.engines:
-                    await e.update_weights(iter(named))
+        named = self.policy.full_state_for_engines(keep=self.host.is_host)   # collective under FSDP
+        if self.host.is_host:
+            async def push():   # each engine loads on its own loop thread: all of them at once
+                await asyncio.gather(*(e.update_weights(iter(named)) for e in self.engines))
 
             self.loop.run_until_complete(push())
         return time.perf_counter() - t0
@@ -178,8 +218,7 @@ class RLTrainer:
         cfg = self.cfg
         t_start = time.perf_counter()
         batch = [self.problems[i] for i in self.sampler.next_batch()]                   # 1
-        trajs, timing = (self._rollout_and_grade(batch) if self.info.is_main else (None, {}))  # 2, 3
-        trajs, timing = _broadcast((trajs, timing), self.info)
+        trajs, timing, per_node = self._rollout_all_nodes(batch)                         # 2, 3
         roc = select_for_training(trajs, cfg.roc, cfg.train.group_size, self.rng)       # 4
         kept, advantages = roc.trajectories, advantages_for_groups(roc.groups)          # 5
         t_train = time.perf_counter()
@@ -194,6 +233,7 @@ class RLTrainer:
         self.step += 1
         metrics = step_metrics(self.step, trajs, roc, update, timing,
                                max_response_tokens=cfg.rollout.max_response_tokens)     # 8
+        metrics.update(per_node)
         self.writer.write(self.step, metrics)
         if self.on_step is not None and self.info.is_main:
             self.on_step(self.step, metrics)

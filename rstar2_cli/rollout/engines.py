@@ -14,15 +14,21 @@ Weight sync: the trainer hands over its full state dict as (name, tensor) pairs;
 the engine-core process as safetensors bytes in bounded chunks and are loaded in place by a small
 worker extension (`VLLMWeightSyncExtension`, the same layerwise path as vLLM's `reload_weights`),
 then the prefix cache is reset so no KV computed with old weights is reused.
+
+GPU placement (`from_config(..., gpu_ids=...)`): vLLM V1 runs the model in an engine-core process
+that it spawns at construction, and that process (and its tensor-parallel workers) inherits the
+environment at spawn. So a replica is put on given GPUs by setting `CUDA_VISIBLE_DEVICES` to
+them while the engine is built, then restoring it; the trainer process keeps its own device.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -133,6 +139,31 @@ def _to_result(out: Any, want_logprobs: bool) -> GenResult:
     return GenResult(token_ids=ids, logprobs=logprobs, finish_reason=finish, stop_token_id=stop_id)
 
 
+@contextlib.contextmanager
+def visible_gpus(gpu_ids: Sequence[int]) -> Iterator[str]:
+    """Set CUDA_VISIBLE_DEVICES to `gpu_ids` for processes spawned inside the block, then restore
+    it. Ids index the process's current CUDA_VISIBLE_DEVICES when set (`4,5,6,7` and ids 0,1 give
+    `4,5`), else they are physical ids. Yields the value set."""
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [d.strip() for d in before.split(",") if d.strip()] if before else None
+    chosen = []
+    for g in gpu_ids:
+        if g < 0:
+            raise ValueError(f"gpu id {g}: must be >= 0")
+        if visible is not None and g >= len(visible):
+            raise ValueError(f"gpu id {g} is not one of the {len(visible)} devices in "
+                             f"CUDA_VISIBLE_DEVICES={before!r}")
+        chosen.append(visible[g] if visible is not None else str(g))
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
+    try:
+        yield os.environ["CUDA_VISIBLE_DEVICES"]
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
 class VLLMEngine:
     """One vLLM `AsyncLLM` replica with prefix caching, driven from a private event-loop thread.
 
@@ -163,10 +194,13 @@ class VLLMEngine:
 
     @classmethod
     def from_config(cls, model_path: str, cfg: "EngineConfig", max_model_len: int, seed: int = 0,
-                    *, kv_cache_tokens: int | None = None, dtype: str = "auto") -> "VLLMEngine":
+                    *, kv_cache_tokens: int | None = None, dtype: str = "auto",
+                    gpu_ids: Sequence[int] | None = None) -> "VLLMEngine":
         """Build a replica from the recipe's `engine` section. `dtype` is `model.dtype` of the
         recipe ("auto": bf16 on GPU, fp32 on CPU, so CPU logprobs match an fp32 trainer).
-        `kv_cache_tokens` caps the KV cache (benchmarks use it to create memory pressure)."""
+        `kv_cache_tokens` caps the KV cache (benchmarks use it to create memory pressure).
+        `gpu_ids` (GPU only; ignored on CPU): the node-local GPUs of this replica, one per
+        tensor-parallel rank, as indices into this process's CUDA_VISIBLE_DEVICES if it is set."""
         import torch
 
         if dtype == "auto":
@@ -199,7 +233,16 @@ class VLLMEngine:
             enable_sleep_mode=bool(cfg.colocate and not on_cpu),   # training shares the GPUs
             disable_log_stats=True,   # no periodic log lines; our stat logger still gets stats
         )
-        return cls(args)
+        if gpu_ids is None or on_cpu:
+            return cls(args)
+        if len(gpu_ids) != cfg.tensor_parallel_size:
+            raise ValueError(f"gpu_ids={list(gpu_ids)}: expected {cfg.tensor_parallel_size} ids "
+                             f"(engine.tensor_parallel_size)")
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+            raise ValueError("gpu_ids needs vLLM's engine-core process, but VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+                             "runs the model in this process: unset it")
+        with visible_gpus(gpu_ids):
+            return cls(args)
 
     # ------------------------------------------------------------------ loop plumbing
     def _call(self, coro: Any) -> Any:

@@ -36,3 +36,20 @@ def make_trajectories(n: int, seed: int = 0, min_len: int = 5, max_len: int = 40
     return out
 
 
+
+
+def tiny_rl_recipe(tiny_model, data, out, *, steps: int, prompts_per_step: int = 2, sandbox_workers: int = 2,
+                   name: str = "tiny-e2e") -> dict:
+    """The smallest RL recipe that exercises every stage (tools, RoC, update, checkpoints) on CPU."""
+    return {
+        "name": name,
+        "model": {"path": str(tiny_model), "gradient_checkpointing": False},
+        "data": {"train": str(data)},
+        "rollout": {"max_turns": 2, "max_response_tokens": 24, "tool_timeout": 5},
+        "engine": {"cpu_kvcache_space_gb": 1, "max_model_len": 1024},
+        "sandbox": {"workers": sandbox_workers},
+        "roc": {"enabled": True, "mode": "paper", "oversample": 2, "reject_equal_reward": False},
+        "optim": {"lr": 1e-3, "warmup_steps": 0},
+        "train": {"steps": steps, "prompts_per_step": prompts_per_step, "group_size": 2, "micro_batch_tokens": 4096,
+                  "save_every": 1, "out_dir": str(out), "seed": 3},
+    }

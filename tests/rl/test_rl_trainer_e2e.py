@@ -5,24 +5,14 @@ import json
 
 import pytest
 
+from rl_synthetic import tiny_rl_recipe
 from rstar2_cli.config import load_recipe_dict
 
 pytestmark = pytest.mark.slow
 
 
 def _recipe(tiny_model, data, out, steps):
-    return load_recipe_dict({
-        "name": "tiny-e2e",
-        "model": {"path": str(tiny_model), "gradient_checkpointing": False},
-        "data": {"train": str(data)},
-        "rollout": {"max_turns": 2, "max_response_tokens": 24, "tool_timeout": 5},
-        "engine": {"cpu_kvcache_space_gb": 1, "max_model_len": 1024},
-        "sandbox": {"workers": 2},
-        "roc": {"enabled": True, "mode": "paper", "oversample": 2, "reject_equal_reward": False},
-        "optim": {"lr": 1e-3, "warmup_steps": 0},
-        "train": {"steps": steps, "prompts_per_step": 2, "group_size": 2, "micro_batch_tokens": 4096,
-                  "save_every": 1, "out_dir": str(out), "seed": 3},
-    })
+    return load_recipe_dict(tiny_rl_recipe(tiny_model, data, out, steps=steps))
 
 
 def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
