@@ -152,9 +152,16 @@ def main() -> None:
                       f"{row['ratio_vs_round_robin']:.3f}", f"{row['ratio_vs_contiguous_split']:.3f}")
     if "real_engines" in out:
         r = out["real_engines"]
+        spread = {name: f"{min(runs):.1f}-{max(runs):.1f} s" for name, runs in r["runs_s"].items()}
         table.add_row("2 x vLLM tiny (CPU), median", f"{r['round_robin_s']:.1f} s", "-", f"{r['load_balanced_s']:.1f} s",
                       f"{r['ratio_vs_round_robin']:.3f}", "-")
+        table.add_row("  (range over reps)", spread["round_robin"], "-", spread["load_balanced"], "", "")
     console.print(table)
+    if "real_engines" in out:
+        runs = out["real_engines"]["runs_s"]
+        if any(len(v) > 1 and max(v) > 1.5 * min(v) for v in runs.values()):
+            console.print("[yellow]real engines: identical runs differ by more than 1.5x on this machine, so their "
+                          "ratio says little about the policies; the simulator rows are the measurement[/]")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2))
