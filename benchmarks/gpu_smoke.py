@@ -52,17 +52,38 @@ def rollout_batch(lengths: list[int], vocab: int, seed: int = 0):
     return trajs, advs
 
 
+# The recipe defaults the update uses, for a bare GPU node without pydantic (a dependency of the
+# CLI, not of torch or transformers); tests/launch checks they equal rstar2_cli.config's defaults.
+BARE_NODE_CONFIGS = {
+    "model": {"path": "<in-memory>", "dtype": "auto", "gradient_checkpointing": False},
+    "optim": {"lr": 1e-6, "warmup_steps": 0, "weight_decay": 0.0, "betas": (0.9, 0.999), "grad_clip": 1.0,
+              "reset": False},
+    "loss": {"eps_low": 0.2, "eps_high": 0.28, "tis": False, "tis_cap": 2.0, "dual_clip": None},
+}
+
+
+def policy_configs() -> tuple:
+    """(model, optim, loss) settings for PolicyTrainer: the typed configs when importable, else
+    plain namespaces with the same values."""
+    try:
+        from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
+    except ImportError:
+        from types import SimpleNamespace
+
+        return tuple(SimpleNamespace(**BARE_NODE_CONFIGS[k]) for k in ("model", "optim", "loss"))
+    return (ModelConfig(**BARE_NODE_CONFIGS["model"]), OptimConfig(**BARE_NODE_CONFIGS["optim"]),
+            LossConfig(**BARE_NODE_CONFIGS["loss"]))
+
+
 def measure_policy_update(model, lengths, max_len, vocab, steps, warmup, sync, flops, tokens, peak,
                           baseline_seconds) -> dict:
     """The trainer's own update (rstar2_cli/rl/policy.py: PolicyTrainer.update): fp32 master
     weights with bf16 compute, packing by token budget, Clip-Higher loss, AdamW, grad clip. Under
     torchrun it shards with FSDP2 (fully_shard per decoder layer); MFU is then per device."""
-    from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
     from rstar2_cli.rl.policy import PolicyTrainer
 
-    policy = PolicyTrainer(ModelConfig(path="<in-memory>", dtype="auto", gradient_checkpointing=False),
-                           OptimConfig(lr=1e-6, warmup_steps=0), LossConfig(), micro_batch_tokens=max_len,
-                           model=model)
+    model_cfg, optim_cfg, loss_cfg = policy_configs()
+    policy = PolicyTrainer(model_cfg, optim_cfg, loss_cfg, micro_batch_tokens=max_len, model=model)
     batch, advantages = rollout_batch(lengths, vocab)
     seconds = measure(lambda: policy.update(batch, advantages), steps, warmup, sync)
     # the update also recomputes the old-policy logprobs (one extra forward): count it as 1/3 more

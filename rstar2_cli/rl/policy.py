@@ -26,16 +26,18 @@ update() call (one RL step), like verl.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
 from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.rl.loss import LossStats, policy_loss, tis_weights, token_entropy
 from rstar2_cli.rl.packing import PackedRow, pack_sequences
 from rstar2_cli.rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:  # only for annotations: benchmarks/gpu_smoke.py runs this without pydantic
+    from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
 
 
 def compute_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -104,3 +104,31 @@ def test_benchmark_script_writes_json_on_cpu(tmp_path):
     assert saved["flops_per_step"] == result["flops_per_step"]
     upd = saved["policy_update"]   # the trainer's own update ran on the same packed rows
     assert upd["world_size"] == 1 and upd["tokens_per_s"] > 0 and upd["mfu"] > 0 and upd["ratio_vs_baseline"] > 0
+
+
+def test_benchmark_runs_on_a_bare_node_without_the_clis_dependencies(tmp_path):
+    """A bare GPU node has torch and transformers, not pydantic, rich, typer or vLLM (pyyaml comes with transformers)."""
+    script = ("import sys, runpy\n"
+              "for name in ('pydantic', 'rich', 'vllm', 'typer'): sys.modules[name] = None\n"
+              "path, out = sys.argv[1], sys.argv[2]\n"
+              "sys.argv = [path, '--tiny', '--device', 'cpu', '--steps', '1', '--warmup', '0',"
+              " '--peak-tflops', '1.0', '--out', out]\n"
+              "runpy.run_path(path, run_name='__main__')\n")
+    out = tmp_path / "bare.json"
+    run = subprocess.run([sys.executable, "-c", script, str(REPO / "benchmarks" / "gpu_smoke.py"), str(out)],
+                         capture_output=True, text=True, cwd="/", timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(out.read_text())["policy_update"]["tokens_per_s"] > 0
+
+
+def test_bare_node_settings_equal_the_recipe_defaults():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import gpu_smoke
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from rstar2_cli.config import LossConfig, OptimConfig
+
+    bare = gpu_smoke.BARE_NODE_CONFIGS
+    assert LossConfig().model_dump() == bare["loss"]
+    assert OptimConfig(lr=1e-6, warmup_steps=0).model_dump() == bare["optim"]
