@@ -68,7 +68,8 @@ def sample_record(traj, grade) -> dict[str, Any]:
 
 async def _make_engine(s: EvalSettings):
     from rstar2_cli.config import EngineConfig
-    from rstar2_cli.rollout.engines import OpenAIEngine, VLLMEngine
+    from rstar2_cli.rollout.engines import VLLMEngine
+    from rstar2_cli.rollout.openai_engine import OpenAIEngine
 
     if s.engine == "openai":
         return OpenAIEngine(base_url=s.base_url, model=s.model)

@@ -7,7 +7,8 @@ import json
 import httpx
 import pytest
 
-from rstar2_cli.rollout.engines import Engine, GenRequest, OpenAIEngine
+from rstar2_cli.rollout.engines import Engine, GenRequest
+from rstar2_cli.rollout.openai_engine import OpenAIEngine
 
 
 def server(choice: dict, seen: list, status: int = 200):
