@@ -4,8 +4,9 @@
     that, as on GPUs at scale, KV capacity limits how many trajectories a replica can run; turn
     lengths are forced with max_tokens + ignore_eos, tool calls are sleeps. Both policies run in
     this process on the same engines, static first then balanced, `--reps` times each.
-(b) simulator: 64-GPU settings (16 replicas x TP4, 512 prompts x 32 rollouts) through the same
-    policy code (`rstar2_cli.rollout.simulator`), for several seeds.
+(b) simulator: 64-GPU settings (`--sim-preset`: 16 replicas x TP4 on H100, or the paper's 64 x
+    MI300X with one replica per GPU; 512 prompts x 32 rollouts) through the same policy code
+    (`rstar2_cli.rollout.simulator`), for several seeds.
 
 Reports makespan ratios (balanced / static; target <= 0.8) in a rich table and, with --json, a file.
 
@@ -36,7 +37,15 @@ REAL_SPEC = WorkloadSpec(num_prompts=5, rollouts_per_prompt=4, prompt_tokens=(16
                          short_turns=(1, 2), short_turn_tokens=(4, 12), tool_latency_s=(0.05, 0.2),
                          tool_response_tokens=(4, 12), max_response_tokens=400)
 SIM_SPEC = WorkloadSpec()                      # 512 prompts x 32 rollouts, paper-like lengths
-SIM_MODEL = ReplicaModel()                     # Qwen3-14B on TP4 (see ReplicaModel)
+# 64-GPU settings: (replicas, tensor-parallel size, replica model).
+SIM_PRESETS = {
+    # Qwen3-14B on 16 x 4 H100-80GB (see ReplicaModel's defaults)
+    "h100-tp4": (16, 4, ReplicaModel()),
+    # the paper's cluster: 64 MI300X (192 GB), one 14B replica per GPU: ~87 GB of KV at 0.6
+    # utilisation = ~570K tokens at 160 KiB/token; one GPU decodes and prefills slower than four
+    "mi300x-tp1": (64, 1, ReplicaModel(kv_capacity_tokens=570_000, step_base_s=0.012, step_per_seq_s=0.00012,
+                                       prefill_tokens_per_s=15_000.0)),
+}
 
 
 async def run_rollout(scheduler, plans: list[TrajectoryPlan], seed: int, vocab: int) -> float:
@@ -105,19 +114,20 @@ def bench_real(args, console: Console) -> dict:
 
 def bench_sim(args) -> dict:
     spec = WorkloadSpec(num_prompts=args.sim_prompts, rollouts_per_prompt=args.sim_rollouts)
+    replicas, tp, model = SIM_PRESETS[args.sim_preset]
     rows = []
     for seed in range(args.seed, args.seed + args.sim_seeds):
         plans = make_workload(spec, seed=seed)
         res = {}
         for pol in (RoundRobinPolicy(), ContiguousSplitPolicy(len(plans)), LoadBalancedPolicy()):
-            r = simulate(plans, args.sim_replicas, SIM_MODEL, pol, max_response_tokens=spec.max_response_tokens)
+            r = simulate(plans, replicas, model, pol, max_response_tokens=spec.max_response_tokens)
             res[r.policy] = {"makespan_s": r.makespan_s, "preemptions": r.preemptions,
                              "recomputed_tokens": r.recomputed_tokens, "generated_tokens": r.generated_tokens}
         lb = res["load_balanced"]["makespan_s"]
         rows.append({"seed": seed, **res, "ratio_vs_round_robin": lb / res["round_robin"]["makespan_s"],
                      "ratio_vs_contiguous_split": lb / res["contiguous_split"]["makespan_s"]})
-    return {"replicas": args.sim_replicas, "tensor_parallel": 4, "trajectories": spec.num_prompts * spec.rollouts_per_prompt,
-            "replica_model": SIM_MODEL.__dict__, "seeds": rows,
+    return {"preset": args.sim_preset, "replicas": replicas, "tensor_parallel": tp,
+            "trajectories": spec.num_prompts * spec.rollouts_per_prompt, "replica_model": model.__dict__, "seeds": rows,
             "mean_ratio_vs_round_robin": statistics.mean(r["ratio_vs_round_robin"] for r in rows),
             "mean_ratio_vs_contiguous_split": statistics.mean(r["ratio_vs_contiguous_split"] for r in rows)}
 
@@ -128,7 +138,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reps", type=int, default=1, help="real-engine runs per policy")
     ap.add_argument("--real-kv-tokens", type=int, default=512, help="KV cache per tiny replica (tokens)")
-    ap.add_argument("--sim-replicas", type=int, default=16)
+    ap.add_argument("--sim-preset", choices=sorted(SIM_PRESETS), default="h100-tp4",
+                    help="64-GPU cluster the simulator models")
     ap.add_argument("--sim-prompts", type=int, default=512)
     ap.add_argument("--sim-rollouts", type=int, default=32)
     ap.add_argument("--sim-seeds", type=int, default=3)
@@ -147,7 +158,8 @@ def main() -> None:
     for col in ("setting", "round robin", "contiguous split", "load balanced", "LB/RR", "LB/contig."):
         table.add_column(col, justify="right" if col != "setting" else "left")
     for row in out.get("simulator", {}).get("seeds", []):
-        table.add_row(f"sim 16xTP4, seed {row['seed']}", f"{row['round_robin']['makespan_s']:.0f} s",
+        sim = out["simulator"]
+        table.add_row(f"sim {sim['replicas']}xTP{sim['tensor_parallel']}, seed {row['seed']}", f"{row['round_robin']['makespan_s']:.0f} s",
                       f"{row['contiguous_split']['makespan_s']:.0f} s", f"{row['load_balanced']['makespan_s']:.0f} s",
                       f"{row['ratio_vs_round_robin']:.3f}", f"{row['ratio_vs_contiguous_split']:.3f}")
     if "real_engines" in out:
