@@ -37,3 +37,14 @@ async def test_killed_worker_fails_in_flight_call_and_is_replaced(sandbox_pool):
     assert after.stdout == "True\n", after
     assert sandbox_pool.stats()["restarts"] >= restarts + len(heavy)
     assert sandbox_pool.stats()["errors"] >= 1
+
+
+async def test_calls_queued_behind_busy_slots_still_get_their_whole_timeout(sandbox_pool):
+    """More calls than slots wait in the zygote's queue; a call's time limit starts when it runs,
+    so a short call queued behind slow ones is not timed out by the wait."""
+    slots = sandbox_pool.stats()["slots_per_worker"]
+    slow = [sandbox_pool.run("import time\ntime.sleep(1.0)\nprint('slow')") for _ in range(slots)]
+    queued = sandbox_pool.run("import time\ntime.sleep(0.3)\nprint('queued')", timeout=0.9)
+    results = await asyncio.gather(*slow, queued)
+    assert [r.stdout for r in results] == ["slow\n"] * slots + ["queued\n"]
+    assert results[-1].reason == "ok" and results[-1].wall_time < 0.9
