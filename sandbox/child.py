@@ -184,6 +184,9 @@ def precompile(source: str):
     are already private. Only short cells qualify, so a hostile one cannot stall the zygote (an
     8 KB cell compiles in < 10 ms on CPython 3.11, whose parser and optimiser bound nesting and
     constant folding); any compile error is left for the child to report in the usual way.
+    The price: an interpreter crash inside compile() (none known for such input on 3.11) would
+    end the zygote, failing its other calls with internal_error until the pool replaces it,
+    where compiling in the child would have failed only that call.
     """
     if len(source) > PRECOMPILE_MAX_CHARS:
         return None
