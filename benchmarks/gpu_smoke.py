@@ -1,8 +1,9 @@
-"""GPU smoke benchmark: tokens/s, MFU and peak memory of a training step on a 1.7B Qwen3 shape.
+"""GPU smoke benchmark: tokens/s, MFU and peak memory of a training step on a ~1B Qwen3 shape.
 
 Run it first on a new cluster node, before a multi-node RL run:
 
-    python benchmarks/gpu_smoke.py                      # cuda:0, 1.7B shape, 8K packed rows
+    python benchmarks/gpu_smoke.py                      # cuda:0, ~1.0B Qwen3 shape, 8K packed rows
+    python benchmarks/gpu_smoke.py --shape qwen3-1.7b   # the real Qwen3-1.7B shape
     python benchmarks/gpu_smoke.py --peak-tflops 1307.4 # device not in the peak table
     python benchmarks/gpu_smoke.py --tiny --device cpu  # wiring check on a laptop
 
@@ -112,6 +113,8 @@ def measure(step, steps: int, warmup: int, sync) -> float:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="tiny shape (CPU wiring check)")
+    ap.add_argument("--shape", choices=[k for k in sm.SHAPES if k != "tiny"], default="1b",
+                    help="model shape: 1b (~1.0B, Qwen3-1.7B widths, 14 layers) or qwen3-1.7b")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--max-tokens", type=int, default=8192, help="tokens per packed micro-batch row")
     ap.add_argument("--sequences", type=int, default=16, help="rollouts packed per optimizer step")
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model, shape = sm.build_smoke_model(args.tiny, device=device, dtype=dtype, attn_implementation=args.attn)
+    model, shape = sm.build_smoke_model(args.tiny, device=device, dtype=dtype, attn_implementation=args.attn,
+                                        shape=args.shape)
     model.train()
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
@@ -156,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
                                           flops, tokens, peak, seconds)
 
     result = {
-        "device": name, "peak_bf16_tflops": peak, "shape": "tiny" if args.tiny else "qwen3-1.7b",
+        "device": name, "peak_bf16_tflops": peak, "shape": "tiny" if args.tiny else args.shape,
         "params_total": shape.total_params(), "params_non_embedding": shape.non_embedding_params(),
         "micro_batches": len(rows), "tokens_per_step": tokens, "max_seq_len": max(lengths),
         "flops_per_step": flops, "attn_implementation": args.attn,

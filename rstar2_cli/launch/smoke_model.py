@@ -69,11 +69,15 @@ class Qwen3Shape:
         return self.non_embedding_params() + self.vocab * self.hidden
 
 
-# The 1.7B-total / 1.4B-non-embedding Qwen3 shape (same as Qwen3-1.7B, tied embeddings).
-SMOKE_1B = Qwen3Shape(hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=6144, vocab=151936)
-SMOKE_1B_TOTAL_PARAMS = 1_720_574_976
-SMOKE_1B_NON_EMBEDDING_PARAMS = 1_409_410_048
+# The default smoke shape, ~1.0B parameters: Qwen3-1.7B's widths (GQA 16/8 heads of 128, MLP
+# 6144, 151,936-token tied vocabulary) with 14 of its 28 layers.
+SMOKE_1B = Qwen3Shape(hidden=2048, layers=14, heads=16, kv_heads=8, head_dim=128, intermediate=6144, vocab=151936)
+SMOKE_1B_TOTAL_PARAMS = 1_015_870_976
+SMOKE_1B_NON_EMBEDDING_PARAMS = 704_706_048
+# Qwen3-1.7B itself (1.7B total, 1.4B non-embedding), for a closer look at a real model's step.
+QWEN3_1_7B = Qwen3Shape(hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=6144, vocab=151936)
 TINY = Qwen3Shape(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=1000)
+SHAPES = {"1b": SMOKE_1B, "qwen3-1.7b": QWEN3_1_7B, "tiny": TINY}
 
 
 def qwen3_config(shape: Qwen3Shape, attn_implementation: str = "sdpa"):
@@ -89,11 +93,14 @@ def qwen3_config(shape: Qwen3Shape, attn_implementation: str = "sdpa"):
 
 
 def build_smoke_model(tiny: bool = False, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                      attn_implementation: str = "sdpa", seed: int = 0):
-    """A randomly initialised Qwen3ForCausalLM; asserts the parameter count matches the shape."""
+                      attn_implementation: str = "sdpa", seed: int = 0, shape: str = "1b"):
+    """A randomly initialised Qwen3ForCausalLM of `shape` (a SHAPES key; `tiny=True` means
+    "tiny"); asserts the parameter count matches the shape."""
     from transformers import AutoModelForCausalLM
 
-    shape = TINY if tiny else SMOKE_1B
+    if shape not in SHAPES:
+        raise ValueError(f"shape {shape!r}: choose one of {', '.join(SHAPES)}")
+    shape = TINY if tiny else SHAPES[shape]
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(qwen3_config(shape, attn_implementation), dtype=dtype)

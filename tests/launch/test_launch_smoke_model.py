@@ -25,11 +25,19 @@ def test_tiny_builder_matches_hand_count():
 
 def test_full_shape_parameter_count_on_meta_device():
     model, shape = sm.build_smoke_model(device="meta")
-    assert shape.total_params() == sm.SMOKE_1B_TOTAL_PARAMS == 1_720_574_976
+    assert shape.total_params() == sm.SMOKE_1B_TOTAL_PARAMS == 1_015_870_976  # "about 1B"
     assert shape.non_embedding_params() == sm.SMOKE_1B_NON_EMBEDDING_PARAMS
-    # 28 x (2048*2048*2 + 2*2048*1024 + 2*128 + 3*2048*6144 + 2*2048) + 2048
-    assert sm.SMOKE_1B_NON_EMBEDDING_PARAMS == 28 * (2 * 2048 * 2048 + 2 * 2048 * 1024 + 256 + 3 * 2048 * 6144 + 4096) + 2048
-    assert model.config.hidden_size == 2048 and model.config.num_hidden_layers == 28
+    # 14 x (2048*2048*2 + 2*2048*1024 + 2*128 + 3*2048*6144 + 2*2048) + 2048
+    assert sm.SMOKE_1B_NON_EMBEDDING_PARAMS == 14 * (2 * 2048 * 2048 + 2 * 2048 * 1024 + 256 + 3 * 2048 * 6144 + 4096) + 2048
+    assert model.config.hidden_size == 2048 and model.config.num_hidden_layers == 14
+
+
+def test_qwen3_1_7b_shape_matches_the_published_model():
+    model, shape = sm.build_smoke_model(device="meta", shape="qwen3-1.7b")
+    assert shape.total_params() == 1_720_574_976 and shape.non_embedding_params() == 1_409_410_048
+    assert model.config.num_hidden_layers == 28
+    with pytest.raises(ValueError, match="choose one of"):
+        sm.build_smoke_model(device="meta", shape="7b")
 
 
 def test_training_flops_and_mfu_by_hand():
@@ -46,9 +54,9 @@ def test_training_flops_and_mfu_by_hand():
 
 def test_full_shape_flops_per_token_at_8k():
     per_token = sm.training_flops(sm.SMOKE_1B, [8192]) / 8192
-    expected = 6 * (1_409_410_048 + 151_936 * 2048) + 12 * 28 * 2048 * 8192
-    assert per_token == expected  # ~1.60e10 FLOP/token
-    assert 1.5e10 < per_token < 1.7e10
+    expected = 6 * (704_706_048 + 151_936 * 2048) + 12 * 14 * 2048 * 8192
+    assert per_token == expected  # ~8.9e9 FLOP/token
+    assert 8.5e9 < per_token < 9.5e9
 
 
 @pytest.mark.parametrize(("name", "arch", "peak"), [
@@ -87,7 +95,7 @@ def test_smoke_model_imports_without_rich_or_install():
            "import rstar2_cli.launch.smoke_model as m; print(m.SMOKE_1B.total_params())"
     out = subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True, cwd="/",
                          timeout=120, check=True)
-    assert out.stdout.strip() == "1720574976"
+    assert out.stdout.strip() == "1015870976"
 
 
 def test_benchmark_script_writes_json_on_cpu(tmp_path):
