@@ -100,24 +100,17 @@ def plan(isolation: str, unsafe_no_isolation: bool, workers: int, slots: int | N
 
 
 def _choose(isolation: str, unsafe: bool) -> str:
-    if isolation in ("auto", "nsjail"):
-        problem = nsjail_problem() or _colon_path_problem()
+    """The first backend of "auto"'s order that works here, or the requested one (or an error)."""
+    problems = {"nsjail": lambda: nsjail_problem() or _colon_path_problem(),
+                "bwrap": bwrap_problem, "namespaces": namespaces_problem}
+    for backend, problem_of in problems.items():
+        if isolation not in ("auto", backend):
+            continue
+        problem = problem_of()
         if problem is None:
-            return "nsjail"
-        if isolation == "nsjail":
-            raise SandboxUnavailable(f"isolation='nsjail': {problem}")
-    if isolation in ("auto", "bwrap"):
-        problem = bwrap_problem()
-        if problem is None:
-            return "bwrap"
-        if isolation == "bwrap":
-            raise SandboxUnavailable(f"isolation='bwrap': {problem}")
-    if isolation in ("auto", "namespaces"):
-        problem = namespaces_problem()
-        if problem is None:
-            return "namespaces"
-        if isolation == "namespaces":
-            raise SandboxUnavailable(f"isolation='namespaces': {problem}")
+            return backend
+        if isolation == backend:
+            raise SandboxUnavailable(f"isolation={backend!r}: {problem}")
     if not unsafe:
         raise SandboxUnavailable("no isolation backend available (install nsjail or bubblewrap, or run as root for "
                                  "namespaces); pass unsafe_no_isolation=True to run code unconfined")

@@ -223,7 +223,7 @@ class PolicyTrainer:
     # ------------------------------------------------------------ weights out
 
     def full_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, full tensor) pairs for weight sync to vLLM and for checkpoints.
+        """(name, full tensor) pairs for checkpoints (engines get `full_state_for_engines`).
 
         Sharded: a collective (call on every rank) gathering CPU copies on rank 0; other ranks
         get an empty iterator. Unsharded: the live parameters (detached, on the training device,
