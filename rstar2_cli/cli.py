@@ -30,13 +30,7 @@ COMMAND_MODULES = [
 ]
 
 for _name in COMMAND_MODULES:
-    try:
-        _mod = importlib.import_module(f"rstar2_cli.commands.{_name}")
-    except ModuleNotFoundError as _e:  # a command family not built yet
-        if _e.name != f"rstar2_cli.commands.{_name}":
-            raise
-        continue
-    _mod.register(app)
+    importlib.import_module(f"rstar2_cli.commands.{_name}").register(app)
 
 
 @app.command()

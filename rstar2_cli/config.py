@@ -137,8 +137,6 @@ class RecipeConfig(_Section):
             raise ValueError(
                 f"loss.eps_high ({self.loss.eps_high}) must be >= loss.eps_low ({self.loss.eps_low})"
             )
-        if self.engine.replicas * self.engine.tensor_parallel_size < 1:
-            raise ValueError("engine.replicas * engine.tensor_parallel_size must be >= 1")
         return self
 
     @property

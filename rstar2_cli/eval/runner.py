@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -161,7 +160,6 @@ def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[
     started = time.time()
     if todo:
         tokenizer = AutoTokenizer.from_pretrained(s.tokenizer or s.model)
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.cpu_kvcache_space_gb))
         # The sandbox pool and vLLM engines run their own event-loop threads, so a fresh loop
         # here can drive engines and sandboxes that callers started elsewhere.
         asyncio.run(_generate(s, todo, tokenizer, traj_path, engine=engine, tools=tools))

@@ -106,8 +106,7 @@ class MetricsWriter:
     TensorBoard/wandb mirrors if asked. `enabled=False` (non-zero ranks) makes it a no-op."""
 
     def __init__(self, out_dir: str | Path, tensorboard: bool = False, wandb: bool = False, *,
-                 enabled: bool = True, live: bool = False, run_name: str | None = None,
-                 config: dict[str, Any] | None = None):
+                 enabled: bool = True, live: bool = False):
         self.path = Path(out_dir) / "metrics.jsonl"
         self.enabled, self.live = enabled, live
         self._tb = self._wandb = None
@@ -126,7 +125,7 @@ class MetricsWriter:
                 import wandb as wandb_mod
             except ImportError as e:
                 raise RuntimeError("train.wandb is on but wandb is not installed: pip install wandb") from e
-            self._wandb = wandb_mod.init(name=run_name, config=config or {}, dir=str(out_dir))
+            self._wandb = wandb_mod.init(dir=str(out_dir))
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.enabled:
@@ -143,8 +142,6 @@ class MetricsWriter:
             self._wandb.log(numeric, step=step)
         if self.live:
             self._print_row(step, clean)
-
-    log = write
 
     def _print_row(self, step: int, metrics: Mapping[str, Any]) -> None:
         from rich.console import Console

@@ -37,10 +37,6 @@ class DataSampler:
                 self.epoch, self.offset = self.epoch + 1, 0
         return out
 
-    def __iter__(self):
-        while True:
-            yield self.next_batch()
-
     def state_dict(self) -> dict[str, Any]:
         return {"num_items": self.num_items, "batch_size": self.batch_size, "seed": self.seed,
                 "shuffle": self.shuffle, "epoch": self.epoch, "offset": self.offset}

@@ -276,10 +276,6 @@ class VLLMEngine:
     def kv_free_fraction(self) -> float:
         return max(0.0, min(1.0, 1.0 - self._kv_usage))
 
-    @property
-    def num_inflight(self) -> int:
-        return self._inflight
-
     def _sampling_params(self, req: GenRequest) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind

@@ -182,11 +182,8 @@ class _Dispatcher:
                             capacity_tokens=int(getattr(e, "kv_capacity_tokens", 0) or 0))
                 for i, e in enumerate(self.engines)]
 
-    def choose(self, req: "GenRequest", key: str | None = None) -> int:
-        return self.policy.choose(self.loads(), key)
-
     async def generate(self, req: "GenRequest", key: str | None = None) -> "GenResult":
-        replica = self.choose(req, key)
+        replica = self.policy.choose(self.loads(), key)
         reserved = self.tracker.begin(replica, len(req.prompt_ids), req.max_tokens)
         generated = None
         try:
@@ -204,10 +201,6 @@ class _Dispatcher:
         if isinstance(self.policy, LoadBalancedPolicy):
             out.update(sticky_hits=self.policy.sticky_hits, moves=self.policy.moves)
         return out
-
-    async def close(self) -> None:
-        for e in self.engines:
-            await e.close()
 
 
 class LoadBalancedScheduler(_Dispatcher):

@@ -7,7 +7,7 @@ tokenized tool responses, and everything downstream reads these fields.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -38,10 +38,3 @@ class Trajectory:
     @property
     def response_length(self) -> int:
         return len(self.response_ids)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
-        return cls(**d)
