@@ -36,7 +36,6 @@ REAL_SPEC = WorkloadSpec(num_prompts=5, rollouts_per_prompt=4, prompt_tokens=(16
                          prompt_correlation=0.0, long_turns=(6, 10), long_turn_tokens=(24, 48),
                          short_turns=(1, 2), short_turn_tokens=(4, 12), tool_latency_s=(0.05, 0.2),
                          tool_response_tokens=(4, 12), max_response_tokens=400)
-SIM_SPEC = WorkloadSpec()                      # 512 prompts x 32 rollouts, paper-like lengths
 # 64-GPU settings: (replicas, tensor-parallel size, replica model).
 SIM_PRESETS = {
     # Qwen3-14B on 16 x 4 H100-80GB (see ReplicaModel's defaults)

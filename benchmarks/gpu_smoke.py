@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
         "mfu": None if peak is None else round(sm.mfu(flops, seconds, peak), 4),
         "peak_memory_gib": sm.peak_memory_gib(),
     }
-    del optimizer   # free the baseline's optimizer state before the policy trainer takes the model
+    optimizer = None   # free the baseline's optimizer state before the policy trainer takes the model
     policy_update = measure_policy_update(model, lengths, max_len, shape.vocab, args.steps, args.warmup, sync,
                                           flops, tokens, peak, seconds)
 

@@ -34,6 +34,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandbox.zygote import CALL_ENV
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 JAIL_PACKAGE_ROOT = "/opt/rstar2"
 JAIL_SCRATCH = "/tmp/rstar2-scratch"
@@ -42,8 +44,9 @@ BACKENDS = ("auto", "nsjail", "bwrap", "namespaces", "none")
 _JAILED = ("nsjail", "bwrap")  # backends whose zygote runs in its own mount and pid namespaces
 _CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
 _ETC = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives")
-_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+# The zygote's start-up environment: what every call sees (zygote.CALL_ENV, which lives there so
+# the jailed process imports nothing of this module), plus no .pyc writes while it starts.
+_ENV = {**CALL_ENV, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 class SandboxUnavailable(RuntimeError):

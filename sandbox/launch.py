@@ -29,10 +29,15 @@ def preflight(sandbox_kwargs: dict) -> str:
 
 def build_sandbox(sandbox_kwargs: dict):
     """A core Sandbox from plain kwargs (limits as a dict), after the isolation preflight."""
+    preflight(sandbox_kwargs)
+    return sandbox_from_kwargs(sandbox_kwargs)
+
+
+def sandbox_from_kwargs(sandbox_kwargs: dict):
+    """A core Sandbox from plain (JSON-able) kwargs: `limits` may be a dict of Limits fields."""
     from sandbox.api import Sandbox
     from sandbox.limits import Limits
 
-    preflight(sandbox_kwargs)
     kwargs = dict(sandbox_kwargs)
     if kwargs.get("limits") is not None:
         kwargs["limits"] = Limits(**kwargs["limits"])

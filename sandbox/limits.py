@@ -1,7 +1,7 @@
 """Per-call resource limits, validated once at construction so a typo fails loudly and early."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Limits:
     def for_call(self, timeout: float | None) -> dict:
         """The limits one call runs under. A larger explicit timeout also raises the CPU cap,
         so a caller asking for 60 s is not cut off by the 10 s CPU default."""
-        out = asdict(self)
+        out = dict(vars(self))  # flat numbers: no need for asdict's recursive copy on every call
         if timeout is not None:
             if timeout <= 0:
                 raise ValueError(f"timeout: must be > 0, got {timeout!r}")

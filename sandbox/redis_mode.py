@@ -68,12 +68,21 @@ def _result_message(work_id: str, result: RunResult) -> str:
     return json.dumps({"id": work_id, "result": result.to_dict()})
 
 
+def _process_id() -> str:
+    """Unique name of a front end or worker process across machines."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _last_part(key) -> str:
+    """The id at the end of a Redis key such as `prefix:heartbeat:<id>` (bytes or str)."""
+    return (key.decode() if isinstance(key, bytes) else key).rsplit(":", 1)[1]
+
+
 async def reap_dead_workers(r: aioredis.Redis, cfg: RedisConfig) -> int:
     """Requeue or fail the calls held by workers whose heartbeat expired; returns calls handled."""
     handled = 0
     async for key in r.scan_iter(match=cfg.processing("*")):
-        key = key.decode() if isinstance(key, bytes) else key
-        worker_id = key.rsplit(":", 1)[1]
+        worker_id = _last_part(key)
         if await r.exists(cfg.heartbeat(worker_id)):
             continue
         claim = f"{cfg.namespace}:reaping:{worker_id}:{uuid.uuid4().hex}"
@@ -108,7 +117,7 @@ class RedisFrontend:
 
     def __init__(self, cfg: RedisConfig):
         self.cfg = cfg
-        self.frontend_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.frontend_id = _process_id()
         self._r: aioredis.Redis | None = None
         self._pending: dict[str, asyncio.Future] = {}
         self._tasks: list[asyncio.Task] = []
@@ -222,8 +231,7 @@ class RedisFrontend:
                 async for key in self._r.scan_iter(match=self.cfg.heartbeat("*")):
                     value = await self._r.get(key)
                     if value is not None:
-                        k = key.decode() if isinstance(key, bytes) else key
-                        prot[k.rsplit(":", 1)[1]] = json.loads(value)
+                        prot[_last_part(key)] = json.loads(value)
                 self._worker_protections = prot
                 self._stats["workers"] = len(prot)
             except asyncio.CancelledError:
@@ -241,8 +249,7 @@ class RedisWorker:
         if concurrency <= 0:
             raise ValueError(f"RedisWorker concurrency must be > 0, got {concurrency!r}")
         self.cfg, self.sandbox, self.concurrency = cfg, sandbox, concurrency
-        self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.completed = 0
+        self.worker_id = _process_id()
         self._protections = "{}"
 
     async def run_forever(self, stop: asyncio.Event | None = None) -> None:
@@ -313,7 +320,6 @@ class RedisWorker:
                 p.expire(reply_to, REPLY_TTL_S)
                 p.lrem(processing, 1, raw)
                 await p.execute()
-            self.completed += 1
 
 
 async def _finish(tasks: list[asyncio.Task], grace: float) -> None:
@@ -346,15 +352,11 @@ def worker_argv(cfg: RedisConfig, sandbox_kwargs: dict, concurrency: int) -> lis
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m sandbox.redis_mode SPEC_JSON`: one worker process hosting one Sandbox."""
-    from sandbox.api import Sandbox
-    from sandbox.limits import Limits
+    from sandbox.launch import sandbox_from_kwargs
 
     spec = json.loads((argv or sys.argv[1:])[0])
-    kwargs = dict(spec["sandbox"])
-    if kwargs.get("limits") is not None:
-        kwargs["limits"] = Limits(**kwargs["limits"])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_worker(RedisConfig(**spec["redis"]), Sandbox(**kwargs), int(spec["concurrency"]))
+    run_worker(RedisConfig(**spec["redis"]), sandbox_from_kwargs(spec["sandbox"]), int(spec["concurrency"]))
 
 
 def _raise_interrupt(*_) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-REASONS = ("ok", "runtime_error", "timeout", "memory", "output_limit", "internal_error")
+from sandbox.protocol import REASONS  # one list: the wire format sends reasons by position
 
 
 @dataclass

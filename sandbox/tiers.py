@@ -8,6 +8,7 @@ imports the module itself, just more slowly).
 """
 from __future__ import annotations
 
+import functools
 import re
 import sys
 
@@ -31,4 +32,10 @@ def fits_light(text: str, heavy: tuple[str, ...]) -> bool:
             top = name.strip().split()[0].split(".")[0]
             if top not in sys.stdlib_module_names:
                 return False
-    return not any(re.search(rf"\b{re.escape(name)}\b", text) for name in heavy)
+    return _naming(heavy).search(text) is None
+
+
+@functools.lru_cache(maxsize=None)
+def _naming(heavy: tuple[str, ...]) -> re.Pattern:
+    """One pattern matching any heavy module name as a word (built once per pool's tuple)."""
+    return re.compile(r"\b(?:%s)\b" % "|".join(map(re.escape, heavy))) if heavy else re.compile(r"(?!)")
