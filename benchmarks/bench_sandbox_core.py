@@ -13,19 +13,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import time
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from sandbox import Sandbox
+from sandbox.bench import WORKLOADS
 
-SNIPPETS = {
-    "trivial": "print(1+1)",
-    "sympy": "import sympy; print(sympy.factorint(2**61-1))",
-}
+SNIPPETS = {name: WORKLOADS[name].code for name in ("trivial", "sympy")}  # the same as bench-tools
+
+
+def _ms(values: list[float], q: float) -> float:
+    """The q-th percentile in ms, defined as in `rstar2 bench-tools` (numpy's linear method)."""
+    return round(float(np.percentile(values, q)) * 1000, 2)
 
 
 _BARE_FORK = r"""
@@ -55,10 +58,8 @@ async def _bare_fork(code: str, n: int, concurrency: int) -> float:
 
 
 def _summary(latencies: list[float], elapsed: float) -> dict:
-    ordered = sorted(latencies)
-    return {"calls": len(ordered), "calls_per_s": round(len(ordered) / elapsed, 1),
-            "p50_ms": round(statistics.median(ordered) * 1000, 2),
-            "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 2)}
+    return {"calls": len(latencies), "calls_per_s": round(len(latencies) / elapsed, 1),
+            "p50_ms": _ms(latencies, 50), "p99_ms": _ms(latencies, 99)}
 
 
 async def _measure(call, n: int, concurrency: int) -> tuple[dict, list]:
@@ -91,9 +92,8 @@ async def main(calls: int, concurrency: int, naive_calls: int) -> dict:
             n = calls if name == "trivial" else max(50, calls // 5)
             ours, outcomes = await _measure(lambda c=code: sandbox.run(c), n, concurrency)
             failed = [r for r in outcomes if not r.ok]
-            walls = sorted(r.wall_time for r in outcomes)  # fork-to-exit inside the jail, no queueing
-            ours["exec_p50_ms"] = round(walls[len(walls) // 2] * 1000, 2)
-            ours["exec_p99_ms"] = round(walls[min(len(walls) - 1, int(len(walls) * 0.99))] * 1000, 2)
+            walls = [r.wall_time for r in outcomes]  # fork-to-exit inside the jail, no queueing
+            ours["exec_p50_ms"], ours["exec_p99_ms"] = _ms(walls, 50), _ms(walls, 99)
             base, base_ok = await _measure(lambda c=code: _naive(c), naive_calls, min(concurrency, 8))
             bare = await _bare_fork(code, n, concurrency)
             report[name] = {"sandbox": ours, "naive_subprocess": base, "bare_fork_calls_per_s": bare,
