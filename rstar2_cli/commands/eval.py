@@ -5,6 +5,8 @@ from typing import Optional
 
 import typer
 
+from rstar2_cli.commands import fail
+
 
 def register(app: typer.Typer) -> None:
     @app.command("eval")
@@ -55,5 +57,4 @@ def register(app: typer.Typer) -> None:
         try:
             run_eval(settings)
         except DataError as e:
-            typer.secho(f"error: {e}", fg="red", err=True)
-            raise typer.Exit(2) from None
+            fail(str(e))

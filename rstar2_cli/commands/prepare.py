@@ -11,12 +11,9 @@ from typing import Optional
 
 import typer
 
+from rstar2_cli.commands import fail
+
 prepare_app = typer.Typer(help="Prepare datasets: the RL math set, SFT conversions.", no_args_is_help=True)
-
-
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
 
 
 @prepare_app.command("math")
@@ -56,14 +53,14 @@ def math_command(
             config = PrepareMathConfig.from_yaml(spec, **extra, **settings)
         else:
             if not source or out is None:
-                _fail("give --source ... and --out (or --spec sources.yaml)")
+                fail("give --source ... and --out (or --spec sources.yaml)")
             config = PrepareMathConfig(sources=[SourceSpec.parse(s) for s in source], out=out,
                                        **{k: v for k, v in settings.items() if v is not None})
     except ValidationError as e:
         err = e.errors()[0]
-        _fail(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}")
+        fail(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}")
     except DataError as e:
-        _fail(str(e))
+        fail(str(e))
 
     console = Console()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -78,7 +75,7 @@ def math_command(
         try:
             report = prepare_math(config, progress=progress)
         except DataError as e:
-            _fail(str(e))
+            fail(str(e))
     console.print(stats_table(report))
     console.print(f"wrote {config.out} ({report.kept:,} problems), provenance {provenance_path(config.out)}")
 
@@ -100,7 +97,7 @@ def sft_command(
     try:
         stats = convert_file(in_path, out, fmt)
     except DataError as e:
-        _fail(str(e))
+        fail(str(e))
     console = Console()
     for line in stats.errors[:show_errors]:
         console.print(f"[yellow]skipped[/] {line}", markup=True, highlight=False)
@@ -136,7 +133,7 @@ def hard_command(
                             max_tokens=max_tokens, max_turns=max_turns, limit=limit, seed=seed,
                             sandbox_url=sandbox_url)
     except DataError as e:
-        _fail(str(e))
+        fail(str(e))
     Console().print(f"kept {summary['hard']:,} of {summary['problems']:,} problems not solved {samples}/{samples} "
                     f"-> {out} (pass rates in {out}.pass_rates.json)")
 

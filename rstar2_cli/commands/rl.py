@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from rstar2_cli.commands import fail
+
 
 def register(app: typer.Typer) -> None:
     @app.command("rl")
@@ -34,8 +36,7 @@ def register(app: typer.Typer) -> None:
         try:
             cfg = resolve_stage_recipe(recipe, stage, list(overrides))
         except ConfigError as e:
-            typer.secho(f"error: {e}", fg="red", err=True)
-            raise typer.Exit(2) from None
+            fail(str(e))
 
         resolved_path = Path(cfg.train.out_dir) / "resolved_recipe.yaml"
         entry_args = ["--config", str(resolved_path)] + (["--resume"] if resume else [])
@@ -52,8 +53,7 @@ def register(app: typer.Typer) -> None:
                 rollouts_per_prompt=cfg.rollouts_per_prompt,
             )
         except PlanError as e:
-            typer.secho(f"error: {e}", fg="red", err=True)
-            raise typer.Exit(2) from None
+            fail(str(e))
 
         if dry_run:
             console.rule(f"resolved recipe: {cfg.name} (stage {cfg.stage})")

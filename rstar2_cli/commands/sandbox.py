@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from rstar2_cli.commands import fail
+
 ISOLATIONS = ("auto", "nsjail", "bwrap", "namespaces", "none")
 
 
@@ -14,11 +16,6 @@ def _sandbox_kwargs(workers, isolation, unsafe, timeout, memory_mb, max_output_b
         raise typer.BadParameter(f"--isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
     limits = {"timeout": timeout, "cpu_time": timeout, "memory_mb": memory_mb, "max_output_bytes": max_output_bytes}
     return {"workers": workers, "isolation": isolation, "unsafe_no_isolation": unsafe, "limits": limits}
-
-
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg="red", err=True)
-    raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:
@@ -61,7 +58,7 @@ def register(app: typer.Typer) -> None:
                                                            queue_wait=long_batch_wait, default_timeout=timeout)
             if worker:
                 if rcfg is None:
-                    _fail("--worker needs --redis redis://host:port")
+                    fail("--worker needs --redis redis://host:port")
                 serve_workers(rcfg, kwargs, concurrency or 2 * (workers or _cpu_count()), procs)
             else:
                 scfg = ServiceConfig(max_queue=max_queue, max_batch=max_batch,
@@ -69,9 +66,9 @@ def register(app: typer.Typer) -> None:
                                      timeout=timeout)
                 serve_http(host, port, kwargs, scfg, rcfg, log_level)
         except SandboxUnavailable as e:
-            _fail(f"{e} [to serve anyway: --unsafe-no-isolation]")
+            fail(f"{e} [to serve anyway: --unsafe-no-isolation]")
         except ValueError as e:
-            _fail(str(e))
+            fail(str(e))
 
     @app.command("bench-tools")
     def bench_tools(
@@ -95,16 +92,16 @@ def register(app: typer.Typer) -> None:
         try:
             levels = [int(c) for c in concurrency.split(",") if c.strip()]
         except ValueError:
-            _fail(f"--concurrency {concurrency!r}: expected comma-separated integers like 1,8,64")
+            fail(f"--concurrency {concurrency!r}: expected comma-separated integers like 1,8,64")
         try:
             cfg = BenchConfig(concurrency=levels, calls=calls, baseline=not no_baseline, baseline_calls=baseline_calls,
                               workloads=[w.strip() for w in workloads.split(",") if w.strip()])
             kwargs = _sandbox_kwargs(workers, isolation, unsafe_no_isolation, 10.0, 1024, 65536)
             bench_main(cfg, url, kwargs, json_path, Console())
         except SandboxUnavailable as e:
-            _fail(f"{e} [to benchmark anyway: --unsafe-no-isolation]")
+            fail(f"{e} [to benchmark anyway: --unsafe-no-isolation]")
         except ValueError as e:
-            _fail(str(e))
+            fail(str(e))
 
 
 def _cpu_count() -> int:

@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from rstar2_cli.commands import fail
+
 
 def register(app: typer.Typer) -> None:
     @app.command("sft")
@@ -25,8 +27,7 @@ def register(app: typer.Typer) -> None:
             cfg = load_sft_config(recipe, list(overrides))
             summary = run_sft(cfg)
         except (ConfigError, SftDataError) as e:
-            typer.secho(f"error: {e}", fg="red", err=True)
-            raise typer.Exit(2) from None
+            fail(str(e))
         if int(os.environ.get("RANK", "0")) != 0:         # under torchrun only the main rank reports
             return
         table = Table(title="rstar2 sft")

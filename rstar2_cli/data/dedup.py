@@ -13,7 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from rstar2_cli.data.math_text import normalize_problem_text, word_tokens
+from rstar2_cli.data.decontaminate import ngrams
+from rstar2_cli.data.math_text import normalize_problem_text
 from rstar2_cli.data.problems import Problem
 
 SHINGLE_WORDS = 3
@@ -48,10 +49,8 @@ def exact_dedup(problems: Sequence[Problem]) -> DedupResult:
 
 
 def _shingles(text: str) -> set[bytes]:
-    tokens = word_tokens(text)
-    if len(tokens) < SHINGLE_WORDS:
-        return {" ".join(tokens).encode()}
-    return {" ".join(tokens[i:i + SHINGLE_WORDS]).encode() for i in range(len(tokens) - SHINGLE_WORDS + 1)}
+    # a text without words still gets one (empty) shingle, so it hashes like any other row
+    return {" ".join(g).encode() for g in ngrams(text, SHINGLE_WORDS)} or {b""}
 
 
 def near_dedup(

@@ -29,7 +29,7 @@ def mine_hard(policy: str, data: str, out: str | Path, *, samples: int = 8, data
               engine=None, tools=None, progress: bool = True) -> dict[str, Any]:
     """Write `out` (the hard problems, trainer schema + pass_rate) and `out.pass_rates.json`."""
     from rstar2_cli.data.problems import load_problems
-    from rstar2_cli.eval.runner import TRAJ_FILE, load_done, run_eval
+    from rstar2_cli.eval.runner import run_eval
     from rstar2_cli.eval.settings import EvalSettings
 
     out = Path(out)
@@ -38,13 +38,14 @@ def mine_hard(policy: str, data: str, out: str | Path, *, samples: int = 8, data
                             samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                             max_turns=max_turns, limit=limit, seed=seed, sandbox_url=sandbox_url,
                             progress=progress)
-    run_eval(settings, engine=engine, tools=tools)
+    results = run_eval(settings, engine=engine, tools=tools)
     problems = load_problems(data, data_dir=data_dir)
     if limit:
         problems = problems[:limit]
-    wanted = {p.id for p in problems}
-    records = [r for (pid, i), r in load_done(work / TRAJ_FILE).items() if pid in wanted and i < samples]
-    counts = pass_counts_from_samples(records)
+    # run_eval's per-problem rows count the same samples (index < samples, reward > 0); the
+    # solved count is recovered exactly from solved_fraction * samples.
+    counts = {r["problem_id"]: (round(r["solved_fraction"] * r["samples"]), r["samples"])
+              for r in results["per_problem"]}
     hard = set(select_hard(counts, threshold_solved=samples))
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:

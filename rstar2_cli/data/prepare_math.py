@@ -23,8 +23,8 @@ from rstar2_cli.data import answer_checks, math_text
 from rstar2_cli.data.decontaminate import DecontaminationConfig, decontaminate
 from rstar2_cli.data.dedup import exact_dedup, near_dedup
 from rstar2_cli.data.problems import (
-    EVAL_SET_NAMES, HUB_IDS, NAMED_SETS, DataError, HubSource, Problem, iter_rows, load_hub_source,
-    load_problems, resolve_data_dir, rows_to_problems,
+    EVAL_SET_NAMES, HUB_IDS, NAMED_SETS, DataError, HubSource, Problem, find_named_set_file, iter_rows,
+    load_hub_source, load_problems, resolve_data_dir, rows_to_problems,
 )
 
 DROP_REASONS = (
@@ -126,8 +126,7 @@ def load_source(spec: SourceSpec, data_dir: str | None, allow_hub: bool) -> tupl
         info.update(resolved=str(path.resolve()), sha256=sha256_file(path))
     elif spec.path in NAMED_SETS:
         root = resolve_data_dir(data_dir)
-        local = [root / f"{spec.path}{s}" for s in (".jsonl", ".parquet", ".json")] if root else []
-        found = next((p for p in local if p.is_file()), None)
+        found = find_named_set_file(spec.path, root)
         if found is not None:
             problems = rows_to_problems(iter_rows(found), str(found), spec.name or spec.path, **fields)
             info.update(resolved=str(found.resolve()), sha256=sha256_file(found))

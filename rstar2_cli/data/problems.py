@@ -157,6 +157,13 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
     return Path(chosen) if chosen else None
 
 
+def find_named_set_file(name: str, root: Path | None) -> Path | None:
+    """`<root>/<name>.jsonl` (else .parquet, else .json), the first that exists; None if none."""
+    if root is None:
+        return None
+    return next((c for c in (root / f"{name}{s}" for s in (".jsonl", ".parquet", ".json")) if c.is_file()), None)
+
+
 def load_hub_source(spec: HubSource, source: str) -> list[Problem]:
     """Download a hub dataset with `datasets.load_dataset` (needs network or a warm HF cache)."""
     import datasets
@@ -185,12 +192,10 @@ def load_problems(
     path = Path(text)
     if text in NAMED_SETS and not path.exists():
         root = resolve_data_dir(data_dir)
-        if root is not None:
-            for suffix in (".jsonl", ".parquet", ".json"):
-                candidate = root / f"{text}{suffix}"
-                if candidate.is_file():
-                    return rows_to_problems(iter_rows(candidate), str(candidate), text, id_field=id_field,
-                                            problem_field=problem_field, answer_field=answer_field)
+        found = find_named_set_file(text, root)
+        if found is not None:
+            return rows_to_problems(iter_rows(found), str(found), text, id_field=id_field,
+                                    problem_field=problem_field, answer_field=answer_field)
         if not allow_hub:
             raise DataError(f"{text}: no {text}.jsonl in {root or f'${DATA_DIR_ENV} (unset)'}")
         return load_hub_source(HUB_IDS[text], text)

@@ -67,13 +67,12 @@ def sample_record(traj, grade) -> dict[str, Any]:
 
 async def _make_engine(s: EvalSettings):
     from rstar2_cli.config import EngineConfig
-    from rstar2_cli.rollout.engines import VLLMEngine
+    from rstar2_cli.rollout.engines import VLLMEngine, default_max_model_len
     from rstar2_cli.rollout.openai_engine import OpenAIEngine
 
     if s.engine == "openai":
         return OpenAIEngine(base_url=s.base_url, model=s.model)
-    prompt_budget = 2048
-    max_len = s.max_model_len or (s.max_tokens + prompt_budget)
+    max_len = default_max_model_len(s.max_tokens, s.max_model_len)
     cfg = EngineConfig(cpu_kvcache_space_gb=s.cpu_kvcache_space_gb)
     return VLLMEngine.from_config(s.model, cfg, max_model_len=max_len, seed=s.seed)
 
@@ -164,7 +163,7 @@ def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[
         # here can drive engines and sandboxes that callers started elsewhere.
         asyncio.run(_generate(s, todo, tokenizer, traj_path, engine=engine, tools=tools))
     wanted = {p.id for p in problems}
-    records = [r for (pid, idx), r in load_done(traj_path).items() if idx < s.samples and pid in wanted]
+    records = as_records(r for (pid, idx), r in load_done(traj_path).items() if idx < s.samples and pid in wanted)
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= s.samples]
     metrics = summarize(records, ks=ks)
     results = {
@@ -175,7 +174,7 @@ def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[
         "generation_seconds": round(time.time() - started, 2),
         "metrics": metrics,
         "settings": s.model_dump(mode="json"),
-        "per_problem": per_problem_summary(as_records(records)),
+        "per_problem": per_problem_summary(records),
     }
     (out / RESULTS_FILE).write_text(json.dumps(results, indent=2))
     print_report(results, out, console)

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-BENCHMARKS = ("aime24", "aime25", "math500", "hmmt25")
+from rstar2_cli.data.problems import EVAL_SET_NAMES as BENCHMARKS
 
 
 class EvalSettings(BaseModel):

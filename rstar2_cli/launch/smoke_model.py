@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rstar2_cli.rl.packing import plan_bins
+
 # bf16 dense peak TFLOP/s per device, most specific name first. Sources: NVIDIA H100/H200 and
 # A100 datasheets (dense, without sparsity), AMD CDNA3 MI300X/MI325X datasheets.
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
@@ -167,18 +169,7 @@ def pack_sequences(lengths: list[int], max_tokens: int) -> list[list[int]]:
     """First-fit decreasing into micro-batches of at most max_tokens tokens each."""
     if any(n > max_tokens for n in lengths):
         raise ValueError(f"a sequence of {max(lengths)} tokens does not fit max_tokens={max_tokens}")
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for n in sorted(lengths, reverse=True):
-        for i, free in enumerate(room):
-            if n <= free:
-                bins[i].append(n)
-                room[i] -= n
-                break
-        else:
-            bins.append([n])
-            room.append(max_tokens - n)
-    return bins
+    return [sorted((lengths[i] for i in b), reverse=True) for b in plan_bins(lengths, max_tokens)]
 
 
 def packed_batch(seq_lens: list[int], vocab: int, device: str | torch.device = "cpu",

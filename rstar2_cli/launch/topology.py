@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rstar2_cli.launch import torchrun_cmd
+from rstar2_cli.launch.torchrun_cmd import DEFAULT_REDIS_PORT
 
 DEFAULT_ENTRY_MODULE = "rstar2_cli.rl.launch_entry"
-DEFAULT_REDIS_PORT = 6379
 # Read by the RL entry module on every node: where its vLLM engines go and their TP size.
 ENGINE_GPUS_ENV = "RSTAR2_ENGINE_GPU_IDS"
 ENGINE_TP_ENV = "RSTAR2_ENGINE_TP"

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
+from urllib.parse import urlsplit
 
 # Flag spellings of `rstar2 serve-sandbox` that the plans print (one place to change them).
 SANDBOX_WORKERS_FLAG = "--workers"
 SANDBOX_HTTP_PORT = 8088
+DEFAULT_REDIS_PORT = 6379
 
 
 def torchrun_argv(
@@ -38,7 +40,7 @@ def direct_argv(entry_module: str, recipe_args: Sequence[str] = ()) -> tuple[str
     return ("python", "-m", entry_module, *recipe_args)
 
 
-def redis_server_argv(port: int = 6379) -> tuple[str, ...]:
+def redis_server_argv(port: int = DEFAULT_REDIS_PORT) -> tuple[str, ...]:
     """A throwaway queue: no persistence, reachable from the other nodes."""
     return ("redis-server", "--port", str(port), "--bind", "0.0.0.0", "--protected-mode", "no",
             "--save", "", "--appendonly", "no")
@@ -67,11 +69,9 @@ def shell_line(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str
 
 
 def _port_of(redis_url: str) -> int:
-    hostport = redis_url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
-    if ":" in hostport:
-        try:
-            return int(hostport.rsplit(":", 1)[1])
-        except ValueError:
-            pass
-    return 6379
+    try:
+        port = urlsplit(redis_url).port
+    except ValueError:   # a malformed port: the default, as for a URL without one
+        return DEFAULT_REDIS_PORT
+    return DEFAULT_REDIS_PORT if port is None else port
 

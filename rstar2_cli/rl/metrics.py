@@ -45,6 +45,12 @@ def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
     return {f"{prefix}_mean": float(arr.mean()), f"{prefix}_max": float(arr.max()), f"{prefix}_min": float(arr.min())}
 
 
+def tool_error_ratio(ts: Sequence[Trajectory]) -> float:
+    """Failed tool calls / tool calls over `ts` (0.0 when there were no calls)."""
+    calls = sum(t.num_tool_calls for t in ts)
+    return sum(t.num_tool_errors for t in ts) / calls if calls else 0.0
+
+
 def rollout_metrics(trajectories: Sequence[Trajectory], max_response_tokens: int | None = None) -> dict[str, float]:
     """Reward/accuracy, lengths, turns and tool use over ALL rollouts of the step."""
     ts = list(trajectories)
@@ -52,7 +58,6 @@ def rollout_metrics(trajectories: Sequence[Trajectory], max_response_tokens: int
         return {"rollout/trajectories": 0.0}
     calls = sum(t.num_tool_calls for t in ts)
     pos = [t for t in ts if t.reward > 0]
-    pos_calls = sum(t.num_tool_calls for t in pos)
     lengths = [t.response_length for t in ts]
     limit = max_response_tokens
     clipped = [t.finish_reason == "length" or (limit is not None and t.response_length >= limit) for t in ts]
@@ -62,8 +67,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory], max_response_tokens: int
         "rollout/accuracy": float(np.mean([t.reward > 0 for t in ts])),
         "rollout/clip_ratio": float(np.mean(clipped)),
         "rollout/tool_calls_total": float(calls),
-        "rollout/tool_error_ratio": sum(t.num_tool_errors for t in ts) / calls if calls else 0.0,
-        "rollout/tool_error_ratio_positive": sum(t.num_tool_errors for t in pos) / pos_calls if pos_calls else 0.0,
+        "rollout/tool_error_ratio": tool_error_ratio(ts),
+        "rollout/tool_error_ratio_positive": tool_error_ratio(pos),
         "rollout/tool_time_total": float(sum(t.tool_time for t in ts)),
     }
     out.update(_stats("rollout/response_length", lengths))

@@ -43,6 +43,7 @@ from typing import Iterable, Literal, Sequence
 import numpy as np
 
 from rstar2_cli.config import RocConfig
+from rstar2_cli.rl.metrics import tool_error_ratio
 from rstar2_cli.rollout.trajectory import Trajectory
 
 PENALTY_EPS = 1e-3          # keeps 1/(p+eps) finite for a perfect (zero-penalty) positive
@@ -155,21 +156,17 @@ def all_rewards_equal(group: Sequence[Trajectory]) -> bool:
     return len(group) == 0 or all(np.isclose(t.reward, group[0].reward) for t in group)
 
 
-def _tool_error_ratio(ts: Sequence[Trajectory]) -> float:
-    calls = sum(t.num_tool_calls for t in ts)
-    return sum(t.num_tool_errors for t in ts) / calls if calls else 0.0
-
-
 def _population_metrics(ts: Sequence[Trajectory], prefix: str) -> dict[str, float]:
     pos = [t for t in ts if is_positive(t)]
     fmt = [format_penalty(t) for t in ts]
+    fmt_pos = [f for t, f in zip(ts, fmt) if is_positive(t)]
     answers = [answer_count(t.text) for t in ts]
     return {
         f"{prefix}/trajectories": float(len(ts)),
-        f"{prefix}/tool_error_ratio": _tool_error_ratio(ts),
-        f"{prefix}/tool_error_ratio_positive": _tool_error_ratio(pos),
+        f"{prefix}/tool_error_ratio": tool_error_ratio(ts),
+        f"{prefix}/tool_error_ratio_positive": tool_error_ratio(pos),
         f"{prefix}/format_penalty_mean": float(np.mean(fmt)) if fmt else 0.0,
-        f"{prefix}/format_penalty_positive_mean": float(np.mean([format_penalty(t) for t in pos])) if pos else 0.0,
+        f"{prefix}/format_penalty_positive_mean": float(np.mean(fmt_pos)) if fmt_pos else 0.0,
         f"{prefix}/answers_per_rollout": float(np.mean(answers)) if answers else 0.0,
         f"{prefix}/zero_answer_count": float(sum(a == 0 for a in answers)),
         f"{prefix}/multi_answer_count": float(sum(a > 1 for a in answers)),

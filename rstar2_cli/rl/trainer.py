@@ -41,7 +41,6 @@ from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.rl.rollout_hosts import host_ranks, plan_rollout_host, reassemble
 from rstar2_cli.rollout.trajectory import Trajectory
 
-PROMPT_BUDGET_TOKENS = 2048
 log = logging.getLogger(__name__)
 
 
@@ -102,11 +101,11 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ set-up / tear-down
     def _start_rollout_side(self, weights: str) -> None:
-        from rstar2_cli.rollout.engines import VLLMEngine
+        from rstar2_cli.rollout.engines import VLLMEngine, default_max_model_len
         from rstar2_cli.rollout.scheduler import LoadBalancedScheduler
 
         cfg, slots = self.cfg, self.host.engines
-        max_len = cfg.engine.max_model_len or (PROMPT_BUDGET_TOKENS + cfg.rollout.max_response_tokens)
+        max_len = default_max_model_len(cfg.rollout.max_response_tokens, cfg.engine.max_model_len)
         engine_cfg = cfg.engine
         if self.host.tp_size != engine_cfg.tensor_parallel_size:   # the launch plan's TP wins
             engine_cfg = engine_cfg.model_copy(update={"tensor_parallel_size": self.host.tp_size})

