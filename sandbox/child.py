@@ -23,18 +23,28 @@ OUTCOMES = ("", "ok", "runtime_error", "memory")  # index = byte written to the 
 _PR_SET_NO_NEW_PRIVS = 38
 _FILE_SIZE_CAP = 64 * 1024 * 1024
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded once in the zygote, not per call
+_ENVIRON = ctypes.c_void_p.in_dll(_libc, "environ")  # what subprocesses and os.system inherit
+_EMPTY_STDIN = io.StringIO("")  # each forked child has its own copy; execute() keeps it unless given stdin
+_STREAMS: list = []  # our stdout/stderr, flushed at exit even if the snippet replaced sys.stdout
 
 
-def prepare_zygote(env: dict[str, str]) -> None:
+def prepare_zygote(env: dict[str, str], drop_groups: bool) -> None:
     """One-time set-up that every child inherits, so calls do not pay for it (each first touch
-    in a child costs a copy-on-write page fault): no setuid-binary escalation, the exact base
-    environment, and line-buffered notebook stdout/stderr on fds 1 and 2 (which each child
-    points at its own pipes). The zygote itself never writes to sys.stdout."""
+    in a child costs a copy-on-write page fault, ~2.5 us here): no setuid-binary escalation, no
+    core dumps, the file-size cap, no supplementary groups (when calls drop to per-slot uids),
+    the exact base environment, an empty stdin, and line-buffered notebook stdout/stderr on fds 1
+    and 2 (which each child points at its own pipes). These limits are hard, so a call cannot
+    lift them; they are the same for every call. The zygote itself never writes to sys.stdout."""
     if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (_FILE_SIZE_CAP, _FILE_SIZE_CAP))
+    if drop_groups:
+        os.setgroups([])
     os.environ.clear()
     os.environ.update(env)
     os.environ["HOME"] = os.environ["TMPDIR"] = "/nonexistent"  # replaced per call
+    sys.stdin = _EMPTY_STDIN
     sys.stdout = _TrackingText(io.FileIO(1, "w", closefd=False), encoding="utf-8",
                                errors="backslashreplace", line_buffering=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
@@ -42,20 +52,15 @@ def prepare_zygote(env: dict[str, str]) -> None:
     _STREAMS[:] = [sys.stdout, sys.stderr]
 
 
-_STREAMS: list = []  # our stdout/stderr, flushed at exit even if the snippet replaced sys.stdout
-
-
-_ENVIRON = ctypes.c_void_p.in_dll(_libc, "environ")
-
-
 class SlotEnvironment:
     """The environment of every call in one slot (HOME=TMPDIR=its scratch dir), built once in
     the zygote: both os.environ's mapping and the C `environ` array that subprocesses inherit.
 
-    Why: setting two variables in a fresh child (glibc setenv + os.environ) writes to ~35 pages
-    shared copy-on-write with the zygote, about a tenth of a trivial call; switching to a
-    prebuilt environment writes two pointers. Later changes by the snippet work as usual (glibc
-    copies an `environ` array it did not allocate before growing it)."""
+    The zygote activates it right before forking the slot's child, so the child inherits it and
+    does no work at all. Why: setting two variables in a fresh child (glibc setenv + os.environ)
+    wrote to ~35 pages shared copy-on-write with the zygote, about a tenth of a trivial call.
+    Later changes by the snippet work as usual (glibc copies an `environ` array it did not
+    allocate before growing it)."""
 
     def __init__(self, scratch: str) -> None:
         data = dict(os.environ._data)  # type: ignore[attr-defined]
@@ -70,11 +75,11 @@ class SlotEnvironment:
         _ENVIRON.value = self._address
 
 
-def enter_call(out_w: int, err_w: int, scratch: str, uid: int | None,
-               limits: dict, base_vm_bytes: int, environment: SlotEnvironment) -> None:
-    """Turn the freshly forked process into a locked-down call process."""
+def enter_call(out_w: int, err_w: int, devnull: int, scratch: str, uid: int | None,
+               limits: dict, base_vm_bytes: int) -> None:
+    """Turn the freshly forked process into a locked-down call process. Only what differs per
+    call is done here; prepare_zygote() did the rest once."""
     os.setpgid(0, 0)  # own process group (setsid would also create a scheduler autogroup: ~3 ms)
-    devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
@@ -83,15 +88,12 @@ def enter_call(out_w: int, err_w: int, scratch: str, uid: int | None,
     cpu = max(1, int(limits["cpu_time"] + 0.999))
     memory = base_vm_bytes + int(limits["memory_mb"]) * 1024 * 1024
     nproc = int(limits["max_processes"]) if uid is not None else int(limits["max_processes"]) + 8
-    for res, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (memory, memory)),
-                       (resource.RLIMIT_NPROC, (nproc, nproc)), (resource.RLIMIT_CORE, (0, 0)),
-                       (resource.RLIMIT_FSIZE, (_FILE_SIZE_CAP, _FILE_SIZE_CAP))):
-        resource.setrlimit(res, value)
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     if uid is not None:
-        os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
-    environment.activate()
 
 
 class _TrackingText(io.TextIOWrapper):
@@ -206,7 +208,8 @@ def execute(source: str, stdin: str | None = None, history: list | None = None,
         if failure:
             print(failure, file=sys.stderr)
             return 1, "runtime_error"
-    sys.stdin = io.StringIO(stdin or "")
+    if stdin is not None or sys.stdin is not _EMPTY_STDIN:
+        sys.stdin = io.StringIO(stdin or "")
     if not isinstance(sys.stdout, _TrackingText):
         sys.stdout = _TrackingProxy(sys.stdout)
     try:
