@@ -47,35 +47,32 @@ def decode_answer(body: bytes) -> dict:
 
 
 class FrameBuffer:
-    """Zygote side: accumulates bytes from the non-blocking request pipe, yields request dicts."""
+    """Accumulates bytes from a non-blocking pipe and splits off complete frames of `kinds`
+    (anything else is a ValueError): requests on the zygote side, ready/answer frames on the host's."""
 
-    def __init__(self) -> None:
+    def __init__(self, kinds: tuple[int, ...] = (REQUEST,)) -> None:
         self._buf = bytearray()
+        self._kinds = kinds
 
-    def feed(self, data: bytes) -> list[dict]:
+    def frames(self, data: bytes) -> list[tuple[int, bytes]]:
         self._buf += data
-        frames = []
+        out = []
         while len(self._buf) >= HEADER.size:
             size, kind = HEADER.unpack_from(self._buf)
-            if size > MAX_FRAME or kind != REQUEST:
-                raise ValueError(f"bad request frame (kind {kind}, {size} bytes)")
+            if size > MAX_FRAME or kind not in self._kinds:
+                raise ValueError(f"bad frame (kind {kind}, {size} bytes)")
             end = HEADER.size + size
             if len(self._buf) < end:
                 break
-            frames.append(marshal.loads(bytes(self._buf[HEADER.size:end])))
+            out.append((kind, bytes(self._buf[HEADER.size:end])))
             del self._buf[:end]
-        return frames
+        return out
+
+    def feed(self, data: bytes) -> list[dict]:
+        """Zygote side: the complete request dicts in `data` (and what came before it)."""
+        return [marshal.loads(body) for _, body in self.frames(data)]
 
 
-async def read_frame(reader) -> dict:
-    """Host side: read one ready or answer frame from an asyncio StreamReader (raises
-    IncompleteReadError at EOF, ValueError on anything else)."""
-    size, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
-    if size > MAX_FRAME:
-        raise ValueError(f"frame of {size} bytes exceeds {MAX_FRAME}")
-    body = await reader.readexactly(size)
-    if kind == ANSWER_KIND:
-        return decode_answer(body)
-    if kind == READY:
-        return json.loads(body)
-    raise ValueError(f"unexpected frame kind {kind}")
+def decode_host_frame(kind: int, body: bytes) -> dict:
+    """Host side: a ready frame's dict or an answer's."""
+    return decode_answer(body) if kind == ANSWER_KIND else json.loads(body)

@@ -2,7 +2,6 @@
 compile-before-fork path and the scratch wipe."""
 from __future__ import annotations
 
-import asyncio
 import io
 import os
 import sys
@@ -10,17 +9,14 @@ import sys
 import pytest
 
 from sandbox.child import compile_cell, execute, precompile, PRECOMPILE_MAX_CHARS
-from sandbox.protocol import FrameBuffer, decode_answer, encode_answer, encode_ready, encode_request, read_frame
+from sandbox.protocol import (ANSWER_KIND, READY, FrameBuffer, decode_answer, decode_host_frame, encode_answer,
+                              encode_ready, encode_request)
 from sandbox.zygote import _remove_tree
 
 
 def _read(data: bytes) -> dict:
-    async def go():
-        reader = asyncio.StreamReader()
-        reader.feed_data(data)
-        reader.feed_eof()
-        return await read_frame(reader)
-    return asyncio.run(go())
+    (frame,) = FrameBuffer((READY, ANSWER_KIND)).frames(data)
+    return decode_host_frame(*frame)
 
 
 def test_answer_frame_round_trips_bytes_and_missing_exit_code():
@@ -46,6 +42,8 @@ def test_requests_split_across_reads_are_reassembled():
     assert [g["id"] for g in got] == [1, 2] and got[1]["code"] == "x" * 5000
     with pytest.raises(ValueError):
         FrameBuffer().feed(encode_ready({"ready": True}))  # only requests flow to a zygote
+    with pytest.raises(ValueError):
+        FrameBuffer((READY, ANSWER_KIND)).frames(frames)  # and only ready/answer frames back
 
 
 @pytest.fixture
