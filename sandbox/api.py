@@ -13,6 +13,7 @@ import os
 import threading
 import time
 
+from sandbox.handoff import Bridge
 from sandbox.jail import JailPlan, plan
 from sandbox.limits import Limits
 from sandbox.probe import probe_protections
@@ -54,6 +55,7 @@ class Sandbox:
         self._protections: dict = {}
         self._counts = {"completed": 0, "errors": 0, "restarts": 0, "busy": 0, "queued": 0}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._bridge: Bridge | None = None
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._started: concurrent.futures.Future | None = None
@@ -72,6 +74,7 @@ class Sandbox:
             if self._started is None:
                 self._plan = plan(self.isolation, self.unsafe_no_isolation, self.n_workers, self._slots_hint)
                 self._loop = asyncio.new_event_loop()
+                self._bridge = Bridge(self._loop)
                 self._thread = threading.Thread(target=self._loop.run_forever, name="sandbox-pool", daemon=True)
                 self._thread.start()
                 self._started = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
@@ -130,8 +133,7 @@ class Sandbox:
         if self._started is None or not self._started.done():
             await self.start()
         self._started.result()  # raises if the pool failed to start
-        future = asyncio.run_coroutine_threadsafe(self._run(code, stdin, timeout, session), self._loop)
-        return await asyncio.wrap_future(future)
+        return await self._bridge.call(self._run, code, stdin, timeout, session)
 
     async def run_batch(self, items: list[dict], timeout: float | None = None) -> list[RunResult]:
         for i, item in enumerate(items):

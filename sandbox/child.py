@@ -9,14 +9,13 @@ exit codes alone are ambiguous (a snippet may ``sys.exit(1)`` on purpose).
 """
 from __future__ import annotations
 
-import ast
+import _ast  # not `ast`: the zygote need not import that module (and tokenize, ...) to compile
 import builtins
 import ctypes
 import io
 import os
 import resource
 import sys
-import traceback
 
 SNIPPET = "<snippet>"
 OUTCOMES = ("", "ok", "runtime_error", "memory")  # index = byte written to the status map
@@ -131,10 +130,11 @@ def short_error(exc: BaseException, source: str) -> str:
         text = (exc.text or "").strip()
         head = f"Line {exc.lineno}: {name}: {exc.msg}"
         return f"{head}\n    {text}" if text else head
-    lineno = None
-    for frame, line in traceback.walk_tb(exc.__traceback__):
-        if frame.f_code.co_filename == SNIPPET:
-            lineno = line
+    lineno, tb = None, exc.__traceback__
+    while tb is not None:  # the deepest frame in the snippet (not `traceback`: see compile_cell)
+        if tb.tb_frame.f_code.co_filename == SNIPPET:
+            lineno = tb.tb_lineno
+        tb = tb.tb_next
     message = str(exc)
     head = f"{name}: {message}" if message else name
     if lineno is None:
@@ -149,10 +149,10 @@ PRECOMPILE_MAX_CHARS = 8192
 
 def compile_cell(source: str):
     """Split a cell into (body, last expression or None), as a notebook does for its echo."""
-    tree = ast.parse(source, SNIPPET, "exec")
+    tree = compile(source, SNIPPET, "exec", _ast.PyCF_ONLY_AST)  # what ast.parse does
     last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = compile(ast.Expression(tree.body.pop().value), SNIPPET, "eval")
+    if tree.body and isinstance(tree.body[-1], _ast.Expr):
+        last = compile(_ast.Expression(tree.body.pop().value), SNIPPET, "eval")
     return compile(tree, SNIPPET, "exec"), last
 
 

@@ -23,7 +23,7 @@ Backends, in the order "auto" tries them:
 from __future__ import annotations
 
 import functools
-import json
+import marshal
 import os
 import random
 import re
@@ -80,7 +80,7 @@ class JailPlan:
                   "own_pid_ns": self.backend in _JAILED}
         boot = (f"import sys; sys.path.insert(0, {pkg_root!r}); "
                 "from sandbox.zygote import main; main()")
-        python = [sys.executable, "-I", "-c", boot, json.dumps(config)]
+        python = [sys.executable, "-I", "-c", boot, marshal.dumps(config).hex()]
         if self.backend == "bwrap":
             return _bwrap_prefix(self.per_call_uid) + python, {}
         if self.backend == "nsjail":

@@ -1,29 +1,28 @@
 """Frames between the host and its zygotes: a 4-byte big-endian size, a kind byte, then the body.
 
-Why not JSON both ways: after every fork, each page the zygote writes is a copy-on-write fault,
-so the zygote's per-call Python work is paid again in page faults (measured on a light zygote:
-json.loads + json.dumps ~100 faults per call, marshal ~25). Hence:
+Why not JSON: after every fork, each page the zygote writes is a copy-on-write fault, so the
+zygote's per-call Python work is paid again in page faults (measured on a light zygote:
+json.loads + json.dumps ~100 faults per call, marshal ~25), and every module the zygote imports
+makes each fork and exit dearer. Hence:
   * requests (host -> zygote) are `marshal`ed dicts; that direction is trusted (the host wrote it);
-  * answers (zygote -> host) are a fixed struct header plus the raw stdout/stderr bytes, so the
-    host never unmarshals anything produced inside the jail;
-  * the one-off ready frame is JSON.
+  * answers and the ready frame (zygote -> host) are fixed struct headers (plus the raw
+    stdout/stderr bytes), so the host never unmarshals anything produced inside the jail.
 """
 from __future__ import annotations
 
-import json
 import marshal
 import struct
 
 HEADER = struct.Struct(">IB")  # size of the body, kind
+READY_BODY = struct.Struct(">QI")  # the zygote's VM size after preloading, its slots
 ANSWER = struct.Struct(">QidBII")  # call id, exit code (-1: none), wall time, reason, len(stdout), len(stderr)
 MAX_FRAME = 64 * 1024 * 1024
 READY, REQUEST, ANSWER_KIND = 0, 1, 2
 REASONS = ("ok", "runtime_error", "timeout", "memory", "output_limit", "internal_error")
 
 
-def encode_ready(obj: dict) -> bytes:
-    body = json.dumps(obj).encode()
-    return HEADER.pack(len(body), READY) + body
+def encode_ready(base_vm: int, slots: int) -> bytes:
+    return HEADER.pack(READY_BODY.size, READY) + READY_BODY.pack(base_vm, slots)
 
 
 def encode_request(obj: dict) -> bytes:
@@ -75,4 +74,9 @@ class FrameBuffer:
 
 def decode_host_frame(kind: int, body: bytes) -> dict:
     """Host side: a ready frame's dict or an answer's."""
-    return decode_answer(body) if kind == ANSWER_KIND else json.loads(body)
+    if kind == ANSWER_KIND:
+        return decode_answer(body)
+    if len(body) != READY_BODY.size:
+        raise ValueError("malformed ready frame")
+    base_vm, slots = READY_BODY.unpack(body)
+    return {"ready": True, "base_vm": base_vm, "slots": slots}

@@ -11,11 +11,9 @@ kills all its descendants after each call.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import gc
-import importlib
-import json
+import marshal
 import mmap
 import os
 import select
@@ -70,7 +68,7 @@ class Zygote:
     def preload(self, modules: list[str]) -> None:
         child.prepare_zygote(CALL_ENV, drop_groups=self.uid_base is not None)
         for name in modules:
-            importlib.import_module(name)
+            __import__(name)
         if "sympy" in modules:  # warm lazy caches so every child starts hot
             import sympy
             sympy.factorint(2**61 - 1)
@@ -111,7 +109,7 @@ class Zygote:
     def serve(self) -> None:
         os.set_blocking(0, False)
         self.poll.register(0, select.EPOLLIN)
-        self._send(encode_ready({"ready": True, "base_vm": self.base_vm, "slots": self.slots}))
+        self._send(encode_ready(self.base_vm, self.slots))
         while True:
             now = time.monotonic()
             timeout = min((c.deadline for c in self.calls.values()), default=now + 3600) - now
@@ -350,14 +348,18 @@ def _remove_tree(path: str) -> None:
     try:
         for _, dirs, files, fd in os.fwalk(path, topdown=False):
             for name in files:
-                with contextlib.suppress(OSError):
+                try:
                     os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
             for name in dirs:  # fwalk lists symlinks to directories here, without entering them
                 try:
                     os.rmdir(name, dir_fd=fd)
                 except NotADirectoryError:
-                    with contextlib.suppress(OSError):
+                    try:
                         os.unlink(name, dir_fd=fd)
+                    except OSError:
+                        pass
                 except OSError:
                     pass
         os.rmdir(path)
@@ -396,7 +398,7 @@ def _unshare_network() -> None:
 
 
 def main() -> None:
-    config = json.loads(sys.argv[1])
+    config = marshal.loads(bytes.fromhex(sys.argv[1]))  # written by JailPlan.command (trusted)
     if config.get("unshare_net"):
         _unshare_network()
     zygote = Zygote(config)

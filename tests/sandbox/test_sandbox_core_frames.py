@@ -25,7 +25,7 @@ def test_answer_frame_round_trips_bytes_and_missing_exit_code():
     assert got == {"id": 7, "exit_code": None, "wall_time": 0.25, "reason": "timeout",
                    "stdout": "héllo\n", "stderr": "\ufffd bad utf8"}
     assert _read(encode_answer(8, 3, 0.0, "runtime_error", b"", b""))["exit_code"] == 3
-    assert _read(encode_ready({"ready": True, "slots": 8})) == {"ready": True, "slots": 8}
+    assert _read(encode_ready(4096, 8)) == {"ready": True, "base_vm": 4096, "slots": 8}
 
 
 def test_a_malformed_answer_is_rejected_not_misread():
@@ -41,7 +41,7 @@ def test_requests_split_across_reads_are_reassembled():
         got += buf.feed(frames[i:i + 777])
     assert [g["id"] for g in got] == [1, 2] and got[1]["code"] == "x" * 5000
     with pytest.raises(ValueError):
-        FrameBuffer().feed(encode_ready({"ready": True}))  # only requests flow to a zygote
+        FrameBuffer().feed(encode_ready(4096, 8))  # only requests flow to a zygote
     with pytest.raises(ValueError):
         FrameBuffer((READY, ANSWER_KIND)).frames(frames)  # and only ready/answer frames back
 
