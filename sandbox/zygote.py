@@ -31,6 +31,9 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 class Call:
+    __slots__ = ("req", "slot", "pid", "pidfd", "out_r", "err_r", "start", "deadline", "cap", "out", "err",
+                 "reason", "dirty")  # one small object per call: fewer pages for the zygote to touch
+
     def __init__(self, req: dict, slot: int, pid: int, pidfd: int, out_r: int, err_r: int):
         self.req, self.slot, self.pid, self.pidfd = req, slot, pid, pidfd
         self.out_r, self.err_r = out_r, err_r
