@@ -74,22 +74,26 @@ class SlotEnvironment:
         _ENVIRON.value = self._address
 
 
-def enter_call(out_w: int, err_w: int, devnull: int, scratch: str, uid: int | None,
-               limits: dict, base_vm_bytes: int) -> None:
+def call_rlimits(limits: dict, base_vm_bytes: int, per_call_uid: bool) -> tuple:
+    """The per-call (resource, (soft, hard)) limits, computed by the zygote before the fork."""
+    cpu = max(1, int(limits["cpu_time"] + 0.999))
+    memory = base_vm_bytes + int(limits["memory_mb"]) * 1024 * 1024
+    nproc = int(limits["max_processes"]) + (0 if per_call_uid else 8)
+    return ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (memory, memory)),
+            (resource.RLIMIT_NPROC, (nproc, nproc)))
+
+
+def enter_call(out_w: int, err_w: int, devnull: int, scratch: str, uid: int | None, rlimits: tuple) -> None:
     """Turn the freshly forked process into a locked-down call process. Only what differs per
-    call is done here; prepare_zygote() did the rest once."""
+    call is done here; prepare_zygote() did the rest once, and the zygote computed `rlimits`."""
     os.setpgid(0, 0)  # own process group (setsid would also create a scheduler autogroup: ~3 ms)
     os.dup2(devnull, 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
     os.closerange(3, 1 << 16)
     os.chdir(scratch)
-    cpu = max(1, int(limits["cpu_time"] + 0.999))
-    memory = base_vm_bytes + int(limits["memory_mb"]) * 1024 * 1024
-    nproc = int(limits["max_processes"]) if uid is not None else int(limits["max_processes"]) + 8
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    for res, value in rlimits:  # hard limits, set while still privileged: the snippet cannot lift them
+        resource.setrlimit(res, value)
     if uid is not None:
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
