@@ -405,6 +405,11 @@ def _unshare_network() -> None:
 
 def main() -> None:
     config = marshal.loads(bytes.fromhex(sys.argv[1]))  # written by JailPlan.command (trusted)
+    if sys.flags.no_site:  # started with -S (see JailPlan.command): keep the builtins calls expect
+        import site
+        site.setquit()
+        site.setcopyright()
+        site.sethelper()
     if config.get("unshare_net"):
         _unshare_network()
     zygote = Zygote(config)

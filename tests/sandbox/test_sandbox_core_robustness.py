@@ -23,6 +23,15 @@ async def test_system_exit_and_keyboard_interrupt(sandbox_pool):
     assert (await sandbox_pool.run("raise KeyboardInterrupt")).reason == "runtime_error"
 
 
+async def test_both_tiers_offer_the_same_builtins_and_stdlib(sandbox_pool):
+    # the light tier starts without `site` (sandbox.jail): exit/quit/help must still be there
+    for prefix in ("", "import sympy\n"):  # light tier, heavy tier
+        assert (await sandbox_pool.run(prefix + "exit(3)")).exit_code == 3
+        assert (await sandbox_pool.run(prefix + "quit()")).reason == "ok"
+        probe = await sandbox_pool.run(prefix + "import json, fractions\nprint(callable(help), json.dumps([1]))")
+        assert probe.stdout == "True [1]\n", probe
+
+
 async def test_killed_worker_fails_in_flight_call_and_is_replaced(sandbox_pool):
     restarts = sandbox_pool.stats()["restarts"]
     # `sympy` routes the call to the heavy tier; kill every heavy worker while the call sleeps
