@@ -125,8 +125,11 @@ class Zygote:
                 elif fd in self.watched:  # (an earlier event of this round may have closed it)
                     self._on_event(*self.watched[fd])
             now = time.monotonic()
-            for call in [c for c in self.calls.values() if c.deadline <= now]:
+            expired = [c for c in self.calls.values() if c.deadline <= now]
+            for call in expired:  # kill them all before finishing any: they exit in parallel
                 call.reason = "timeout"
+                os.kill(call.pid, signal.SIGKILL)
+            for call in expired:
                 self._finish(call)
             if self.outbox:  # this round's answers in one write, before the next burst of forks
                 self._send(b"".join(self.outbox))
@@ -259,6 +262,7 @@ class Zygote:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            os.sched_yield()  # let the victims run their exit before we look again
 
     def _other_uids(self, slot: int) -> frozenset:
         if self.uid_base is None:
