@@ -22,6 +22,7 @@ import sys
 import time
 
 from sandbox import child
+from sandbox.proctable import descends, processes, reap
 from sandbox.protocol import FrameBuffer, encode_answer, encode_ready
 
 _READ = 65536
@@ -249,11 +250,11 @@ class Zygote:
         tracked = {c.pid for c in self.calls.values()}
         for _ in range(1000):
             victims = []
-            for pid, puid, ppid, state in _processes(self._other_uids(call.slot), self._skip_pids):
+            for pid, puid, ppid, state in processes(self._other_uids(call.slot), self._skip_pids):
                 if state == "Z":
                     if ppid == self.pid and pid not in tracked:  # an orphan reparented to us
-                        _reap(pid)
-                elif (puid == uid if uid is not None else _descends(pid, self.pid)):
+                        reap(pid)
+                elif (puid == uid if uid is not None else descends(pid, self.pid)):
                     victims.append(pid)
             if not victims:
                 return
@@ -327,30 +328,6 @@ def _outcome(status: int, child_reason: str, call: Call) -> tuple[int | None, st
     return code, ("ok" if code == 0 else "runtime_error"), ""
 
 
-def _processes(skip_uids: frozenset = frozenset(), skip_pids: frozenset = frozenset()):
-    """(pid, uid, ppid, state) of visible processes, skipping those owned by `skip_uids`.
-
-    /proc/<pid> is owned by the process's uid when it is dumpable; processes that changed uid
-    are not, and show as root, so root-owned entries have their real uid read from
-    /proc/<pid>/status.
-    """
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or name in skip_pids:
-            continue
-        try:
-            uid = os.stat(f"/proc/{name}").st_uid
-            if uid in skip_uids:
-                continue
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            if uid == 0:
-                with open(f"/proc/{name}/status", "rb") as f:
-                    uid = int(next(line for line in f if line.startswith(b"Uid:")).split()[1])
-        except (OSError, StopIteration, IndexError, ValueError):
-            continue
-        yield int(name), uid, int(fields[1]), fields[0].decode()
-
-
 def _remove_tree(path: str) -> None:
     """Delete `path` like shutil.rmtree(ignore_errors=True): bottom-up over directory fds, never
     following a symlink. Not shutil itself: importing it maps zlib, bz2 and lzma (30 of the
@@ -374,27 +351,6 @@ def _remove_tree(path: str) -> None:
                     pass
         os.rmdir(path)
     except OSError:
-        pass
-
-
-def _descends(pid: int, ancestor: int) -> bool:
-    for _ in range(4096):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-        if pid == ancestor:
-            return True
-        if pid <= 1:
-            return False
-    return False
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
         pass
 
 
