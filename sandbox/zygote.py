@@ -32,12 +32,11 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 class Call:
-    __slots__ = ("req", "slot", "pid", "pidfd", "out_r", "err_r", "start", "deadline", "cap", "out", "err",
+    __slots__ = ("req", "slot", "pid", "pidfd", "start", "deadline", "cap", "out", "err",
                  "reason", "dirty")  # one small object per call: fewer pages for the zygote to touch
 
-    def __init__(self, req: dict, slot: int, pid: int, pidfd: int, out_r: int, err_r: int):
+    def __init__(self, req: dict, slot: int, pid: int, pidfd: int):
         self.req, self.slot, self.pid, self.pidfd = req, slot, pid, pidfd
-        self.out_r, self.err_r = out_r, err_r
         self.start = time.monotonic()
         self.deadline = self.start + float(req["limits"]["timeout"])
         self.cap = int(req["limits"]["max_output_bytes"])
@@ -53,7 +52,8 @@ class Zygote:
         self.scratch_root = config["scratch_root"]
         self._scratch_paths = [os.path.join(self.scratch_root, f"slot{slot}") for slot in range(self.slots)]
         self.poll = select.epoll()  # plain epoll: the selectors module costs ~40 page faults a call
-        self.watched: dict[int, tuple[Call, str]] = {}
+        self.watched: dict[int, tuple[int, str]] = {}  # fd -> (slot, "out" | "err" | "exit")
+        self.pipes: list[tuple[int, int, int, int]] = []  # per slot: stdout r/w, stderr r/w
         self.frames = FrameBuffer()
         self.free = list(range(self.slots))
         self.waiting: list[dict] = []
@@ -83,6 +83,14 @@ class Zygote:
         for slot in range(self.slots):
             self._fresh_scratch(slot)
         self.environments = [child.SlotEnvironment(self._scratch(slot)) for slot in range(self.slots)]
+        for slot in range(self.slots):  # one stdout and one stderr pipe per slot, reused by its calls
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            for fd, kind in ((out_r, "out"), (err_r, "err")):
+                os.set_blocking(fd, False)
+                self.poll.register(fd, select.EPOLLIN)
+                self.watched[fd] = (slot, kind)
+            self.pipes.append((out_r, out_w, err_r, err_w))
         self.devnull = os.open(os.devnull, os.O_RDONLY)
         gc.collect()
         gc.freeze()
@@ -124,7 +132,7 @@ class Zygote:
                     if not self._read_requests():
                         return
                 elif fd in self.watched:  # (an earlier event of this round may have closed it)
-                    self._on_event(*self.watched[fd])
+                    self._on_event(fd, *self.watched[fd])
             now = time.monotonic()
             expired = [c for c in self.calls.values() if c.deadline <= now]
             for call in expired:  # kill them all before finishing any: they exit in parallel
@@ -140,7 +148,7 @@ class Zygote:
 
     def _start_waiting(self) -> None:
         """Start queued calls in one burst of forks: everything a call needs (its compiled cell,
-        pipes) is made before the first fork, and its bookkeeping done after the last.
+        limits) is made before the first fork, and its bookkeeping done after the last.
 
         Why: after a fork every page the zygote writes is a copy-on-write fault (~2.5 us here), so
         work done between two forks is paid again in faults for every fork of the burst; done
@@ -152,34 +160,26 @@ class Zygote:
         for req in batch:
             slot = self.free.pop(0)
             self.status_map[slot] = 0
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
             cell = None if req.get("history") else child.precompile(req["code"])
             rlimits = child.call_rlimits(req["limits"], self.base_vm, self.uid_base is not None)
-            starts.append((req, slot, out_r, out_w, err_r, err_w, cell, rlimits))
+            starts.append((req, slot, cell, rlimits))
         if self.own_pid_ns and self._last_pid() != self.last_forked:
             self._mark_dirty()  # a running call forked since our last fork: scan for it at its end
         pids = []
-        for req, slot, _, out_w, _, err_w, cell, rlimits in starts:
+        for req, slot, cell, rlimits in starts:
             self.environments[slot].activate()  # inherited by the child: it does no work for it
             pid = os.fork()
             if pid == 0:
-                self._run_child(req, slot, out_w, err_w, cell, rlimits)
+                self._run_child(req, slot, cell, rlimits)
             pids.append(pid)
         self.last_forked = pids[-1]
         # Only we fork in our pid namespace unless a call does: then our pids are not consecutive.
         others_forked = self.own_pid_ns and (self._last_pid() != pids[-1] or
                                              any(b != a + 1 for a, b in zip(pids, pids[1:])))
-        for (req, slot, out_r, out_w, err_r, err_w, _, _), pid in zip(starts, pids):
-            os.close(out_w)
-            os.close(err_w)
-            call = Call(req, slot, pid, os.pidfd_open(pid), out_r, err_r)
-            self.calls[slot] = call
-            for fd, kind in ((out_r, "out"), (err_r, "err"), (call.pidfd, "exit")):
-                if kind != "exit":
-                    os.set_blocking(fd, False)
-                self.poll.register(fd, select.EPOLLIN)
-                self.watched[fd] = (call, kind)
+        for (req, slot, _, _), pid in zip(starts, pids):
+            call = self.calls[slot] = Call(req, slot, pid, os.pidfd_open(pid))
+            self.poll.register(call.pidfd, select.EPOLLIN)
+            self.watched[call.pidfd] = (slot, "exit")
         if others_forked:
             self._mark_dirty()
 
@@ -187,11 +187,12 @@ class Zygote:
         for running in self.calls.values():
             running.dirty = True
 
-    def _run_child(self, req: dict, slot: int, out_w: int, err_w: int, cell, rlimits: tuple) -> None:
+    def _run_child(self, req: dict, slot: int, cell, rlimits: tuple) -> None:
         """In the forked child: lock down, run the cell, and leave; never returns."""
         code, reason = 1, "runtime_error"
         try:
             uid = None if self.uid_base is None else self.uid_base + slot
+            _, out_w, _, err_w = self.pipes[slot]
             child.enter_call(out_w, err_w, self.devnull, self._scratch(slot), uid, rlimits)
             code, reason = child.execute(req["code"], req.get("stdin"), req.get("history"), cell)
         except BaseException as exc:  # noqa: BLE001 - never let a child return into the zygote
@@ -214,32 +215,31 @@ class Zygote:
         self.waiting.extend(self.frames.feed(data))
         return True
 
-    def _on_event(self, call: Call, kind: str) -> None:
-        if call.slot not in self.calls or self.calls[call.slot] is not call:
-            return
+    def _on_event(self, fd: int, slot: int, kind: str) -> None:
+        call = self.calls.get(slot)
         if kind == "exit":
-            self._finish(call)
+            if call is not None and call.pidfd == fd:
+                self._finish(call)
             return
-        fd = call.out_r if kind == "out" else call.err_r
-        self._drain(call, fd, kind, once=True)
+        if call is None:  # bytes from an ended call's last moments: not anyone's output
+            self._drain(fd, bytearray(), None, 0)
+            return
+        self._drain(fd, call.out if kind == "out" else call.err, call, call.cap, once=True)
         if len(call.out) + len(call.err) > call.cap:
             call.reason = "output_limit"
             self._finish(call)
 
-    def _drain(self, call: Call, fd: int, kind: str, once: bool = False) -> None:
-        buf = call.out if kind == "out" else call.err
+    @staticmethod
+    def _drain(fd: int, buf: bytearray, call, cap: int, once: bool = False) -> None:
+        """Read the pipe (non-blocking) into `buf` while the call's output stays within `cap`."""
         while True:
             try:
                 data = os.read(fd, _READ)
             except (BlockingIOError, InterruptedError):
                 return
-            if not data:
-                self._unwatch(fd)
-                setattr(call, f"{kind}_r", -1)
-                return
-            if len(call.out) + len(call.err) <= call.cap:
+            if call is not None and len(call.out) + len(call.err) <= cap:
                 buf += data
-            if once:
+            if once or not data:
                 return
 
     def _kill_leftovers(self, call: Call) -> None:
@@ -276,11 +276,9 @@ class Zygote:
         self._kill_leftovers(call)
         _, status = os.waitpid(call.pid, 0)
         wall = time.monotonic() - call.start
-        for fd, kind in ((call.out_r, "out"), (call.err_r, "err")):
-            if fd >= 0:  # writers are dead; never block here, whatever is left in the pipe is read
-                self._drain(call, fd, kind)
-                if getattr(call, f"{kind}_r") >= 0:
-                    self._unwatch(fd)
+        out_r, _, err_r, _ = self.pipes[call.slot]
+        self._drain(out_r, call.out, call, call.cap)  # every writer is dead: all it wrote is there
+        self._drain(err_r, call.err, call, call.cap)
         self._unwatch(call.pidfd)
         exit_code, reason, note = _outcome(status, child.OUTCOMES[self.status_map[call.slot] % 4], call)
         cap = call.cap

@@ -40,6 +40,18 @@ async def test_endless_printing_is_stopped(jailed_pool):
     assert result.reason == "output_limit"
 
 
+async def test_output_of_a_stopped_call_never_reaches_a_later_call(jailed_pool):
+    # each slot reuses its pipes: what a killed call (or its daemon) was still writing must go
+    noisy = ("import os, subprocess, sys\n"
+             "subprocess.Popen([sys.executable, '-c', 'while True: print(\"daemon\", flush=True)'],"
+             " start_new_session=True)\n"
+             "while True:\n    print('noise ' * 50, flush=True)")
+    ended = await jailed_pool.run_batch([{"code": noisy}] * 8, timeout=0.5)
+    assert {r.reason for r in ended} <= {"output_limit", "timeout"}, ended
+    later = await jailed_pool.run_batch([{"code": f"print({i})"} for i in range(32)])
+    assert [r.stdout for r in later] == [f"{i}\n" for i in range(32)], later
+
+
 async def test_process_limit_contains_a_fork_bomb(jailed_pool):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     result = await jailed_pool.run(bomb, timeout=2.0)
