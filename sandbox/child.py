@@ -23,6 +23,10 @@ _PR_SET_NO_NEW_PRIVS = 38
 _FILE_SIZE_CAP = 64 * 1024 * 1024
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded once in the zygote, not per call
 _ENVIRON = ctypes.c_void_p.in_dll(_libc, "environ")  # what subprocesses and os.system inherit
+# The same pointer as plain bytes: writing through a memoryview is one memcpy, where ctypes'
+# `.value =` runs its converter and keep-alive bookkeeping (~10 pages, each a fault after a fork).
+_ENVIRON_BYTES = memoryview((ctypes.c_char * ctypes.sizeof(ctypes.c_void_p)).from_address(
+    ctypes.addressof(_ENVIRON))).cast("B")
 _EMPTY_STDIN = io.StringIO("")  # each forked child has its own copy; execute() keeps it unless given stdin
 _STREAMS: list = []  # our stdout/stderr, flushed at exit even if the snippet replaced sys.stdout
 
@@ -67,11 +71,11 @@ class SlotEnvironment:
         self._data = data
         self._entries = [key + b"=" + value for key, value in data.items()]
         self._array = (ctypes.c_char_p * (len(self._entries) + 1))(*self._entries, None)
-        self._address = ctypes.addressof(self._array)
+        self._pointer = ctypes.addressof(self._array).to_bytes(ctypes.sizeof(ctypes.c_void_p), sys.byteorder)
 
     def activate(self) -> None:
         os.environ._data = self._data  # type: ignore[attr-defined]
-        _ENVIRON.value = self._address
+        _ENVIRON_BYTES[:] = self._pointer
 
 
 def call_rlimits(limits: dict, base_vm_bytes: int, per_call_uid: bool) -> tuple:
