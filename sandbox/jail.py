@@ -34,6 +34,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandbox.tiers import is_stdlib
 from sandbox.zygote import CALL_ENV
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -83,7 +84,7 @@ class JailPlan:
         # A stdlib-only preload (the light tier) starts without `site`: no site-packages and no
         # .pth imports (45 modules, ~1 MB less to copy on every fork); zygote.main restores the
         # builtins site adds (exit, quit, help, ...).
-        flags = "-IS" if all(m.split(".")[0] in sys.stdlib_module_names for m in preload) else "-I"
+        flags = "-IS" if all(map(is_stdlib, preload)) else "-I"
         python = [sys.executable, flags, "-c", boot, marshal.dumps(config).hex()]
         if self.backend == "bwrap":
             return _bwrap_prefix(self.per_call_uid) + python, {}

@@ -15,9 +15,14 @@ import sys
 _IMPORT = re.compile(r"\b(?:from\s+([\w.]+)\s+import|import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*))")
 
 
+def is_stdlib(module: str) -> bool:
+    """True for a standard-library module name (dotted or not)."""
+    return module.split(".")[0] in sys.stdlib_module_names
+
+
 def split_preload(preload: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(light preload, heavy module names); the light tier is empty when nothing is heavy."""
-    light = tuple(m for m in preload if m.split(".")[0] in sys.stdlib_module_names)
+    light = tuple(m for m in preload if is_stdlib(m))
     heavy = tuple(m for m in preload if m not in light)
     return (light, heavy) if heavy else ((), ())
 
@@ -29,8 +34,7 @@ def fits_light(text: str, heavy: tuple[str, ...]) -> bool:
     for match in _IMPORT.finditer(text):
         names = [match.group(1)] if match.group(1) else match.group(2).split(",")
         for name in names:
-            top = name.strip().split()[0].split(".")[0]
-            if top not in sys.stdlib_module_names:
+            if not is_stdlib(name.strip().split()[0]):
                 return False
     return _naming(heavy).search(text) is None
 

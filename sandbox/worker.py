@@ -43,12 +43,12 @@ class _ZygotePipes(asyncio.SubprocessProtocol):
             self.worker.stderr_tail.extend(line.decode(errors="replace").rstrip() for line in lines)
             return
         try:
-            frames = self.frames.frames(data)
+            frames = [(kind, decode_host_frame(kind, body)) for kind, body in self.frames.frames(data)]
         except ValueError as exc:
             self.worker.fail(f"sent a malformed frame ({exc})")
             return
-        for kind, body in frames:
-            self.worker.on_frame(kind, body)
+        for kind, frame in frames:
+            self.worker.on_frame(kind, frame)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         if fd == 1:
@@ -90,15 +90,12 @@ class Worker:
             lambda: _ZygotePipes(self), *argv, stdin=pipe, stdout=pipe, stderr=pipe, env=env,
             start_new_session=True)
         try:
-            ready = await asyncio.wait_for(self._ready, STARTUP_TIMEOUT)
+            await asyncio.wait_for(self._ready, STARTUP_TIMEOUT)
         except (asyncio.TimeoutError, RuntimeError, ValueError) as exc:
             await self.kill()
             await asyncio.sleep(0)
             detail = " | ".join(self.stderr_tail) or str(exc) or type(exc).__name__
             raise RuntimeError(f"sandbox worker {self.index} failed to start: {detail}") from None
-        if not ready.get("ready"):
-            await self.kill()
-            raise RuntimeError(f"sandbox worker {self.index} sent {ready!r} instead of ready")
         self.alive = True
         self._watchdog = asyncio.create_task(self._watch())
 
@@ -125,8 +122,7 @@ class Worker:
             return
         pipe.write(data)
 
-    def on_frame(self, kind: int, body: bytes) -> None:
-        frame = decode_host_frame(kind, body)
+    def on_frame(self, kind: int, frame: dict) -> None:
         if kind == READY:
             if not self._ready.done():
                 self._ready.set_result(frame)

@@ -55,7 +55,8 @@ class Zygote:
         self.slots = int(config["slots"])
         self.uid_base = config.get("uid_base")
         self.scratch_root = config["scratch_root"]
-        self._scratch_paths = [os.path.join(self.scratch_root, f"slot{slot}") for slot in range(self.slots)]
+        # built once: os.path.join in a child costs ~30 page faults
+        self.scratch = [os.path.join(self.scratch_root, f"slot{slot}") for slot in range(self.slots)]
         self.poll = select.epoll()  # plain epoll: the selectors module costs ~40 page faults a call
         self.watched: dict[int, tuple[int, str]] = {}  # fd -> (slot, "out" | "err" | "exit")
         self.pipes: list[tuple[int, int, int, int]] = []  # per slot: stdout r/w, stderr r/w
@@ -85,10 +86,10 @@ class Zygote:
             sympy.simplify(sympy.Symbol("x") ** 2 - 1)
         child._libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come back to us
         os.makedirs(self.scratch_root, exist_ok=True)
-        for slot in range(self.slots):
+        self.environments = []
+        for slot in range(self.slots):  # per slot, reused by its calls: scratch dir, environment, pipes
             self._fresh_scratch(slot)
-        self.environments = [child.SlotEnvironment(self._scratch(slot)) for slot in range(self.slots)]
-        for slot in range(self.slots):  # one stdout and one stderr pipe per slot, reused by its calls
+            self.environments.append(child.SlotEnvironment(self.scratch[slot]))
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             for fd, kind in ((out_r, "out"), (err_r, "err")):
@@ -103,13 +104,9 @@ class Zygote:
             vm = next(line for line in f if line.startswith("VmSize:"))
         self.base_vm = int(vm.split()[1]) * 1024
 
-    def _scratch(self, slot: int) -> str:
-        """The slot's scratch dir; the paths are built once (os.path.join in a child: ~30 faults)."""
-        return self._scratch_paths[slot]
-
     def _fresh_scratch(self, slot: int) -> None:
         """Wipe the slot's scratch dir (cheaply, when the call left it empty)."""
-        path = self._scratch(slot)
+        path = self.scratch[slot]
         try:
             if not os.listdir(path):
                 os.chmod(path, 0o700)
@@ -140,9 +137,8 @@ class Zygote:
                     self._on_event(fd, *self.watched[fd])
             now = time.monotonic()
             expired = [c for c in self.calls.values() if c.deadline <= now]
-            for call in expired:  # kill them all before finishing any: they exit in parallel
-                call.reason = "timeout"
-                os.kill(call.pid, signal.SIGKILL)
+            for call in expired:  # stop them all before finishing any: they exit in parallel
+                self._stop(call, "timeout")
             for call in expired:
                 self._finish(call)
             if self.outbox:  # this round's answers in one write, before the next burst of forks
@@ -198,7 +194,7 @@ class Zygote:
         try:
             uid = None if self.uid_base is None else self.uid_base + slot
             _, out_w, _, err_w = self.pipes[slot]
-            child.enter_call(out_w, err_w, self.devnull, self._scratch(slot), uid, rlimits)
+            child.enter_call(out_w, err_w, self.devnull, self.scratch[slot], uid, rlimits)
             code, reason = child.execute(req["code"], req.get("stdin"), req.get("history"), cell)
         except BaseException as exc:  # noqa: BLE001 - never let a child return into the zygote
             try:
@@ -226,24 +222,21 @@ class Zygote:
             if call is not None and call.pidfd == fd:
                 self._finish(call)
             return
-        if call is None:  # bytes from an ended call's last moments: not anyone's output
-            self._drain(fd, bytearray(), None, 0)
-            return
-        self._drain(fd, call.out if kind == "out" else call.err, call, call.cap, once=True)
-        if len(call.out) + len(call.err) > call.cap:
-            call.reason = "output_limit"
+        self._drain(fd, call, kind, once=True)  # no call: bytes from an ended call's last moments, dropped
+        if call is not None and len(call.out) + len(call.err) > call.cap:
+            self._stop(call, "output_limit")
             self._finish(call)
 
     @staticmethod
-    def _drain(fd: int, buf: bytearray, call, cap: int, once: bool = False) -> None:
-        """Read the pipe (non-blocking) into `buf` while the call's output stays within `cap`."""
+    def _drain(fd: int, call: Call | None, kind: str, once: bool = False) -> None:
+        """Read the pipe (non-blocking) into the call's `kind` buffer while its output is within its cap."""
         while True:
             try:
                 data = os.read(fd, _READ)
             except (BlockingIOError, InterruptedError):
                 return
-            if call is not None and len(call.out) + len(call.err) <= cap:
-                buf += data
+            if call is not None and len(call.out) + len(call.err) <= call.cap:
+                (call.out if kind == "out" else call.err).extend(data)
             if once or not data:
                 return
 
@@ -270,20 +263,24 @@ class Zygote:
                     pass
             os.sched_yield()  # let the victims run their exit before we look again
 
+    @staticmethod
+    def _stop(call: Call, reason: str) -> None:
+        """End a live call now (by pid: it may not have dropped to its slot's uid yet)."""
+        call.reason = reason
+        os.kill(call.pid, signal.SIGKILL)
+
     def _other_uids(self, slot: int) -> frozenset:
         if self.uid_base is None:
             return frozenset()
         return frozenset(self.uid_base + s for s in range(self.slots) if s != slot)
 
     def _finish(self, call: Call) -> None:
-        if call.reason:  # we are ending a live call: it may not have dropped to its uid yet
-            os.kill(call.pid, signal.SIGKILL)
         self._kill_leftovers(call)
         _, status = os.waitpid(call.pid, 0)
         wall = time.monotonic() - call.start
         out_r, _, err_r, _ = self.pipes[call.slot]
-        self._drain(out_r, call.out, call, call.cap)  # every writer is dead: all it wrote is there
-        self._drain(err_r, call.err, call, call.cap)
+        self._drain(out_r, call, "out")  # every writer is dead: all it wrote is there
+        self._drain(err_r, call, "err")
         self._unwatch(call.pidfd)
         exit_code, reason, note = _outcome(status, child.OUTCOMES[self.status_map[call.slot] % 4], call)
         cap = call.cap
