@@ -16,19 +16,13 @@ import json
 import sys
 import time
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from sandbox import Sandbox
-from sandbox.bench import WORKLOADS
+from sandbox.bench import WORKLOADS, percentile_ms as _ms  # as in bench-tools
 
 SNIPPETS = {name: WORKLOADS[name].code for name in ("trivial", "sympy")}  # the same as bench-tools
-
-
-def _ms(values: list[float], q: float) -> float:
-    """The q-th percentile in ms, defined as in `rstar2 bench-tools` (numpy's linear method)."""
-    return round(float(np.percentile(values, q)) * 1000, 2)
 
 
 _BARE_FORK = r"""

@@ -156,8 +156,8 @@ def main() -> None:
     table = Table(title="Rollout makespan: load-balanced scheduler vs static split (ratio: lower is better)")
     for col in ("setting", "round robin", "contiguous split", "load balanced", "LB/RR", "LB/contig."):
         table.add_column(col, justify="right" if col != "setting" else "left")
-    for row in out.get("simulator", {}).get("seeds", []):
-        sim = out["simulator"]
+    sim = out.get("simulator", {})
+    for row in sim.get("seeds", []):
         table.add_row(f"sim {sim['replicas']}xTP{sim['tensor_parallel']}, seed {row['seed']}", f"{row['round_robin']['makespan_s']:.0f} s",
                       f"{row['contiguous_split']['makespan_s']:.0f} s", f"{row['load_balanced']['makespan_s']:.0f} s",
                       f"{row['ratio_vs_round_robin']:.3f}", f"{row['ratio_vs_contiguous_split']:.3f}")
@@ -169,8 +169,7 @@ def main() -> None:
         table.add_row("  (range over reps)", spread["round_robin"], "-", spread["load_balanced"], "", "")
     console.print(table)
     if "real_engines" in out:
-        runs = out["real_engines"]["runs_s"]
-        if any(len(v) > 1 and max(v) > 1.5 * min(v) for v in runs.values()):
+        if any(len(v) > 1 and max(v) > 1.5 * min(v) for v in out["real_engines"]["runs_s"].values()):
             console.print("[yellow]real engines: identical runs differ by more than 1.5x on this machine, so their "
                           "ratio says little about the policies; the simulator rows are the measurement[/]")
     if args.json:

@@ -80,10 +80,15 @@ class Row:
     first_error: str | None = None  # what the first unexpected outcome was, for diagnosis
 
 
+def percentile_ms(seconds: list[float], q: float) -> float:
+    """The q-th percentile of latencies in seconds, in ms (numpy's linear method), 2 decimals."""
+    return round(float(np.percentile(seconds, q)) * 1000, 2)
+
+
 def _row(workload: str, mode: str, c: int, latencies: list[float], errors: list[str], seconds: float) -> Row:
-    p50, p95, p99 = (float(np.percentile(latencies, q)) * 1000 for q in (50, 95, 99))
+    p50, p95, p99 = (percentile_ms(latencies, q) for q in (50, 95, 99))
     return Row(workload, mode, c, len(latencies), round(seconds, 4), round(len(latencies) / seconds, 2),
-               round(p50, 2), round(p95, 2), round(p99, 2), len(errors), first_error=errors[0] if errors else None)
+               p50, p95, p99, len(errors), first_error=errors[0] if errors else None)
 
 
 def _describe(reason: str, stderr: str) -> str:

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         procs: int = typer.Option(1, help="--worker: supervised worker processes (dead ones are replaced)."),
         concurrency: Optional[int] = typer.Option(None, help="--worker: calls in flight per process [default: 2x workers]."),
         workers: Optional[int] = typer.Option(None, help="Sandbox pool size (zygote processes) [default: CPU count]."),
-        isolation: str = typer.Option("auto", help="auto | bwrap | namespaces | nsjail | none."),
+        isolation: str = typer.Option("auto", help=" | ".join(ISOLATIONS) + "."),
         unsafe_no_isolation: bool = typer.Option(False, "--unsafe-no-isolation", help="Allow running code unconfined."),
         timeout: float = typer.Option(10.0, help="Default per-call wall/CPU timeout, seconds."),
         memory_mb: int = typer.Option(1024, help="Per-call memory allowance, MiB."),
@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
         baseline_calls: int = typer.Option(24, help="Calls per baseline row (the baseline is slow)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report here as JSON."),
         workers: Optional[int] = typer.Option(None, help="Embedded pool size [default: CPU count]."),
-        isolation: str = typer.Option("auto", help="Embedded pool: auto | nsjail | bwrap | namespaces | none."),
+        isolation: str = typer.Option("auto", help="Embedded pool: " + " | ".join(ISOLATIONS) + "."),
         unsafe_no_isolation: bool = typer.Option(False, "--unsafe-no-isolation", help="Allow an unconfined embedded pool."),
     ) -> None:
         """Measure tool-call throughput and latency against a naive subprocess baseline."""

@@ -7,20 +7,10 @@ mining run continues where it stopped). Every problem's pass rate is recorded ne
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from rstar2_cli.data.hard_subset import select_hard
-
-
-def pass_counts_from_samples(records: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for r in records:
-        c = counts[r["problem_id"]]
-        c[0] += 1 if float(r["reward"]) > 0 else 0
-        c[1] += 1
-    return {pid: (s, t) for pid, (s, t) in counts.items()}
 
 
 def mine_hard(policy: str, data: str, out: str | Path, *, samples: int = 8, data_dir: str | None = None,

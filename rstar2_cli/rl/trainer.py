@@ -201,11 +201,10 @@ class RLTrainer:
     def _sync_weights(self) -> float:
         t0 = time.perf_counter()
         named = self.policy.full_state_for_engines(keep=self.host.is_host)   # collective under FSDP
-        if self.host.is_host:
-            async def push():   # each engine loads on its own loop thread: all of them at once
-                await asyncio.gather(*(e.update_weights(iter(named)) for e in self.engines))
+        if self.host.is_host:  # one serialization, every engine loading on its own loop thread
+            from rstar2_cli.rollout.engines import push_weights
 
-            self.loop.run_until_complete(push())
+            self.loop.run_until_complete(push_weights(self.engines, named))
         return time.perf_counter() - t0
 
     def train_step(self) -> dict[str, float]:

@@ -108,6 +108,20 @@ def pack_weight_chunks(named_tensors: Iterable[tuple[str, "torch.Tensor"]],
         yield save(chunk)
 
 
+async def push_weights(engines: list["VLLMEngine"], named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+    """Load one full state dict into several replicas: each chunk is serialized once and sent to
+    all of them at once (a host with 8 replicas would otherwise pack the model 8 times)."""
+    busy = [e._inflight for e in engines if e._inflight]
+    if busy:
+        raise RuntimeError(f"update_weights called with {busy[0]} generation(s) in flight; "
+                           "finish the rollout first")
+    await asyncio.gather(*(e._rpc("rstar2_begin_weight_update") for e in engines))
+    for blob in pack_weight_chunks(named_tensors, min(e._weight_chunk_bytes for e in engines)):
+        await asyncio.gather(*(e._rpc("rstar2_load_weight_chunk", blob) for e in engines))
+    await asyncio.gather(*(e._rpc("rstar2_finish_weight_update") for e in engines))
+    await asyncio.gather(*(e.reset_prefix_cache() for e in engines))
+
+
 class VLLMWeightSyncExtension:
     """Mixed into every vLLM worker (`worker_extension_cls`) so `collective_rpc` can load weights
     sent as bytes; tensors themselves do not survive vLLM's RPC serialization."""
@@ -323,20 +337,13 @@ class VLLMEngine:
             return list(await asyncio.gather(*(self._generate_on_loop(r) for r in reqs)))
         return self._call(run())
 
-    async def _update_on_loop(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> int:
-        if self._inflight:
-            raise RuntimeError(f"update_weights called with {self._inflight} generation(s) in "
-                               "flight; finish the rollout first")
-        await self._llm.collective_rpc("rstar2_begin_weight_update")
-        for blob in pack_weight_chunks(named_tensors, self._weight_chunk_bytes):
-            await self._llm.collective_rpc("rstar2_load_weight_chunk", args=(blob,))
-        loaded = await self._llm.collective_rpc("rstar2_finish_weight_update")
-        await self._llm.reset_prefix_cache()
-        return int(loaded[0])
+    async def _rpc(self, method: str, *args: Any) -> list:
+        """collective_rpc to this replica's workers, from any event loop."""
+        return await self._on_loop(self._llm.collective_rpc(method, args=args))
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
         """Load a full state dict in place (names as in the HF checkpoint); resets the prefix cache."""
-        await self._on_loop(self._update_on_loop(named_tensors))
+        await push_weights([self], named_tensors)
 
     async def reset_prefix_cache(self) -> None:
         await self._on_loop(self._llm.reset_prefix_cache())

@@ -5,13 +5,7 @@ import json
 
 import pytest
 
-from rstar2_cli.data.mine_hard import mine_hard, pass_counts_from_samples
-
-
-def test_pass_counts_from_samples():
-    recs = [{"problem_id": "a", "reward": 1.0}, {"problem_id": "a", "reward": 0.0},
-            {"problem_id": "b", "reward": 1.0}, {"problem_id": "b", "reward": 1.0}]
-    assert pass_counts_from_samples(recs) == {"a": (1, 2), "b": (2, 2)}
+from rstar2_cli.data.mine_hard import mine_hard
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +14,6 @@ import torch
 WORKER = Path(__file__).with_name("rl_fsdp_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(cmd: list[str]) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
@@ -29,13 +22,13 @@ def _run(cmd: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_two_rank_fsdp_update_matches_one_rank(tmp_path, tiny_model_dir):
+def test_two_rank_fsdp_update_matches_one_rank(tmp_path, tiny_model_dir, free_port):
     one, two = tmp_path / "one", tmp_path / "two"
     spec = importlib.util.spec_from_file_location("rl_fsdp_worker", WORKER)
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     worker.main(str(tiny_model_dir), str(one))              # 1 rank, in this process: no process group
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port}",
           str(WORKER), str(tiny_model_dir), str(two)])
     r1, r2 = (json.loads((d / "result.json").read_text()) for d in (one, two))
     assert len(r1) == len(r2) == 2

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,12 +22,6 @@ pytestmark = pytest.mark.slow
 WORKER = Path(__file__).with_name("rl_multinode_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _recipe(tiny_model: Path, data: Path, out: Path) -> dict:
     recipe = tiny_rl_recipe(tiny_model, data, out, steps=2, prompts_per_step=3, sandbox_workers=1,
                             name="tiny-two-nodes")
@@ -36,7 +29,7 @@ def _recipe(tiny_model: Path, data: Path, out: Path) -> dict:
     return recipe
 
 
-def test_two_nodes_roll_out_their_own_shards_and_train_on_the_same_list(tiny_model, tmp_path):
+def test_two_nodes_roll_out_their_own_shards_and_train_on_the_same_list(tiny_model, tmp_path, free_port):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}*7?", "answer": str(7 * i)}) + "\n"
                             for i in range(6)))
@@ -46,7 +39,7 @@ def test_two_nodes_roll_out_their_own_shards_and_train_on_the_same_list(tiny_mod
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "RSTAR2_ENGINE_GPU_IDS", "RSTAR2_ENGINE_TP"):
         env.pop(var, None)
-    port = _free_port()
+    port = free_port
     procs = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={n}",
          "--master-addr=127.0.0.1", f"--master-port={port}", str(WORKER), str(recipe), str(tmp_path)],

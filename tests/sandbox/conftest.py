@@ -11,14 +11,20 @@ from sandbox import Limits, Sandbox, jail
 from host_secret import HOST_SECRET_NAME, HOST_SECRET_VALUE
 
 
-@pytest.fixture(scope="session")
-def sandbox_pool():
-    """A started Sandbox (1 heavy + 1 light zygote); usable from any test's event loop."""
+def _started_pool(isolation: str = "auto"):
+    """A started Sandbox (1 heavy + 1 light zygote) with a host secret it must not see; closed after."""
     os.environ[HOST_SECRET_NAME] = HOST_SECRET_VALUE  # must be invisible inside the sandbox
-    pool = Sandbox(workers=1, limits=Limits(timeout=5.0, cpu_time=5.0, memory_mb=512, max_output_bytes=65536))
+    pool = Sandbox(workers=1, isolation=isolation,
+                   limits=Limits(timeout=5.0, cpu_time=5.0, memory_mb=512, max_output_bytes=65536))
     pool.run_sync("pass")
     yield pool
     asyncio.run(pool.close())
+
+
+@pytest.fixture(scope="session")
+def sandbox_pool():
+    """The pool on the default backend; usable from any test's event loop."""
+    yield from _started_pool()
 
 
 def _jail_param(backend: str, problem):
@@ -29,11 +35,6 @@ def _jail_param(backend: str, problem):
 @pytest.fixture(scope="session", params=[_jail_param("nsjail", jail.nsjail_problem()),
                                          _jail_param("bwrap", jail.bwrap_problem())])
 def jailed_pool(request):
-    """The same pool as `sandbox_pool`, once per jail backend: the isolation and limit tests run on
-    every backend this machine has (auto picks only the first)."""
-    os.environ[HOST_SECRET_NAME] = HOST_SECRET_VALUE
-    pool = Sandbox(workers=1, isolation=request.param,
-                   limits=Limits(timeout=5.0, cpu_time=5.0, memory_mb=512, max_output_bytes=65536))
-    pool.run_sync("pass")
-    yield pool
-    asyncio.run(pool.close())
+    """The same pool once per jail backend: the isolation and limit tests run on every backend
+    this machine has (auto picks only the first)."""
+    yield from _started_pool(request.param)
