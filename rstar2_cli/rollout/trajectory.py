@@ -16,6 +16,8 @@ class Trajectory:
     # identity
     prompt_id: str                      # the problem's id
     sample_index: int = 0               # which of the 2G samples of this prompt
+    group_index: int = 0                # which sampled instance of the step's batch (a problem drawn
+                                        # twice in one batch is two groups): RoC groups by this
     # tokens
     prompt_ids: list[int] = field(default_factory=list)
     response_ids: list[int] = field(default_factory=list)   # generated + tool-response tokens
@@ -32,6 +34,9 @@ class Trajectory:
     num_tool_calls: int = 0
     num_tool_errors: int = 0            # calls that failed: parse errors or non-ok sandbox runs
     finish_reason: str = ""             # "stop" (no tool call), "max_turns", "length", "error"
+    infra_error: str = ""               # non-empty: a failure that was not the model's doing (sandbox
+                                        # internal error, worker crash, queue timeout, engine error);
+                                        # such a trajectory leaves its group before advantages
     tool_time: float = 0.0              # seconds spent waiting on tools
     extra: dict[str, Any] = field(default_factory=dict)
 
