@@ -60,6 +60,9 @@ class RolloutConfig(_Section):
     tools_in_prompt: bool = True                      # list the tool schemas in <tools> (release: yes)
     force_reason: bool = True                         # release template: every assistant turn opens with a
                                                       # template-written `<reason>` (mask 0)
+    code_runner: Literal["release", "plain"] = "release"
+                                                      # release: run a stdio snippet as the release's executor
+                                                      # does (echo the last expression, "<Type> at line N: ...")
     # ---- our improvements, off by default (false/"release" = the release's behaviour)
     tool_schema_return: bool = False                  # show the paper's Fig. 3 "return" object in <tools>: tells
                                                       # the model what a call gives back
@@ -79,7 +82,7 @@ class RolloutConfig(_Section):
 # system_prompt and tools_in_prompt): an evaluation copies them from the RL recipe it checks.
 PROTOCOL_FIELDS = ("max_calls_per_turn", "tool_response_max_chars", "tool", "tool_timeout", "force_reason",
                    "tool_schema_return", "response_format", "parse_messages", "unclosed_tag_feedback",
-                   "stop_at_tool_call")
+                   "stop_at_tool_call", "code_runner")
 
 
 class EngineConfig(_Section):

@@ -58,11 +58,17 @@ class ToolSpec:
                               f"got {_json_type_name(value)}.")
         return filled, None
 
-    def run_item(self, arguments: Mapping[str, Any], session: str | None) -> dict[str, Any]:
-        """A sandbox `run_batch` item for validated arguments."""
+    def run_item(self, arguments: Mapping[str, Any], session: str | None,
+                 code_runner: str = "plain") -> dict[str, Any]:
+        """A sandbox `run_batch` item for validated arguments. `code_runner` "release" wraps a
+        stateless snippet in the release's executor semantics (protocol/code_runner.py)."""
         if self.stateful:
             return {"code": arguments["code"], "stdin": None, "session": session}
-        return {"code": arguments["code"], "stdin": arguments.get("input") or None, "session": None}
+        code = arguments["code"]
+        if code_runner == "release":
+            from rstar2_cli.protocol.code_runner import release_runner_source
+            code = release_runner_source(code)
+        return {"code": code, "stdin": arguments.get("input") or None, "session": None}
 
 
 def _json_type_name(value: Any) -> str:

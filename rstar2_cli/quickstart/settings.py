@@ -22,7 +22,8 @@ TOY_SYSTEM_PROMPT = "You may call the python tool. Put the final answer in \\box
 # them; the release's protocol is the default everywhere else).
 TOY_PROTOCOL: dict[str, Any] = {"max_calls_per_turn": 1, "tool_timeout": 5.0, "tool_response_max_chars": 512,
                                 "force_reason": False, "response_format": "rstar2", "parse_messages": "strict",
-                                "unclosed_tag_feedback": True, "stop_at_tool_call": True}
+                                "unclosed_tag_feedback": True, "stop_at_tool_call": True,
+                                "code_runner": "plain"}
 
 # Each preset: problems, model size, SFT and RL lengths. `full` is the default quickstart.
 PRESETS: dict[str, dict[str, Any]] = {

@@ -68,7 +68,7 @@ async def _run_calls(attempts: list[ToolCall | ParseError], tool_runner, proto: 
     calls = [(i, a) for i, a in enumerate(attempts) if isinstance(a, ToolCall)]
     outcomes: list[Any] = list(attempts)
     if calls:
-        items = [proto.tools[c.name].run_item(c.arguments, session) for _, c in calls]
+        items = [proto.tools[c.name].run_item(c.arguments, session, proto.cfg.code_runner) for _, c in calls]
         results = await tool_runner.run_batch(items, timeout=proto.cfg.tool_timeout)
         if len(results) != len(items):
             raise RuntimeError(f"tool runner returned {len(results)} results for {len(items)} calls")

@@ -18,6 +18,7 @@ import pytest
 from rstar2_cli.config import RolloutConfig
 from rstar2_cli.models.tiny import build_qwen3_style_tokenizer, build_tokenizer, default_corpus
 from rstar2_cli.protocol import format_tool_call, get_tools, tool_schemas
+from rstar2_cli.protocol.code_runner import release_runner_source
 from rstar2_cli.protocol.template import SYSTEM_PROMPT, USER_PROMPT
 from rstar2_cli.rollout.agent_loop import run_agent_loop
 from rstar2_cli.rollout.engines import GenResult
@@ -70,7 +71,8 @@ class _Script:
 
 class _Runner:
     async def run_batch(self, items, timeout=None):
-        assert [it["code"] for it in items] == ["print(6 * 7)"] and timeout == 4.0   # the release's 4 s
+        # the release's executor around the snippet, and its 4 s limit
+        assert [it["code"] for it in items] == [release_runner_source("print(6 * 7)")] and timeout == 4.0
         return [RunResult(stdout="42\n", stderr="", exit_code=0, wall_time=0.031, reason="ok")]
 
 

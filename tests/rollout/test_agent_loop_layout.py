@@ -10,6 +10,7 @@ from rstar2_cli.config import RolloutConfig
 from rstar2_cli.models.tiny import build_qwen3_style_tokenizer, build_tokenizer, default_corpus
 from rstar2_cli.protocol import (encode_messages, format_tool_call, get_tools, problem_messages, tool_schemas,
                                  tool_turn_ids)
+from rstar2_cli.protocol.code_runner import release_runner_source
 from rstar2_cli.rollout.agent_loop import run_agent_loop, trajectory_seed
 from rstar2_cli.rollout.engines import GenResult
 from sandbox.result import RunResult
@@ -88,7 +89,9 @@ def tiny_tok():
 
 
 def cfg(**kw):
-    return RolloutConfig(**{"max_turns": 10, "max_response_tokens": 4096, **kw})
+    # code_runner "plain": the fake runner keys outputs by the snippet as written (the release's
+    # wrapper is checked on its own below and in tests/protocol/test_protocol_code_runner.py)
+    return RolloutConfig(**{"max_turns": 10, "max_response_tokens": 4096, "code_runner": "plain", **kw})
 
 
 async def roll(tok, script, runner=None, progress=False, samples=1, seed=0, engine=None, **kw):
@@ -144,6 +147,12 @@ async def test_without_forced_reason_turns_open_on_the_bare_header(tiny_tok):
     [t], _, _ = await roll(tiny_tok, {"p#0": [call(), ANSWER]}, force_reason=False)
     assert tiny_tok.decode(t.prompt_ids).endswith("<|im_start|>assistant\n")
     assert "</tool_response><|im_end|>\n<|im_start|>assistant\nIt is 42." in t.text
+
+
+async def test_by_default_a_snippet_is_sent_in_the_releases_executor(tiny_tok):
+    [t], _, runner = await roll(tiny_tok, {"p#0": [call(), ANSWER]}, code_runner="release")
+    [([item], _)] = runner.batches
+    assert item["code"] == release_runner_source("print(6 * 7)") and RolloutConfig().code_runner == "release"
 
 
 @pytest.mark.parametrize("messages, bad_json_says, unknown_says", [
