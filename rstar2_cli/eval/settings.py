@@ -18,6 +18,16 @@ from rstar2_cli.config import PROTOCOL_FIELDS, RolloutConfig
 from rstar2_cli.data.problems import EVAL_SET_NAMES as BENCHMARKS
 
 
+def protocol_of_recipe(path: str) -> dict[str, Any]:
+    """`system_prompt`, `tools_in_prompt` and `protocol` as the RL recipe at `path` sets them
+    (ConfigError naming the file if it is not a valid recipe)."""
+    from rstar2_cli.config import load_recipe
+
+    rollout = load_recipe(path).rollout
+    return {"system_prompt": rollout.system_prompt, "tools_in_prompt": rollout.tools_in_prompt,
+            "protocol": {f: getattr(rollout, f) for f in PROTOCOL_FIELDS}}
+
+
 class EvalSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -19,7 +19,7 @@ from rstar2_cli.config import RolloutConfig
 from rstar2_cli.models.tiny import build_qwen3_style_tokenizer, build_tokenizer, default_corpus
 from rstar2_cli.protocol import format_tool_call, get_tools, tool_schemas
 from rstar2_cli.protocol.code_runner import release_runner_source
-from rstar2_cli.protocol.template import SYSTEM_PROMPT, USER_PROMPT
+from rstar2_cli.protocol.template import FORCED_REASON, SYSTEM_PROMPT, USER_PROMPT
 from rstar2_cli.rollout.agent_loop import run_agent_loop
 from rstar2_cli.rollout.engines import GenResult
 from sandbox.result import RunResult
@@ -88,7 +88,7 @@ def test_release_prompt_bytes_hold_what_the_issue_quotes(tok):
     assert text.startswith("<|im_start|>system\n" + SYSTEM_PROMPT + "\n\n# Tools\n")
     assert "<reason> reasoning process here </reason> <answer> answer here </answer>." in text
     assert '"return"' not in text
-    assert text.endswith(USER_PROMPT.format(problem=PROBLEM) + "<|im_end|>\n<|im_start|>assistant\n<reason>")
+    assert text.endswith(USER_PROMPT.format(problem=PROBLEM) + "<|im_end|>\n<|im_start|>assistant\n" + FORCED_REASON)
 
 
 def test_default_trajectory_is_the_releases_byte_for_byte(tok):
