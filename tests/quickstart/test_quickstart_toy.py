@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from rstar2_cli.config import load_recipe_dict
-from rstar2_cli.quickstart.settings import TOY_SYSTEM_PROMPT, QuickstartSettings, toy_rl_recipe
+from rstar2_cli.quickstart.settings import TOY_PROTOCOL, TOY_SYSTEM_PROMPT, QuickstartSettings, toy_rl_recipe
 from rstar2_cli.quickstart.toy_sft_data import BehaviourMix, make_sft_rows
 from rstar2_cli.quickstart.toy_task import make_toy_split
 
@@ -98,8 +98,9 @@ def test_sft_prompt_tokens_equal_agent_loop_prompt(tiny_model):
     rows = asyncio.run(make_sft_rows(train, 1, _EchoSandbox(), system_prompt=TOY_SYSTEM_PROMPT,
                                      tools_in_prompt=False))
     for p, r in zip(train, rows):
-        ids, mask = conversation_ids_and_mask(tok, r["messages"], r["tools"])
+        # rendered as the toy's SFT and RL render it (TOY_PROTOCOL: no forced <reason>)
+        ids, mask = conversation_ids_and_mask(tok, r["messages"], r["tools"], TOY_PROTOCOL["force_reason"])
         prompt = encode_messages(tok, problem_messages(p.problem, TOY_SYSTEM_PROMPT), None,
-                                 add_generation_prompt=True)
+                                 add_generation_prompt=True, force_reason=TOY_PROTOCOL["force_reason"])
         assert ids[: len(prompt)] == prompt
         assert not any(mask[: len(prompt)]) and any(mask[len(prompt):])
