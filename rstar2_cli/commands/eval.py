@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         sandbox_url: Optional[str] = typer.Option(None, "--sandbox-url", help="a running rstar2 serve-sandbox (default: embedded pool)"),
         max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
         system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="replace the release's system prompt (as the RL recipe's rollout.system_prompt)"),
-        tools_in_prompt: bool = typer.Option(True, "--tools-in-prompt/--no-tools-in-prompt", help="list the tool schema in the prompt (paper: yes)"),
+        tools_in_prompt: bool = typer.Option(True, "--tools-in-prompt/--no-tools-in-prompt", help="list the tool schema in the prompt (release: yes)"),
         protocol_from: Optional[str] = typer.Option(None, "--protocol-from", help="an RL recipe: take its prompt and tool protocol (rollout.system_prompt, tools_in_prompt, response texts, ...) for a checkpoint trained with it; default: the release's (--system-prompt still overrides)"),
     ) -> None:
         """Evaluate a checkpoint with tool-integrated generation: avg@k pass@1, pass@k, maj@k, lengths, tool stats."""
