@@ -73,7 +73,10 @@ class SandboxConfig(_Section):
 
 
 class RewardConfig(_Section):
-    mode: Literal["paper", "last_boxed"] = "paper"    # paper: \boxed{} inside <answer>
+    """The binary outcome reward (paper §2.1; release: reward/server.py -> fused_compute_score)."""
+    # outcome: the last box (of the last <answer> block if it holds one), else math-verify over
+    # the text, as the release; strict_answer_tag: needs <answer> (ablation); last_boxed: no tags
+    mode: Literal["outcome", "strict_answer_tag", "last_boxed"] = "outcome"
     timeout: float = Field(5.0, gt=0.0)
     workers: int | None = None
 
