@@ -85,7 +85,7 @@ def test_ten_thousand_hostile_responses_all_get_a_valid_verdict(data_dir: Path):
 
 def test_hostile_box_less_responses_get_a_verdict_in_outcome_mode(data_dir: Path):
     items = _items(data_dir)
-    sample = items[:60] + items[3500:3520] + items[-4:-2]   # random text, cut solutions, very long
+    sample = items[:30] + items[3500:3510] + items[-2:-1]   # random text, cut solutions, a very long one
     with GraderPool(workers=2) as pool:
         results = pool.grade_batch(sample, timeout=2.0)
         assert len(results) == len(sample)
