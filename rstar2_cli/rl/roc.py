@@ -11,8 +11,8 @@ Two selection modes:
   ∝ 1/(p_err + p_format + PENALTY_EPS) (``numpy.random.Generator.choice(replace=False, p=...)``
   draws one item at a time, each with probability ∝ p among the ones not yet drawn: successive
   weighted sampling). As in the release, each class keeps at least min(2, |class|) (negatives
-  raised first, then positives), so a 31/1 group keeps its lone negative instead of being
-  dropped. K = G when the group has at least oversample·G members, otherwise about half of
+  raised first, then positives; never more than K/2 each, so a K below 4 still keeps both
+  classes), so a 31/1 group keeps its lone negative instead of being dropped. K = G when the group has at least oversample·G members, otherwise about half of
   them (⌈n/2⌉, at most G), so class proportions are kept.
 - ``release``: microsoft/rStar ``down_sample/roc.py`` after PR #50 (verl recipe rstar2_agent):
   per-class counts ``round(|class|·G/n)`` (Python's banker's rounding), raised to at least 2
@@ -140,12 +140,13 @@ def _paper_select(group: Sequence[Trajectory], group_size: int, oversample: int,
     pos = [i for i, t in enumerate(group) if is_positive(t)]
     k_neg = (len(neg) * keep) // n
     k_pos = keep - k_neg                     # == ceil(|pos|·keep/n) <= |pos|
-    if k_neg < min(RELEASE_MIN_NEGATIVES, len(neg)):      # the release's minimum per class
-        k_neg = min(RELEASE_MIN_NEGATIVES, len(neg))
-        k_pos = keep - k_neg
-    if k_pos < min(RELEASE_MIN_POSITIVES, len(pos)):
-        k_pos = min(RELEASE_MIN_POSITIVES, len(pos))
-        k_neg = keep - k_pos
+    # the release's minimum per class, at most half the slots (so a small K keeps both classes)
+    min_neg, min_pos = (min(m, len(c), keep // 2) for m, c in ((RELEASE_MIN_NEGATIVES, neg),
+                                                                (RELEASE_MIN_POSITIVES, pos)))
+    if k_neg < min_neg:
+        k_neg, k_pos = min_neg, keep - min_neg
+    if k_pos < min_pos:
+        k_pos, k_neg = min_pos, keep - min_pos
     chosen: list[int] = []
     if k_neg:
         chosen += [int(i) for i in rng.choice(neg, size=k_neg, replace=False)]
