@@ -63,7 +63,8 @@ def run_validation(cfg: RecipeConfig, engine, tools, step: int, out_dir: Path, *
     metrics: dict[str, float] = {}
     for entry in cfg.train.eval_sets:
         name, data = eval_set_source(entry)
-        settings = EvalSettings(benchmark=name, data=data, data_dir=cfg.data.data_dir, model=cfg.model.path,
+        settings = EvalSettings(benchmark=name, data=data, data_dir=cfg.data.data_dir,
+                                model=f"{cfg.name}@step{step}", tokenizer=cfg.model.path,
                                 out_dir=str(out_dir / "eval" / f"step_{step:06d}" / name),
                                 samples=cfg.train.eval_samples, max_tokens=cfg.rollout.max_response_tokens,
                                 max_turns=cfg.rollout.max_turns, seed=cfg.train.seed, answer_mode=cfg.reward.mode,
