@@ -297,7 +297,10 @@ class RLTrainer:
                     self.save()
             return self.save(final=True)
         finally:
-            self.writer.plot()
+            try:
+                self.writer.plot()
+            except Exception as e:   # a missing plotting backend must not hide the run's own outcome
+                log.warning("curves.png not written: %r", e)
             self.close()
 
 
