@@ -6,6 +6,7 @@ GPU, created once.
 """
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -25,6 +26,9 @@ class DistInfo:
         return self.rank == 0
 
 
+COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
+
+
 def setup_distributed() -> DistInfo:
     """Join the torchrun process group if launched by torchrun; otherwise a 1-rank no-op."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -34,7 +38,9 @@ def setup_distributed() -> DistInfo:
     if use_cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        # ranks wait in a collective while the hosts roll out a step or rank 0 runs a held-out
+        # eval (`train.eval_every`): tens of minutes at paper scale, past the 10-minute default
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
     rank = dist.get_rank() if dist.is_initialized() else 0
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device)
 

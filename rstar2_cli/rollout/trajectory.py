@@ -32,7 +32,8 @@ class Trajectory:
     # agent stats
     num_turns: int = 0                  # assistant turns generated
     num_tool_calls: int = 0
-    num_tool_errors: int = 0            # calls that failed: parse errors or non-ok sandbox runs
+    num_tool_errors: int = 0            # calls that failed by the model's doing: parse errors and non-ok
+                                        # sandbox runs, not sandbox internal errors (extra["infra_tool_calls"])
     finish_reason: str = ""             # "stop" (no tool call), "max_turns", "length", "error"
     infra_error: str = ""               # non-empty: a failure that was not the model's doing (sandbox
                                         # internal error, worker crash, queue timeout, engine error);

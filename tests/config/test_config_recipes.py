@@ -7,7 +7,7 @@ from rstar2_cli.config import ConfigError, load_recipe, load_recipe_dict
 from rstar2_cli.rl.stages import resolve_stage_recipe
 
 
-@pytest.mark.parametrize("stage,max_len,turns,steps", [(1, 8192, 10, 385), (2, 12288, 10, 85), (3, 12288, 15, 40)])
+@pytest.mark.parametrize("stage,max_len,turns,steps", [(1, 8192, 5, 300), (2, 12288, 5, 85), (3, 12288, 15, 125)])
 def test_paper_stage_recipes(stage, max_len, turns, steps):
     cfg = resolve_stage_recipe(None, stage, [])
     assert cfg.stage == stage
@@ -15,6 +15,27 @@ def test_paper_stage_recipes(stage, max_len, turns, steps):
     assert cfg.train.prompts_per_step == 512 and cfg.train.group_size == 16 and cfg.rollouts_per_prompt == 32
     assert cfg.rollout.temperature == 1.0 and cfg.optim.lr == 1e-6 and cfg.optim.warmup_steps == 20
     assert (cfg.loss.eps_low, cfg.loss.eps_high) == (0.2, 0.28) and cfg.train.steps == steps
+    # release: AdamW weight decay 0.01, outcome-only reward, AIME24 validated before and every 5 steps
+    assert cfg.optim.weight_decay == 0.01 and cfg.reward.mode == "outcome" and cfg.roc.reject_equal_reward
+    assert (cfg.train.eval_every, cfg.train.eval_sets, cfg.train.eval_before_train) == (5, ["aime24"], True)
+
+
+def test_stage_lengths_add_up_to_the_papers_510_steps():
+    steps = [resolve_stage_recipe(None, s, []).train.steps for s in (1, 2, 3)]
+    assert sum(steps) == 510 and steps[0] == 300       # stage 2 starts after ~300 steps
+
+
+def test_every_number_in_the_paper_recipes_names_its_source():
+    import re
+    from pathlib import Path
+
+    from rstar2_cli.rl.stages import REPO_RECIPES
+
+    for name in ("stage1", "stage2", "stage3", "sft"):
+        for n, line in enumerate((REPO_RECIPES / f"{name}.yaml").read_text().splitlines(), 1):
+            body = line.split("#", 1)[0]
+            if re.search(r":\s*[-+]?\d", body) and not body.strip().startswith("stage:"):   # a number
+                assert "#" in line, f"{name}.yaml:{n}: {line.strip()!r} has no source comment"
 
 
 def test_stages_chain_checkpoints_and_stage3_resets_optimizer():
@@ -69,4 +90,15 @@ def test_stage3_without_reset_is_rejected(tmp_path):
 def test_recipe_dict_defaults_are_the_paper():
     cfg = load_recipe_dict({})
     assert cfg.roc.mode == "paper" and cfg.roc.oversample == 2 and cfg.loss.tis is False
-    assert cfg.optim.grad_clip == 1.0
+    assert cfg.optim.grad_clip == 1.0 and cfg.optim.weight_decay == 0.01 and cfg.reward.mode == "outcome"
+    assert cfg.train.eval_every == 0          # validation only where a recipe asks for it
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("reward.mode=paper", "reward.mode"),                 # the old name: now outcome or strict_answer_tag
+    ("train.eval_sets=[]", "train.eval_sets"),
+    ("train.eval_samples=0", "train.eval_samples"),
+])
+def test_bad_reward_and_validation_fields_fail_with_one_line(override, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        load_recipe(None, [override])

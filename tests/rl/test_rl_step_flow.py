@@ -36,3 +36,16 @@ def test_one_step_chain_updates_the_model_and_logs(tmp_path):
     (row,) = read_metrics(tmp_path / "metrics.jsonl")
     assert row["train/loss_tokens"] == stats["loss_tokens"] and row["roc/groups_kept"] == 4
     assert "throughput/train_loss_tokens_per_s" in row
+
+
+def test_an_update_without_loss_tokens_takes_no_optimizer_or_lr_step():
+    rollouts = make_trajectories(4, seed=1)
+    for t in rollouts:
+        t.loss_mask = [0] * len(t.response_ids)       # nothing the policy sampled
+    policy = PolicyTrainer(ModelConfig(path="unused", gradient_checkpointing=False),
+                           OptimConfig(warmup_steps=5, lr=1e-3), LossConfig(), micro_batch_tokens=128,
+                           model=build_tiny_model())
+    before = {k: v.clone() for k, v in policy.full_state_dict()}
+    stats = policy.update(rollouts, [1.0, -1.0, 1.0, -1.0])
+    assert stats["optimizer_steps"] == 0 and policy.scheduler.last_epoch == 0
+    assert all((v - before[k]).abs().max() == 0 for k, v in policy.full_state_dict())

@@ -1,0 +1,103 @@
+"""Sampled instances in `run_agent_loop`: duplicate draws, seeds, session keys, and which
+failures count against the model (a scripted engine and a fake tool runner, no model, no sandbox)."""
+import asyncio
+
+import pytest
+
+from rstar2_cli.config import RolloutConfig
+from rstar2_cli.models.tiny import build_tokenizer, default_corpus
+from rstar2_cli.protocol import format_tool_call
+from rstar2_cli.rl.rollout_hosts import reassemble
+from rstar2_cli.rollout.agent_loop import instance_key, occurrences, run_agent_loop, trajectory_seed
+from rstar2_cli.rollout.engines import GenResult
+from sandbox.result import RunResult
+
+ANSWER = "<reason>It is 42.</reason>\n<answer>The answer is $\\boxed{42}$.</answer><|im_end|>"
+
+
+def call(code: str) -> str:
+    args = {"code": code, "input": ""}
+    return f"<reason>Let me compute.</reason>\n<tool_call>\n{format_tool_call('python_code_with_standard_io', args)}\n</tool_call>"
+
+
+class Engine:
+    """First turn: a tool call running `codes[key]` when the key has one, else the answer."""
+
+    def __init__(self, tok, codes=None, fail_keys=()):
+        self.tok, self.codes, self.fail_keys = tok, dict(codes or {}), set(fail_keys)
+        self.requests: list[tuple[str, int]] = []
+
+    async def generate(self, req, key=None):
+        self.requests.append((key, req.seed))
+        if key in self.fail_keys:
+            raise ConnectionError("engine down")
+        turn = sum(k == key for k, _ in self.requests) - 1
+        text = call(self.codes[key]) if key in self.codes and turn == 0 else ANSWER
+        ids = []
+        for i in self.tok.encode(text, add_special_tokens=False):
+            ids.append(i)
+            if i in req.stop_token_ids:
+                break
+        await asyncio.sleep(0)
+        return GenResult(token_ids=ids, logprobs=[-1.0] * len(ids), finish_reason="stop", stop_token_id=ids[-1])
+
+
+class Runner:
+    """Code "crash" -> a sandbox internal error (e.g. a worker died), "boom" -> the snippet's own
+    exception, "slow" -> the snippet's own timeout; anything else runs fine."""
+
+    REASONS = {"crash": "internal_error", "boom": "runtime_error", "slow": "timeout"}
+
+    async def run_batch(self, items, timeout=None):
+        return [RunResult(stdout="42\n", stderr="", exit_code=0, wall_time=0.01,
+                          reason=self.REASONS.get(it["code"], "ok")) for it in items]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer(default_corpus(0), 512)
+
+
+def rollout(tok, problems, engine, samples=2, **kw):
+    cfg = RolloutConfig(max_turns=4, max_response_tokens=2048)
+    return asyncio.run(run_agent_loop(problems, samples, engine, Runner(), tok, cfg, seed=5, progress=False, **kw))
+
+
+def test_a_problem_drawn_twice_is_two_instances_with_their_own_seeds_and_keys(tok):
+    problems = [("a", "What is 6*7?", "42"), ("b", "What is 2*21?", "42"), ("a", "What is 6*7?", "42")]
+    engine = Engine(tok)
+    trajs = rollout(tok, problems, engine)
+    assert [(t.prompt_id, t.group_index, t.sample_index) for t in trajs] == [
+        ("a", 0, 0), ("a", 0, 1), ("b", 1, 0), ("b", 1, 1), ("a", 2, 0), ("a", 2, 1)]
+    keys = [t.extra["key"] for t in trajs]
+    assert len(set(keys)) == 6 and keys[4:] == [instance_key("a", 0, 1), instance_key("a", 1, 1)]
+    # first draws keep the seeds they always had (runs without duplicates stay bit-identical)
+    assert [t.extra["seed"] for t in trajs[:4]] == [trajectory_seed(5, p, k) for p in "ab" for k in (0, 1)]
+    assert keys[:4] == ["a#0", "a#1", "b#0", "b#1"]
+    assert {t.extra["seed"] for t in trajs[4:]}.isdisjoint({t.extra["seed"] for t in trajs[:2]})
+
+
+def test_a_shard_carries_global_positions_and_occurrences(tok):
+    batch = [("a", "x", "1"), ("b", "y", "2"), ("a", "x", "1"), ("c", "z", "3")]
+    drawn = occurrences([p[0] for p in batch])
+    assert drawn == [0, 0, 1, 0]
+    shards = []
+    for node in (0, 1):                       # two nodes, interleaved shards
+        pos = list(range(node, len(batch), 2))
+        trajs = rollout(tok, [batch[i] for i in pos], Engine(tok), samples=1, group_indices=pos,
+                        occurrence=[drawn[i] for i in pos])
+        shards.append((pos, trajs))
+    merged = reassemble(shards, len(batch), 1)
+    assert [(t.prompt_id, t.group_index) for t in merged] == [("a", 0), ("b", 1), ("a", 2), ("c", 3)]
+    assert merged[0].extra["key"] != merged[2].extra["key"] and merged[0].extra["seed"] != merged[2].extra["seed"]
+
+
+def test_only_failures_of_the_model_count_as_tool_errors(tok):
+    problems = [(pid, "q", "42") for pid in ("ok", "crash", "boom", "slow", "down")]
+    codes = {"ok#0": "print(42)", "crash#0": "crash", "boom#0": "boom", "slow#0": "slow"}
+    trajs = rollout(tok, problems, Engine(tok, codes, fail_keys={"down#0"}), samples=1)
+    by_id = {t.prompt_id: t for t in trajs}
+    assert [(by_id[p].num_tool_calls, by_id[p].num_tool_errors, by_id[p].infra_error) for p in
+            ("ok", "crash", "boom", "slow")] == [(1, 0, ""), (1, 0, "sandbox_internal_error"), (1, 1, ""), (1, 1, "")]
+    assert by_id["crash"].extra["infra_tool_calls"] == 1
+    assert (by_id["down"].finish_reason, by_id["down"].infra_error) == ("error", "engine_error")
