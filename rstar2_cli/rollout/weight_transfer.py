@@ -170,7 +170,10 @@ class WeightPusher:
         for sender in self.senders:
             sender.send_weights()
         if self.is_host:      # no KV computed with the old weights may be reused
-            self._run(asyncio.gather(*(e.reset_prefix_cache() for e in self.engines)))
+            async def reset() -> None:
+                await asyncio.gather(*(e.reset_prefix_cache() for e in self.engines))
+
+            self._run(reset())
 
     def _run(self, coro) -> None:
         if self.loop is None:
