@@ -72,6 +72,7 @@ def estimated_peak(method: str, params: int, ranks: int) -> float:
 
 def worker(model_dir: str, method: str, out_dir: str) -> None:
     import torch
+    import transformers.models.qwen3.modeling_qwen3  # noqa: F401  (imports are not loading time)
 
     from rstar2_cli.rl import dist as rl_dist
     from rstar2_cli.rl.model_load import build_policy_model
