@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     from rich.progress import Progress
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=max(120, Console().width))
     args.work.mkdir(parents=True, exist_ok=True)
     cases = [(s, r, m) for s in args.sizes for r in args.ranks for m in args.methods]
     results: list[dict] = []
@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
             progress.advance(task)
 
     table = Table(title="trainer model loading: peak host RSS per rank (GiB) and load time")
-    for col in ("size", "ranks", "method", "peak RSS rank 0", "peak RSS ranks 1..", "/ fp32 model",
-                "bound", "target", "load s", "vs full"):
+    for col in ("size", "ranks", "method", "rank 0", "ranks 1.. (max)", "/ fp32", "bound", "target",
+                "load s", "vs full"):
         table.add_column(col)
     full_time = {(r["size"], r["ranks"]): r["load_s"] for r in results if r["method"] == "full" and "load_s" in r}
     for r in results:
