@@ -126,7 +126,8 @@ def load_checkpoint(path: str | Path, policy: PolicyTrainer, sampler: DataSample
     load_model_weights(policy, step_dir)
     state = torch.load(step_dir / STATE_FILE, weights_only=False)
     if not reset_optimizer:
-        optim = torch.load(step_dir / OPTIMIZER_FILE, weights_only=False)
+        # Memory-mapped: each rank touches only the pages of its own slices of the moments.
+        optim = torch.load(step_dir / OPTIMIZER_FILE, weights_only=False, mmap=True)
         set_optimizer_state_dict(policy.model, policy.optimizer, optim_state_dict=optim,
                                  options=_optim_options(policy, saving=False))
         policy.scheduler.load_state_dict(state["scheduler"])

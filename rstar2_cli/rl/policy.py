@@ -5,7 +5,8 @@ policy.update -> weight sync"; sharding, packing, old logprobs, token normalisat
 gradient clipping are details that belong together here.
 
 Parallelism: under torchrun (WORLD_SIZE > 1) each decoder layer and then the root are wrapped
-with FSDP2 `fully_shard` (gloo on CPU, nccl on GPU). Every rank receives its own shard of
+with FSDP2 `fully_shard` (gloo on CPU, nccl on GPU); the model is built on the meta device and
+each rank reads only its own shards from the checkpoint (rl/model_load.py). Every rank receives its own shard of
 trajectories; the global loss-token count is all-reduced, so N ranks reproduce the 1-rank update.
 FSDP2 averages gradients over ranks, so the loss is multiplied by world_size before backward to
 turn that mean into the sum the global token normalisation expects. All ranks must run the same
