@@ -87,3 +87,21 @@ def test_dry_run_plans_nodes_and_shows_the_weight_sync(monkeypatch):
     bad = CliRunner().invoke(app, ["rl", "--stage", "2", "--gpus", "64", "--dry-run", "--set",
                                    "engine.weight_transfer=nccl"], env={"COLUMNS": "250"})
     assert bad.exit_code != 0 and "needs engine.colocate=false" in bad.output
+
+
+def test_known_node_rank_starts_that_nodes_torchrun_with_its_engine_env(monkeypatch):
+    from rich.console import Console
+
+    from rstar2_cli.launch.topology import ENGINE_GPUS_ENV, plan_from_args
+    from rstar2_cli.rl import launch_entry
+
+    plan = plan_from_args(16, 2, master_addr="h", tp_size=2, recipe_args=["--config", "r.yaml"])
+    calls = []
+    monkeypatch.setattr(launch_entry.subprocess, "call", lambda argv, env: calls.append((argv, env)) or 0)
+    assert launch_entry.launch(plan, None, resume=False, console=Console(quiet=True), node_rank=1) == 0
+    (argv, env), = calls
+    assert argv == list(plan.nodes[1].launch) and "--node-rank" in argv and argv[argv.index("--node-rank") + 1] == "1"
+    assert env[ENGINE_GPUS_ENV] == "0,1,2,3,4,5,6,7"
+    calls.clear()
+    launch_entry.launch(plan, None, resume=False, console=Console(quiet=True))   # no rank: print, start nothing
+    assert calls == []
