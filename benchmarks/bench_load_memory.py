@@ -46,7 +46,7 @@ def build_checkpoint(size: str, work: Path) -> tuple[Path, int]:
     config = Qwen3Config(**COMMON, **SHAPES[size])
     if not (path / "model.safetensors").is_file():
         torch.manual_seed(0)
-        model = Qwen3ForCausalLM(config).to(torch.bfloat16)   # HF init, then bf16 as released
+        model = Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16)   # HF init, bf16 as released
         model.save_pretrained(path)
         del model
     with torch.device("meta"):
