@@ -1,8 +1,8 @@
 """GPU smoke benchmark: tokens/s, MFU and peak memory of a training step on Qwen3 shapes, and the
 trainer's sharded model loading.
 
-Run it first on a new cluster node, before a multi-node RL run (both shapes in about 3 minutes
-on one H100-class GPU; it has NOT been run by the authors yet, no GPU was at hand):
+Run it first on a new cluster node, before a multi-node RL run. Both shapes are meant to finish
+within 5 minutes on one GPU; it has NOT been run yet (no GPU was at hand when it was written):
 
     python benchmarks/gpu_smoke.py                      # cuda:0: ~1.0B and Qwen3-1.7B shapes, 8K rows
     python benchmarks/gpu_smoke.py --shape qwen3-1.7b   # one shape
