@@ -127,7 +127,8 @@ def measure_sharded_load(model, device, sync) -> dict:
                                 rank=0, world_size=1)
     path = Path(tempfile.gettempdir()) / "rstar2_gpu_smoke_ckpt"
     if dist.get_rank() == 0:
-        model.save_pretrained(path, state_dict={k: v.detach().to("cpu", torch.bfloat16) for k, v in model.state_dict().items()})
+        state = {k: v.detach().to("cpu", torch.bfloat16) for k, v in model.state_dict().items()}
+        model.save_pretrained(path, state_dict=state)
     dist.barrier()
     if device.type == "cuda":
         torch.cuda.empty_cache()
