@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=4, help="G kept per prompt (2G rolled out)")
     ap.add_argument("--max-response", type=int, default=96)
+    ap.add_argument("--hidden", type=int, default=128, help="model width (default: the tiny model)")
+    ap.add_argument("--layers", type=int, default=2, help="decoder layers (heads = hidden / 64 above 128)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -37,7 +39,9 @@ def main(argv: list[str] | None = None) -> dict:
     from rstar2_cli.rl.trainer import train
 
     work = Path(tempfile.mkdtemp(prefix="bench_rl_"))
-    model = build_tiny_model(work / "tiny", seed=0)
+    heads = {} if args.hidden <= 128 else {"num_heads": args.hidden // 64, "num_kv_heads": max(1, args.hidden // 256),
+                                           "head_dim": 64}
+    model = build_tiny_model(work / "tiny", seed=0, hidden_size=args.hidden, num_layers=args.layers, **heads)
     data = work / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"Compute {100 + i} * {37 + i}.",
                                         "answer": str((100 + i) * (37 + i))}) + "\n" for i in range(64)))
@@ -66,6 +70,8 @@ def main(argv: list[str] | None = None) -> dict:
         "tool_seconds_per_trajectory": sum(r.get("time/tools", 0.0) for r in steady) / len(steady),
         "rollout_tokens_per_s": sum(r.get("throughput/rollout_tokens_per_s", 0.0) for r in steady) / len(steady),
         "sync_target_share": 0.05,
+        "params": _param_count(model),
+        "seconds_steady": {p: sum(r.get(f"time/{p}", 0.0) for r in steady) / len(steady) for p in PHASES},
     }
     t = Table(title=f"GRPO-RoC step time split (tiny model, {result['trajectories_per_step']} rollouts/step)")
     t.add_column("phase")
@@ -81,6 +87,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result
+
+
+def _param_count(model_dir: Path) -> int:
+    import math
+
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
 
 
 if __name__ == "__main__":

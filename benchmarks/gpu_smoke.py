@@ -1,22 +1,30 @@
-"""GPU smoke benchmark: tokens/s, MFU and peak memory of a training step on a ~1B Qwen3 shape.
+"""GPU smoke benchmark: tokens/s, MFU and peak memory of a training step on Qwen3 shapes, and the
+trainer's sharded model loading.
 
-Run it first on a new cluster node, before a multi-node RL run:
+Run it first on a new cluster node, before a multi-node RL run. Both shapes are meant to finish
+within 5 minutes on one GPU; it has NOT been run yet (no GPU was at hand when it was written):
 
-    python benchmarks/gpu_smoke.py                      # cuda:0, ~1.0B Qwen3 shape, 8K packed rows
-    python benchmarks/gpu_smoke.py --shape qwen3-1.7b   # the real Qwen3-1.7B shape
+    python benchmarks/gpu_smoke.py                      # cuda:0: ~1.0B and Qwen3-1.7B shapes, 8K rows
+    python benchmarks/gpu_smoke.py --shape qwen3-1.7b   # one shape
     python benchmarks/gpu_smoke.py --peak-tflops 1307.4 # device not in the peak table
     python benchmarks/gpu_smoke.py --tiny --device cpu  # wiring check on a laptop
 
 Needs only torch + transformers and this source tree (no `pip install`): it puts the repo root
 on sys.path. The baseline, measured in the same process, is a plain bf16 forward/backward +
 AdamW step on the same packed micro-batches; the policy update is reported as a ratio to it.
-FLOP convention and peak table: rstar2_cli/launch/smoke_model.py.
+FLOP convention and peak table: rstar2_cli/launch/smoke_model.py. Sharded load: the model is
+saved as a bf16 HF checkpoint and built again as the trainer builds it under torchrun
+(rl/model_load.py: meta device, fully_shard, local shards from safetensors slices; a 1-rank
+process group when not under torchrun); load time, GPU peak and host RSS growth are reported.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -99,6 +107,48 @@ def measure_policy_update(model, lengths, max_len, vocab, steps, warmup, sync, f
     }
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def measure_sharded_load(model, device, sync) -> dict:
+    """Save `model` as a bf16 checkpoint, then time the trainer's sharded build of it."""
+    import torch.distributed as dist
+
+    from rstar2_cli.rl.model_load import DEFAULT_LOAD_METHOD, build_policy_model
+
+    own_group = not dist.is_initialized()
+    if own_group:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=0, world_size=1)
+    path = Path(tempfile.gettempdir()) / "rstar2_gpu_smoke_ckpt"
+    if dist.get_rank() == 0:
+        state = {k: v.detach().to("cpu", torch.bfloat16) for k, v in model.state_dict().items()}
+        model.save_pretrained(path, state_dict=state)
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    rss0, start = _rss_bytes(), time.perf_counter()
+    loaded = build_policy_model(str(path), sharded=True, device=device, method=DEFAULT_LOAD_METHOD)
+    sync()
+    seconds = time.perf_counter() - start
+    result = {"method": DEFAULT_LOAD_METHOD, "world_size": dist.get_world_size(), "load_s": round(seconds, 2),
+              "gpu_peak_gib": sm.peak_memory_gib(), "host_rss_growth_gib": round((_rss_bytes() - rss0) / 2**30, 3),
+              "local_params": sum(p.to_local().numel() for p in loaded.parameters())}
+    del loaded
+    if own_group:
+        dist.destroy_process_group()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    return result
+
+
 def measure(step, steps: int, warmup: int, sync) -> float:
     for _ in range(warmup):
         step()
@@ -113,8 +163,8 @@ def measure(step, steps: int, warmup: int, sync) -> float:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="tiny shape (CPU wiring check)")
-    ap.add_argument("--shape", choices=[k for k in sm.SHAPES if k != "tiny"], default="1b",
-                    help="model shape: 1b (~1.0B, Qwen3-1.7B widths, 14 layers) or qwen3-1.7b")
+    ap.add_argument("--shape", nargs="+", choices=[k for k in sm.SHAPES if k != "tiny"], default=["1b", "qwen3-1.7b"],
+                    help="model shape(s): 1b (~1.0B, Qwen3-1.7B widths, 14 layers), qwen3-1.7b (default: both)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--max-tokens", type=int, default=8192, help="tokens per packed micro-batch row")
     ap.add_argument("--sequences", type=int, default=16, help="rollouts packed per optimizer step")
@@ -125,11 +175,24 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--grad-checkpointing", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("runs/gpu_smoke.json"))
     args = ap.parse_args(argv)
+    results = [run_shape(args, name) for name in (["tiny"] if args.tiny else args.shape)]
+    result = results[0] if len(results) == 1 else {"runs": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    for r in results:
+        _print_table(r)
+    print(f"wrote {args.out}")
+    return result
 
+
+def run_shape(args, shape_name: str) -> dict:
+    """Baseline step, the trainer's update and the sharded load for one model shape."""
     device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()    # the previous shape's model and optimizer are gone
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model, shape = sm.build_smoke_model(args.tiny, device=device, dtype=dtype, attn_implementation=args.attn,
-                                        shape=args.shape)
+                                        shape=shape_name)
     model.train()
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
@@ -144,6 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
     flops = sm.training_flops(shape, lengths)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sharded_load = measure_sharded_load(model, device, sync)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
@@ -160,18 +224,14 @@ def main(argv: list[str] | None = None) -> dict:
                                           flops, tokens, peak, seconds)
 
     result = {
-        "device": name, "peak_bf16_tflops": peak, "shape": "tiny" if args.tiny else args.shape,
+        "device": name, "peak_bf16_tflops": peak, "shape": "tiny" if args.tiny else shape_name,
         "params_total": shape.total_params(), "params_non_embedding": shape.non_embedding_params(),
         "micro_batches": len(rows), "tokens_per_step": tokens, "max_seq_len": max(lengths),
         "flops_per_step": flops, "attn_implementation": args.attn,
-        "baseline_plain_step": baseline, "policy_update": policy_update,
+        "baseline_plain_step": baseline, "policy_update": policy_update, "sharded_load": sharded_load,
     }
     if peak is None:
         result["note"] = f"no peak for {name!r}: pass --peak-tflops to get MFU"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    _print_table(result)
-    print(f"wrote {args.out}")
     return result
 
 
@@ -181,13 +241,19 @@ def _fmt_update(u: dict) -> str:
             f"peak {u['peak_memory_gib']} GiB, world {u['world_size']}")
 
 
+def _fmt_load(r: dict) -> str:
+    return (f"{r['load_s']} s ({r['method']}, world {r['world_size']}), GPU peak {r['gpu_peak_gib']} GiB, "
+            f"host RSS +{r['host_rss_growth_gib']} GiB")
+
+
 def _print_table(result: dict) -> None:
     base = result["baseline_plain_step"]
     rows = [("device", result["device"]), ("model", f"{result['shape']} ({result['params_total']:,} params)"),
             ("tokens/step", f"{result['tokens_per_step']:,} in {result['micro_batches']} packed rows"),
             ("baseline s/step", base["seconds_per_step"]), ("baseline tokens/s", base["tokens_per_s"]),
             ("baseline MFU", base["mfu"]), ("peak memory GiB", base["peak_memory_gib"]),
-            ("policy update (rl/policy.py)", _fmt_update(result["policy_update"]))]
+            ("policy update (rl/policy.py)", _fmt_update(result["policy_update"])),
+            ("sharded load (rl/model_load.py)", _fmt_load(result["sharded_load"]))]
     try:
         from rich.console import Console
         from rich.table import Table

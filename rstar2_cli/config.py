@@ -97,6 +97,9 @@ class EngineConfig(_Section):
     enable_prefix_caching: bool = True
     max_num_seqs: int = Field(256, ge=1)
     colocate: bool = True                             # share GPUs with training (sleep/wake)
+    # Weight sync after each update (rollout/weight_transfer.py): "auto" = vLLM's weight-transfer
+    # API on GPU (ipc when colocated, nccl on separate GPUs), chunked safetensors on CPU.
+    weight_transfer: Literal["auto", "ipc", "nccl", "chunked"] = "auto"
 
 
 class SandboxConfig(_Section):

@@ -1,6 +1,7 @@
 """`rstar2 rl`: resolve a stage recipe, plan the launch, and run (or print) it."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -16,8 +17,15 @@ def register(app: typer.Typer) -> None:
         stage: Optional[int] = typer.Option(None, "--stage", min=1, max=3, help="paper stage 1, 2 or 3"),
         overrides: List[str] = typer.Option([], "--set", help="override any field, e.g. --set optim.lr=2e-6 (repeatable)"),
         gpus: int = typer.Option(0, "--gpus", min=0, help="GPUs in all (0: CPU)"),
-        nodes: int = typer.Option(1, "--nodes", min=1),
-        master_addr: str = typer.Option("127.0.0.1", "--master-addr", help="head node address for multi-node rendezvous"),
+        nodes: Optional[int] = typer.Option(None, "--nodes", min=1,
+                                            help="nodes (default: SLURM_JOB_NUM_NODES, else gpus / gpus-per-node)"),
+        gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1,
+                                                    help="GPUs per node (default: this node's visible GPUs, else 8)"),
+        node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0,
+                                                help="start this node's trainers (default: SLURM_NODEID; "
+                                                     "without either, print every node's command)"),
+        master_addr: Optional[str] = typer.Option(None, "--master-addr",
+                                                  help="head node address (default: SLURM's first host, else 127.0.0.1)"),
         master_port: int = typer.Option(29500, "--master-port"),
         redis_url: Optional[str] = typer.Option(None, "--redis", help="sandbox cluster queue for multi-node runs"),
         resume: bool = typer.Option(False, "--resume", help="continue from the latest checkpoint in train.out_dir"),
@@ -28,6 +36,7 @@ def register(app: typer.Typer) -> None:
         from rich.syntax import Syntax
 
         from rstar2_cli.config import ConfigError, dump_recipe
+        from rstar2_cli.launch.cluster_env import resolve_launch
         from rstar2_cli.launch.plan_view import render_plan
         from rstar2_cli.launch.topology import PlanError, plan_from_args
         from rstar2_cli.rl.stages import resolve_stage_recipe
@@ -41,12 +50,16 @@ def register(app: typer.Typer) -> None:
         resolved_path = Path(cfg.train.out_dir) / "resolved_recipe.yaml"
         entry_args = ["--config", str(resolved_path)] + (["--resume"] if resume else [])
         try:
+            sizes = resolve_launch(gpus, nodes=nodes, gpus_per_node=gpus_per_node, node_rank=node_rank,
+                                   master_addr=master_addr)
             plan = plan_from_args(
-                gpus, nodes,
+                gpus, sizes.nodes,
+                gpus_per_node=sizes.gpus_per_node,
                 tp_size=cfg.engine.tensor_parallel_size if gpus else 1,
                 colocate=cfg.engine.colocate,
+                weight_transfer=cfg.engine.weight_transfer,
                 redis_url=redis_url,
-                master_addr=master_addr,
+                master_addr=sizes.master_addr,
                 master_port=master_port,
                 recipe_args=tuple(entry_args),
                 prompts_per_step=cfg.train.prompts_per_step,
@@ -62,7 +75,9 @@ def register(app: typer.Typer) -> None:
             return
 
         resolved_path.parent.mkdir(parents=True, exist_ok=True)
-        resolved_path.write_text(dump_recipe(cfg))
+        tmp = resolved_path.with_name(f".{resolved_path.name}.{os.getpid()}")   # every node may write it
+        tmp.write_text(dump_recipe(cfg))
+        tmp.replace(resolved_path)
         from rstar2_cli.rl.launch_entry import launch
 
-        raise typer.Exit(launch(plan, cfg, resume=resume, console=console))
+        raise typer.Exit(launch(plan, cfg, resume=resume, console=console, node_rank=sizes.node_rank))

@@ -16,6 +16,13 @@ from rich.text import Text
 from rstar2_cli.launch.topology import Plan
 
 
+WEIGHT_SYNC_TEXT = {
+    "ipc": "ipc: vLLM weight transfer, CUDA IPC handles on the shared GPUs",
+    "nccl": "nccl: vLLM weight transfer, NCCL broadcast from each node's host rank to its engines",
+    "chunked": "chunked: safetensors chunks through collective_rpc",
+}
+
+
 def _gpu_list(ids: tuple[int, ...]) -> str:
     return ",".join(map(str, ids)) if ids else "cpu"
 
@@ -37,6 +44,8 @@ def _summary(plan: Plan) -> Table:
                          f"data-parallel {plan.data_parallel_size}")
     mode = "colocated (vLLM sleep/wake of weights + KV cache)" if plan.colocated else "separate GPUs"
     t.add_row("engines", f"{plan.engine_replicas} vLLM replicas x TP {spec.tp_size}, {mode}")
+    t.add_row("weight sync", WEIGHT_SYNC_TEXT[plan.weight_transfer]
+              + (" (engine.weight_transfer)" if spec.weight_transfer != "auto" else ""))
     sb = plan.sandbox
     if sb.mode == "redis":
         t.add_row("sandbox", f"Redis {sb.redis_url}, front end on node {sb.front_end_node} ({sb.front_end_url}), "

@@ -16,6 +16,7 @@ from typing import Any
 
 from rstar2_cli.launch import torchrun_cmd
 from rstar2_cli.launch.torchrun_cmd import DEFAULT_REDIS_PORT
+from rstar2_cli.rollout.weight_transfer import choose_backend
 
 DEFAULT_ENTRY_MODULE = "rstar2_cli.rl.launch_entry"
 # Read by the RL entry module on every node: where its vLLM engines go and their TP size.
@@ -60,6 +61,7 @@ class TopologySpec:
     gpu_memory_gib: float | None = None
     prompts_per_step: int | None = None
     rollouts_per_prompt: int | None = None
+    weight_transfer: str = "auto"      # engine.weight_transfer: auto | ipc | nccl | chunked
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -116,6 +118,10 @@ class TopologySpec:
         for name in ("model_params_b", "gpu_memory_gib"):
             value = getattr(self, name)
             need(value is None or value > 0, f"{name}={value}: must be > 0")
+        try:
+            choose_backend(self.weight_transfer, on_gpu=self.gpus > 0, colocate=self.colocate)
+        except ValueError as e:
+            raise PlanError(str(e)) from None
         if self.redis_url is not None:
             need(self.redis_url.startswith(("redis://", "rediss://", "unix://")),
                  f"redis_url={self.redis_url!r}: must start with redis://, rediss:// or unix://")
@@ -188,6 +194,7 @@ class Plan:
     engine_replicas: int
     nodes: tuple[NodePlan, ...]
     sandbox: SandboxPlan
+    weight_transfer: str = "chunked"   # the backend the run uses (rollout/weight_transfer.py)
     samples_per_dp_rank: int | None = None
     est_train_state_gib_per_gpu: float | None = None
     est_engine_weights_gib_per_gpu: float | None = None
@@ -300,7 +307,9 @@ def build_plan(spec: TopologySpec) -> Plan:
     return Plan(
         spec=spec, launch_mode="direct" if direct else "torchrun", device="cpu" if spec.gpus == 0 else "gpu",
         trainer_world_size=world, data_parallel_size=dp, colocated=spec.colocate, engine_replicas=n_engines,
-        nodes=tuple(nodes), sandbox=sandbox, samples_per_dp_rank=samples_per_rank,
+        nodes=tuple(nodes), sandbox=sandbox,
+        weight_transfer=choose_backend(spec.weight_transfer, on_gpu=spec.gpus > 0, colocate=spec.colocate),
+        samples_per_dp_rank=samples_per_rank,
         est_train_state_gib_per_gpu=train_gib, est_engine_weights_gib_per_gpu=engine_gib, notes=tuple(notes),
     )
 

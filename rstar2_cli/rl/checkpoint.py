@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.model_load import fill_from_safetensors
 from rstar2_cli.rl.policy import PolicyTrainer
 from rstar2_cli.rl.sampler import DataSampler
 
@@ -113,17 +114,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def load_model_weights(policy: PolicyTrainer, hf_dir: Path) -> None:
-    from safetensors.torch import load_file
-
-    files = sorted(hf_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{hf_dir}: no .safetensors weights")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    if getattr(policy.model.config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    policy.load_full_state_dict({k: v.float() for k, v in state.items()})
+    """The checkpoint's weights into the (sharded) policy: each rank reads only its own slices."""
+    fill_from_safetensors(policy.model, hf_dir)
 
 
 def load_checkpoint(path: str | Path, policy: PolicyTrainer, sampler: DataSampler | None = None, *,
@@ -134,7 +126,8 @@ def load_checkpoint(path: str | Path, policy: PolicyTrainer, sampler: DataSample
     load_model_weights(policy, step_dir)
     state = torch.load(step_dir / STATE_FILE, weights_only=False)
     if not reset_optimizer:
-        optim = torch.load(step_dir / OPTIMIZER_FILE, weights_only=False)
+        # Memory-mapped: each rank touches only the pages of its own slices of the moments.
+        optim = torch.load(step_dir / OPTIMIZER_FILE, weights_only=False, mmap=True)
         set_optimizer_state_dict(policy.model, policy.optimizer, optim_state_dict=optim,
                                  options=_optim_options(policy, saving=False))
         policy.scheduler.load_state_dict(state["scheduler"])

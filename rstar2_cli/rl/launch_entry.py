@@ -7,12 +7,14 @@ the same code as a CPU run.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
 
-def launch(plan, cfg, *, resume: bool, console) -> int:
-    """Run the plan: in-process for one device, torchrun on one node, else print per-node commands."""
+def launch(plan, cfg, *, resume: bool, console, node_rank: int | None = None) -> int:
+    """Run the plan: in-process for one device; torchrun on one node, or on node `node_rank` of
+    several (given, or SLURM_NODEID); else print every node's command."""
     from rstar2_cli.launch.plan_view import command_lines
 
     if plan.launch_mode == "direct":
@@ -21,10 +23,10 @@ def launch(plan, cfg, *, resume: bool, console) -> int:
         final = train(cfg, resume=resume)
         console.print(f"[green]done[/]: final checkpoint {final}")
         return 0
-    if len(plan.nodes) == 1:
-        argv = list(plan.nodes[0].launch)
-        console.print("launching: " + " ".join(argv))
-        return subprocess.call(argv)
+    if len(plan.nodes) == 1 or node_rank is not None:
+        node = plan.nodes[node_rank or 0]
+        console.print(f"launching node {node.node_rank}: {node.command}")
+        return subprocess.call(list(node.launch), env={**os.environ, **dict(node.env)})
     console.print("[bold]Run these on each node[/] (sandbox cluster first):")
     for line in command_lines(plan):
         console.print(line, soft_wrap=True)

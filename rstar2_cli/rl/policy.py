@@ -5,7 +5,8 @@ policy.update -> weight sync"; sharding, packing, old logprobs, token normalisat
 gradient clipping are details that belong together here.
 
 Parallelism: under torchrun (WORLD_SIZE > 1) each decoder layer and then the root are wrapped
-with FSDP2 `fully_shard` (gloo on CPU, nccl on GPU). Every rank receives its own shard of
+with FSDP2 `fully_shard` (gloo on CPU, nccl on GPU); the model is built on the meta device and
+each rank reads only its own shards from the checkpoint (rl/model_load.py). Every rank receives its own shard of
 trajectories; the global loss-token count is all-reduced, so N ranks reproduce the 1-rank update.
 FSDP2 averages gradients over ranks, so the loss is multiplied by world_size before backward to
 turn that mean into the sum the global token normalisation expects. All ranks must run the same
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 
 from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.model_load import build_policy_model, place_model
 from rstar2_cli.rl.loss import LossStats, policy_loss, tis_weights, token_entropy
 from rstar2_cli.rl.packing import PackedRow, pack_sequences
 from rstar2_cli.rollout.trajectory import Trajectory
@@ -55,20 +57,10 @@ def warmup_then_constant(warmup_steps: int):
     return lambda s: 1.0 if warmup_steps <= 0 else min(1.0, (s + 1) / warmup_steps)
 
 
-def _decoder_layers(model) -> Sequence[torch.nn.Module]:
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__}: no .model.layers to shard with FSDP2")
-    return layers
-
-
 class PolicyTrainer:
     def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, loss_cfg: LossConfig, *,
                  micro_batch_tokens: int, ppo_mini_batches: int = 1, dual_clip: float | None = None,
                  model=None):
-        from transformers import AutoModelForCausalLM
-
         if ppo_mini_batches < 1:
             raise ValueError(f"ppo_mini_batches must be >= 1, got {ppo_mini_batches}")
         self.model_cfg, self.optim_cfg, self.loss_cfg = model_cfg, optim_cfg, loss_cfg
@@ -78,22 +70,17 @@ class PolicyTrainer:
         self.info = rl_dist.setup_distributed()
         self.device = self.info.device
         self.dtype = compute_dtype(model_cfg.dtype, self.device)
-        if model is None:
-            model = AutoModelForCausalLM.from_pretrained(model_cfg.path, dtype=torch.float32,
-                                                         attn_implementation="sdpa")
-        model = model.float()
-        model.config.use_cache = False
-        if model_cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.sharded = self.info.world_size > 1
+        mp = None
         if self.sharded:
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy
 
             mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
-            for layer in _decoder_layers(model):
-                fully_shard(layer, mp_policy=mp)
-            fully_shard(model, mp_policy=mp)
-        self.model = model.to(self.device)
+        placing = dict(sharded=self.sharded, device=self.device, mp_policy=mp,
+                       gradient_checkpointing=model_cfg.gradient_checkpointing)
+        # Sharded: built on the meta device, only this rank's shards read (rl/model_load.py).
+        self.model = (build_policy_model(model_cfg.path, **placing) if model is None
+                      else place_model(model, **placing))
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
                                            weight_decay=optim_cfg.weight_decay)
@@ -256,12 +243,3 @@ class PolicyTrainer:
             if keep:
                 kept.append((name, full.detach().to("cpu")))
         return kept
-
-    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Inverse of full_state_dict (every rank passes the full dict)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-        if not self.sharded:
-            self.model.load_state_dict(state)
-            return
-        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))

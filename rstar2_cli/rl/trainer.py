@@ -23,7 +23,8 @@ broadcast their shards and every rank reassembles them in the global prompt orde
 advantages and the update see the same list on every rank as with a single host; each rank then
 trains on its interleaved shard of the kept trajectories. Sampling seeds depend on the step, the
 prompt id and the sample index only, so which node rolls a prompt out changes nothing. After the
-update the weights are gathered one parameter at a time; each host pushes them into its engines.
+update each host pushes the weights into its engines (`rollout/weight_transfer.py`: vLLM's
+weight transfer on GPU, ipc or nccl; chunked safetensors on CPU), every rank joining the gathers.
 Checkpoints and metrics stay on rank 0. On one process (CPU quickstart, single GPU) rank 0 is the
 only host and nothing is sent anywhere.
 """
@@ -104,10 +105,15 @@ class RLTrainer:
         if self.info.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "resolved_recipe.yaml").write_text(dump_recipe(cfg))
+        from rstar2_cli.rollout.weight_transfer import choose_backend
+
+        self.weight_transfer = choose_backend(cfg.engine.weight_transfer, on_gpu=self.info.device.type == "cuda",
+                                              colocate=cfg.engine.colocate)
         if self.host.is_host:
             if self.host.warning:
                 log.warning(self.host.warning)
             self._start_rollout_side(engine_weights)
+        self.weights_out = self._weight_pusher()    # every rank: the gathers are collectives
 
     # ------------------------------------------------------------------ set-up / tear-down
     def _start_rollout_side(self, weights: str) -> None:
@@ -121,7 +127,8 @@ class RLTrainer:
             engine_cfg = engine_cfg.model_copy(update={"tensor_parallel_size": self.host.tp_size})
         first = self.host.node_index * len(slots)     # global replica index under a uniform plan
         self.engines = [VLLMEngine.from_config(weights, engine_cfg, max_model_len=max_len,
-                                               seed=cfg.train.seed + first + i, gpu_ids=slot.gpu_ids)
+                                               seed=cfg.train.seed + first + i, gpu_ids=slot.gpu_ids,
+                                               weight_transfer=self.weight_transfer)
                         for i, slot in enumerate(slots)]
         self.scheduler = LoadBalancedScheduler(self.engines)
         if cfg.sandbox.url:
@@ -136,7 +143,20 @@ class RLTrainer:
                                                memory_mb=cfg.sandbox.memory_mb))
         self.loop.run_until_complete(self.tools.start())
 
+    def _weight_pusher(self):
+        from rstar2_cli.rl.policy import compute_dtype
+        from rstar2_cli.rollout.weight_transfer import WeightPusher
+
+        replicas = len(self.engines)
+        if self.weight_transfer == "nccl":     # non-host ranks join one gather pass per replica
+            replicas = int(rl_dist.all_reduce_max([float(replicas)], self.info.device)[0])
+        return WeightPusher(self.weight_transfer, model=self.policy.model, engines=self.engines,
+                            is_host=self.host.is_host, replicas_per_node=replicas, rank=self.info.rank,
+                            engine_dtype=compute_dtype("auto", self.info.device), loop=self.loop)
+
     def close(self) -> None:
+        self.weights_out.close()
+
         async def _close():
             for e in self.engines:
                 await e.close()
@@ -217,11 +237,7 @@ class RLTrainer:
 
     def _sync_weights(self) -> float:
         t0 = time.perf_counter()
-        named = self.policy.full_state_for_engines(keep=self.host.is_host)   # collective under FSDP
-        if self.host.is_host:  # one serialization, every engine loading on its own loop thread
-            from rstar2_cli.rollout.engines import push_weights
-
-            self.loop.run_until_complete(push_weights(self.engines, named))
+        self.weights_out.push(self.policy)    # collective under FSDP; hosts load their engines
         return time.perf_counter() - t0
 
     def train_step(self) -> dict[str, float]:

@@ -11,10 +11,12 @@ interleaves them. The engine runs on its own event-loop thread so callers may us
 event loop (several `asyncio.run` calls, pytest loops) and through the synchronous
 `generate_batch`.
 
-Weight sync: the trainer hands over its full state dict as (name, tensor) pairs; they travel to
-the engine-core process as safetensors bytes in bounded chunks and are loaded in place by a small
-worker extension (`VLLMWeightSyncExtension`, the same layerwise path as vLLM's `reload_weights`),
-then the prefix cache is reset so no KV computed with old weights is reused.
+Weight sync: on GPU through vLLM's weight-transfer API (`weight_transfer.py`: ipc or nccl, set
+up at construction with `weight_transfer=`). The chunked path, for CPU and as the fallback: the
+trainer hands over its full state dict as (name, tensor) pairs; they travel to the engine-core
+process as safetensors bytes in bounded chunks and are loaded in place by a small worker
+extension (`VLLMWeightSyncExtension`, the same layerwise path as vLLM's `reload_weights`), then
+the prefix cache is reset so no KV computed with old weights is reused.
 
 GPU placement (`from_config(..., gpu_ids=...)`): vLLM V1 runs the model in an engine-core process
 that it spawns at construction, and that process (and its tensor-parallel workers) inherits the
@@ -24,6 +26,7 @@ them while the engine is built, then restoring it; the trainer process keeps its
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import threading
@@ -213,16 +216,20 @@ class VLLMEngine:
         usable_blocks = max(0, int(cache.num_gpu_blocks or 0) - 1)   # minus vLLM's null block
         self.kv_capacity_tokens: int = usable_blocks * int(cache.block_size)
         self.max_model_len: int = int(self._llm.model_config.max_model_len)
+        self.tp_size: int = int(self._llm.vllm_config.parallel_config.tensor_parallel_size)
+        self.model_dtype = self._llm.model_config.dtype
 
     @classmethod
     def from_config(cls, model_path: str, cfg: "EngineConfig", max_model_len: int, seed: int = 0,
                     *, kv_cache_tokens: int | None = None, dtype: str = "auto",
-                    gpu_ids: Sequence[int] | None = None) -> "VLLMEngine":
+                    gpu_ids: Sequence[int] | None = None, weight_transfer: str = "chunked") -> "VLLMEngine":
         """Build a replica from the recipe's `engine` section. `dtype` is `model.dtype` of the
         recipe ("auto": bf16 on GPU, fp32 on CPU, so CPU logprobs match an fp32 trainer).
         `kv_cache_tokens` caps the KV cache (benchmarks use it to create memory pressure).
         `gpu_ids` (GPU only; ignored on CPU): the node-local GPUs of this replica, one per
-        tensor-parallel rank, as indices into this process's CUDA_VISIBLE_DEVICES if it is set."""
+        tensor-parallel rank, as indices into this process's CUDA_VISIBLE_DEVICES if it is set.
+        `weight_transfer`: "ipc" or "nccl" enables vLLM's weight-transfer engine of that backend
+        (GPU; see weight_transfer.py); "chunked" uses only our worker extension."""
         import torch
 
         on_cpu = not torch.cuda.is_available()
@@ -234,6 +241,14 @@ class VLLMEngine:
             # In-process worker inside the engine-core process: ~3x faster start on CPU.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm.engine.arg_utils import AsyncEngineArgs
+
+        transfer = None
+        if weight_transfer in ("ipc", "nccl"):
+            from vllm.config import WeightTransferConfig
+
+            transfer = WeightTransferConfig(backend=weight_transfer)
+            if weight_transfer == "ipc":   # IPC handles travel pickled (weight_transfer.EngineSyncClient)
+                os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
         blocks = block = None
         if kv_cache_tokens is not None:
@@ -251,7 +266,7 @@ class VLLMEngine:
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
             max_num_seqs=cfg.max_num_seqs, num_gpu_blocks_override=blocks, block_size=block,
-            worker_extension_cls=f"{__name__}.VLLMWeightSyncExtension",
+            worker_extension_cls=f"{__name__}.VLLMWeightSyncExtension", weight_transfer_config=transfer,
             enable_sleep_mode=bool(cfg.colocate and not on_cpu),   # training shares the GPUs
             disable_log_stats=True,   # no periodic log lines; our stat logger still gets stats
         )
@@ -336,6 +351,15 @@ class VLLMEngine:
         async def run() -> list[GenResult]:
             return list(await asyncio.gather(*(self._generate_on_loop(r) for r in reqs)))
         return self._call(run())
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def submit_llm_call(self, method: str, *args: Any) -> "concurrent.futures.Future":
+        """Start `AsyncLLM.<method>(*args)` on this replica's loop thread from any thread (vLLM's
+        weight-transfer calls); the caller waits on the returned future."""
+        return asyncio.run_coroutine_threadsafe(getattr(self._llm, method)(*args), self._loop)
 
     async def _rpc(self, method: str, *args: Any) -> list:
         """collective_rpc to this replica's workers, from any event loop."""

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from rstar2_cli.launch import torchrun_cmd
-from rstar2_cli.launch.plan_view import command_lines
 from rstar2_cli.launch.topology import plan_from_args
 
 SBATCH = Path(__file__).resolve().parents[2] / "recipes" / "slurm_rl.sbatch"
@@ -32,29 +31,34 @@ def test_paper_allocation_and_documented_variables():
     for line in ("#SBATCH --nodes=8", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=1"):
         assert line in TEXT
     header = TEXT.split("#SBATCH", 1)[0]
-    for var in ("STAGE", "RL_ARGS", "GPUS_PER_NODE", "TP_SIZE", "ENTRY_MODULE", "MASTER_PORT",
+    for var in ("STAGE", "RL_ARGS", "GPUS_PER_NODE", "TP_SIZE", "MASTER_PORT",
                 "REDIS_PORT", "SANDBOX_WORKERS_PER_NODE"):
         assert f"#   {var}" in header, f"{var} is not documented at the top"
 
 
-def test_same_launch_spelling_as_the_planner():
-    argv = torchrun_cmd.torchrun_argv(nnodes=8, nproc_per_node=8, node_rank=0, rdzv_endpoint="h:1",
-                                      rdzv_id="x", entry_module="m")
-    flags = [a for a in argv if a.startswith("--")]
-    assert flags == ["--nnodes", "--nproc-per-node", "--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id"]
-    for flag in flags:
-        assert flag in TEXT
-    assert "--rdzv-backend c10d" in TEXT
+def test_same_sandbox_spelling_as_the_planner():
     assert f"serve-sandbox --worker --redis \"${{REDIS_URL}}\" {torchrun_cmd.SANDBOX_WORKERS_FLAG}" in TEXT
     assert "redis-server --port \"${REDIS_PORT}\" --bind 0.0.0.0 --protected-mode no --save '' --appendonly no" in TEXT
 
 
-def test_entry_args_are_read_back_from_the_printed_plan():
-    """Multi-node: the template takes the entry module's arguments from `rstar2 rl`'s output."""
-    plan = plan_from_args(16, 2, master_addr="h", recipe_args=["--config", "runs/s1/resolved_recipe.yaml", "--resume"])
-    line = next(ln for ln in TEXT.splitlines() if ln.startswith("ENTRY_ARGS="))
-    out = subprocess.run(["bash", "-c", f'{line}\nprintf "%s" "$ENTRY_ARGS"'], capture_output=True, text=True,
-                         timeout=30, check=True,
-                         env={"PLAN_OUT": "\n".join(command_lines(plan)), "ENTRY_MODULE": "rstar2_cli.rl.launch_entry",
-                              "PATH": "/usr/bin:/bin"})
-    assert out.stdout == "--config runs/s1/resolved_recipe.yaml --resume"
+def test_trainers_take_nodes_rank_and_head_from_slurm():
+    """Every node runs `rstar2 rl` itself; the template spells no torchrun and passes no node
+    count, node rank or head address (cluster_env reads them from the allocation)."""
+    code = [ln for ln in TEXT.splitlines() if not ln.lstrip().startswith("#")]
+    assert not [ln for ln in code if "torchrun" in ln]
+    rl_cmd = TEXT[TEXT.index("RL_CMD=("):TEXT.index(")", TEXT.index("RL_CMD=("))]
+    for flag in ("--nodes", "--node-rank", "--master-addr"):
+        assert flag not in rl_cmd
+    assert '--kill-on-bad-exit=1 "${RL_CMD[@]}"' in TEXT
+    assert '"${RL_CMD[@]}" --dry-run' in TEXT
+
+
+def test_plan_under_the_templates_environment():
+    """What `rstar2 rl` plans on node 2 of an 8-node allocation, as srun starts it."""
+    from rstar2_cli.launch.cluster_env import resolve_launch
+
+    env = {"SLURM_JOB_NUM_NODES": "8", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "n[01-08]"}
+    sizes = resolve_launch(64, gpus_per_node=8, env=env)
+    plan = plan_from_args(64, sizes.nodes, gpus_per_node=8, master_addr=sizes.master_addr)
+    assert sizes.node_rank == 2
+    assert "--node-rank 2 --rdzv-backend c10d --rdzv-endpoint n01:29500" in plan.nodes[sizes.node_rank].command
