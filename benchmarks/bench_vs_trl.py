@@ -43,7 +43,7 @@ def make_settings(args: argparse.Namespace):
     from rstar2_cli.quickstart.settings import QuickstartSettings
 
     over = dict(SMOKE) if args.smoke else {}
-    for key in ("seed", "rl_steps", "eval_every", "prompts_per_step"):
+    for key in ("seed", "rl_steps", "eval_every", "prompts_per_step", "group_size", "max_response_tokens"):
         if getattr(args, key) is not None:
             over[key] = getattr(args, key)
     return QuickstartSettings.for_preset(args.out / "work", "smoke" if args.smoke else "full", **over)
@@ -335,6 +335,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--rl-steps", dest="rl_steps", type=int, default=None)
     ap.add_argument("--prompts-per-step", dest="prompts_per_step", type=int, default=None)
+    ap.add_argument("--group-size", dest="group_size", type=int, default=None, help="G rollouts kept per prompt")
+    ap.add_argument("--max-response-tokens", dest="max_response_tokens", type=int, default=None)
     ap.add_argument("--eval-every", dest="eval_every", type=int, default=None)
     ap.add_argument("--budget-min", type=float, default=None,
                     help="stop a row once its training clock passes this many minutes")
