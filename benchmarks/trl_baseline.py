@@ -71,8 +71,10 @@ class _Result:
         self.stdout, self.stderr, self.reason = stdout, stderr, reason
 
 
-def sandbox_tool(box, clock: ToolClock, timeout: float, max_chars: int) -> Callable[..., str]:
-    """The tool as TRL wants it (a typed, documented function), running code in our sandbox."""
+def as_trl_tool(run: Callable[[str, str], Any], clock: ToolClock, timeout: float,
+                max_chars: int) -> Callable[..., str]:
+    """The tool as TRL wants it (a typed function with a docstring TRL turns into a schema); `run`
+    executes (code, stdin) and returns a RunResult-like object, formatted as the agent loop does."""
     from rstar2_cli.protocol.responses import response_text
 
     def python_code_with_standard_io(code: str, input: str = "") -> str:
@@ -84,43 +86,36 @@ def sandbox_tool(box, clock: ToolClock, timeout: float, max_chars: int) -> Calla
         """
         t = time.perf_counter()
         try:
-            return response_text(box.run_sync(code, stdin=input or None, timeout=timeout), max_chars, timeout)
+            return response_text(run(code, input), max_chars, timeout)
         finally:
             clock.add(time.perf_counter() - t)
 
     return python_code_with_standard_io
+
+
+def sandbox_tool(box, clock: ToolClock, timeout: float, max_chars: int) -> Callable[..., str]:
+    """The tool running code in our embedded sandbox (the same pool type and limits as RL)."""
+    return as_trl_tool(lambda code, stdin: box.run_sync(code, stdin=stdin or None, timeout=timeout),
+                       clock, timeout, max_chars)
+
+
+def run_in_subprocess(code: str, stdin: str, timeout: float) -> _Result:
+    """A fresh `python` per call via subprocess.run, as a TRL user writes it. The code goes to a
+    file (not `-c`) so tracebacks quote the failing line, as the sandbox's do."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "main.py"
+        path.write_text(code)
+        try:
+            p = subprocess.run([sys.executable, str(path)], input=stdin, capture_output=True, text=True,
+                               timeout=timeout, cwd=d)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            return _Result(out, "", "timeout")
+    return _Result(p.stdout, p.stderr, "ok" if p.returncode == 0 else "error")
 
 
 def subprocess_tool(clock: ToolClock, timeout: float, max_chars: int) -> Callable[..., str]:
-    """The same tool written as a TRL user would: a fresh `python` per call via subprocess.run.
-
-    The code goes to a file (not `-c`) so tracebacks quote the failing line, as the sandbox's do."""
-    from rstar2_cli.protocol.responses import response_text
-
-    def python_code_with_standard_io(code: str, input: str = "") -> str:
-        """Execute Python code with standard input and capture standard output.
-
-        Args:
-            code: A string containing Python code to be executed.
-            input: A string that will be provided as standard input to the code.
-        """
-        t = time.perf_counter()
-        try:
-            with tempfile.TemporaryDirectory() as d:
-                path = Path(d) / "main.py"
-                path.write_text(code)
-                try:
-                    p = subprocess.run([sys.executable, str(path)], input=input, capture_output=True, text=True,
-                                       timeout=timeout, cwd=d)
-                    res = _Result(p.stdout, p.stderr, "ok" if p.returncode == 0 else "error")
-                except subprocess.TimeoutExpired as e:
-                    out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-                    res = _Result(out, "", "timeout")
-            return response_text(res, max_chars, timeout)
-        finally:
-            clock.add(time.perf_counter() - t)
-
-    return python_code_with_standard_io
+    return as_trl_tool(lambda code, stdin: run_in_subprocess(code, stdin, timeout), clock, timeout, max_chars)
 
 
 def toy_dataset(train_file: str | Path, system_prompt: str):
