@@ -300,7 +300,7 @@ def print_table(result: dict[str, Any]) -> None:
                   tt, sp, f"{c['accuracy_at_rstar2_budget']:.0%}",
                   f"{m['step_seconds']:.1f} ({m['generation']:.1f} / {m['tools']:.2f} / {m['reward']:.2f} / "
                   f"{m['update']:.1f})", str(c["steps_run"]))
-    Console().print(t)
+    Console(width=max(160, Console().width)).print(t)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
