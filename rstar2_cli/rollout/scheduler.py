@@ -33,16 +33,15 @@ The policies are pure (no asyncio), so the discrete-event simulator uses exactly
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from rstar2_cli.rollout.engines import Engine, GenRequest, GenResult
 
 
-@dataclass(frozen=True)
-class ReplicaLoad:
-    """What a policy sees of one replica at dispatch time."""
+class ReplicaLoad(NamedTuple):
+    """What a policy sees of one replica at dispatch time (a tuple: the simulator builds one per
+    replica per request, so it must be cheap)."""
     engine_free: float          # engine-reported free KV fraction (0..1)
     inflight_tokens: int        # tokens of requests sent to it and not answered yet
     capacity_tokens: int        # KV capacity in tokens (0 = unknown)
@@ -75,7 +74,8 @@ class LoadBalancedPolicy:
 
     @staticmethod
     def best(loads: list[ReplicaLoad]) -> int:
-        return min(range(len(loads)), key=lambda i: (loads[i].load, loads[i].inflight_tokens, i))
+        keys = [(r.load, r.inflight_tokens, i) for i, r in enumerate(loads)]
+        return min(keys)[2]
 
     def choose(self, loads: list[ReplicaLoad], key: str | None = None) -> int:
         if not loads:
