@@ -41,12 +41,14 @@ POLICIES = {"load_balanced": LoadBalancedPolicy, "round_robin": RoundRobinPolicy
             "contiguous_split": None, "sticky_least_loaded": StickyLeastLoadedPolicy}
 
 
-def ratios_from_metrics(path: Path) -> dict:
-    """Median over RL steps of time/reward, time/train, time/sync divided by time/rollout."""
+def ratios_from_metrics(path: Path, skip: int = 1) -> dict:
+    """Median over RL steps of time/reward, time/train, time/sync divided by time/rollout, leaving
+    out the first `skip` steps (warm-up) when more remain."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     steps = [r for r in rows if r.get("time/rollout")]
     if not steps:
         raise SystemExit(f"{path}: no step with time/rollout")
+    steps = steps[skip:] if len(steps) > skip else steps
     per = {k: [r.get(f"time/{k}", 0.0) / r["time/rollout"] for r in steps] for k in ("reward", "train", "sync")}
     return {"source": str(path), "steps": len(steps), **{k: statistics.median(v) for k, v in per.items()},
             "per_step": {k: [round(x, 4) for x in v] for k, v in per.items()},
@@ -137,6 +139,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--metrics", type=Path, help="metrics.jsonl of a CPU run: phase ratios from its time/* figures")
+    ap.add_argument("--metrics-skip", type=int, default=1, help="warm-up steps of --metrics to leave out")
     ap.add_argument("--ratios", type=float, nargs=3, metavar=("REWARD", "TRAIN", "SYNC"),
                     help="phase times as multiples of the rollout time (overrides --metrics)")
     ap.add_argument("--sim-preset", nargs="+", choices=sorted(SIM_PRESETS), default=["mi300x-tp1", "h100-tp4"])
@@ -160,7 +163,7 @@ def main() -> None:
     if args.ratios:
         ratios = {"source": "--ratios", **dict(zip(("reward", "train", "sync"), args.ratios))}
     elif args.metrics:
-        ratios = ratios_from_metrics(args.metrics)
+        ratios = ratios_from_metrics(args.metrics, args.metrics_skip)
     else:
         ratios = {"source": "MEASURED_RATIOS in this script", **MEASURED_RATIOS}
     console = Console()
