@@ -23,22 +23,25 @@ Dispatch rule (`LoadBalancedPolicy`):
 `RoundRobinPolicy` is the static baseline: the i-th distinct key -> replica i mod N, for life.
 `ContiguousSplitPolicy` is the other common static split (verl-style): the batch is cut into N
 contiguous chunks, so a replica gets whole prompts' groups.
+`StickyLeastLoadedPolicy` is sticky routing with a load-aware first choice: a trajectory's first
+turn goes to the least-loaded replica (same measure as above) and every later turn to that replica,
+whatever its load (it holds the prefix). SkyRL pins a trajectory to `hash(id) mod N`; this is the
+same stickiness with a load-aware placement of new trajectories.
 
 The policies are pure (no asyncio), so the discrete-event simulator uses exactly the same code.
 """
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from rstar2_cli.rollout.engines import Engine, GenRequest, GenResult
 
 
-@dataclass(frozen=True)
-class ReplicaLoad:
-    """What a policy sees of one replica at dispatch time."""
+class ReplicaLoad(NamedTuple):
+    """What a policy sees of one replica at dispatch time (a tuple: the simulator builds one per
+    replica per request, so it must be cheap)."""
     engine_free: float          # engine-reported free KV fraction (0..1)
     inflight_tokens: int        # tokens of requests sent to it and not answered yet
     capacity_tokens: int        # KV capacity in tokens (0 = unknown)
@@ -57,6 +60,8 @@ class ReplicaLoad:
 
 
 class LoadBalancedPolicy:
+    name = "load_balanced"
+
     def __init__(self, min_free: float = 0.1, margin: float = 0.25):
         if not 0.0 <= min_free < 1.0:
             raise ValueError(f"min_free must be in [0, 1), got {min_free}")
@@ -69,7 +74,8 @@ class LoadBalancedPolicy:
 
     @staticmethod
     def best(loads: list[ReplicaLoad]) -> int:
-        return min(range(len(loads)), key=lambda i: (loads[i].load, loads[i].inflight_tokens, i))
+        keys = [(r.load, r.inflight_tokens, i) for i, r in enumerate(loads)]
+        return min(keys)[2]
 
     def choose(self, loads: list[ReplicaLoad], key: str | None = None) -> int:
         if not loads:
@@ -94,6 +100,7 @@ class LoadBalancedPolicy:
 
 class RoundRobinPolicy:
     """Static split: the i-th distinct key goes to replica i mod N for its whole life."""
+    name = "round_robin"
 
     def __init__(self) -> None:
         self.homes: dict[str, int] = {}
@@ -115,6 +122,7 @@ class RoundRobinPolicy:
 class ContiguousSplitPolicy:
     """Static split into N contiguous chunks of a batch of `batch_size` trajectories: the i-th
     distinct key -> replica i * N // batch_size (keys beyond the batch wrap around)."""
+    name = "contiguous_split"
 
     def __init__(self, batch_size: int):
         if batch_size < 1:
@@ -134,7 +142,31 @@ class ContiguousSplitPolicy:
         self.homes.clear()
 
 
-Policy = LoadBalancedPolicy | RoundRobinPolicy | ContiguousSplitPolicy
+class StickyLeastLoadedPolicy:
+    """A new key goes to the least-loaded replica; every later request with that key goes to the
+    same replica, however loaded (its prefix is cached there). Requests without a key always go
+    to the least-loaded replica."""
+    name = "sticky_least_loaded"
+
+    def __init__(self) -> None:
+        self.homes: dict[str, int] = {}
+
+    def choose(self, loads: list[ReplicaLoad], key: str | None = None) -> int:
+        if not loads:
+            raise ValueError("no replicas to dispatch to")
+        home = self.homes.get(key) if key is not None else None
+        if home is not None and home < len(loads):
+            return home
+        best = LoadBalancedPolicy.best(loads)
+        if key is not None:
+            self.homes[key] = best
+        return best
+
+    def reset(self) -> None:
+        self.homes.clear()
+
+
+Policy = LoadBalancedPolicy | RoundRobinPolicy | ContiguousSplitPolicy | StickyLeastLoadedPolicy
 
 
 class LoadTracker:
@@ -211,3 +243,8 @@ class LoadBalancedScheduler(_Dispatcher):
 class RoundRobinScheduler(_Dispatcher):
     def __init__(self, engines: list["Engine"]):
         super().__init__(engines, RoundRobinPolicy())
+
+
+class StickyLeastLoadedScheduler(_Dispatcher):
+    def __init__(self, engines: list["Engine"]):
+        super().__init__(engines, StickyLeastLoadedPolicy())

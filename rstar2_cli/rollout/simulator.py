@@ -10,18 +10,24 @@ known turn lengths and tool latencies) through the SAME dispatch policies as
     growing sequences overflow it, the most recently admitted one is preempted and later
     recomputed (vLLM V1's policy);
   * prefill at `prefill_tokens_per_s`, skipping a trajectory's prefix still cached on that replica
-    (prefix-cache eviction is not modelled).
+    (prefix-cache eviction is not modelled);
+  * weight versions: `ReplicaCluster.publish(v)` pauses each replica the way vLLM's
+    `pause_generation` does, then loads the weights, drops its prefix cache and resumes. Mode
+    "wait": new requests queue, running turns finish (no turn mixes two versions); mode "abort":
+    running turns are aborted and regenerated from their start with the new weights.
+`simulate` runs one synchronous rollout step; `rstar2_cli.rollout.overlap_simulator` drives the
+same cluster through many steps with rollout/training overlap.
 Deterministic given the seed; every setting is an assumption documented in `ReplicaModel`.
 """
 from __future__ import annotations
 
 import heapq
 import random
-from collections import deque
+import itertools
 from dataclasses import dataclass, field
+from typing import Literal
 
-from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPolicy, LoadTracker, Policy,
-                                          ReplicaLoad, RoundRobinPolicy)
+from rstar2_cli.rollout.scheduler import LoadTracker, Policy, ReplicaLoad
 
 
 @dataclass(frozen=True)
@@ -133,13 +139,20 @@ class _Replica:
     base: int = 0                             # used tokens = base + len(running) * step
     running: dict[int, _Seq] = field(default_factory=dict)
     finish_heap: list[tuple[int, int]] = field(default_factory=list)   # (finish step, order)
-    waiting: deque = field(default_factory=deque)
+    # waiting requests, heaps of (priority, rank, seq): preempted turns come first, newest first
+    # (vLLM puts them back at the head of its queue); new requests FIFO within a priority
+    resumed: list[tuple[int, int, _Seq]] = field(default_factory=list)
+    fresh: list[tuple[int, int, _Seq]] = field(default_factory=list)
     cached: dict[int, int] = field(default_factory=dict)               # traj -> cached prefix length
-    version: int = 0
+    epoch: int = 0                            # invalidates planned step events
+    weights: int = 0                          # policy version loaded
     planned_steps: int = 0
     busy_s: float = 0.0
+    paused_s: float = 0.0                     # loading weights
     preemptions: int = 0
     recomputed_tokens: int = 0
+    aborted_tokens: int = 0
+    updates: int = 0
 
     def used(self) -> int:
         return self.base + len(self.running) * self.step
@@ -173,42 +186,175 @@ class SimResult:
     dispatched: list[int]
 
 
-def simulate(plans: list[TrajectoryPlan], num_replicas: int, model: ReplicaModel,
-             policy: Policy, max_response_tokens: int = 8192) -> SimResult:
-    """Run every trajectory to completion; all first turns are submitted at t=0."""
-    too_long = [p.key for p in plans
-                if p.prompt_tokens + p.generated_tokens + sum(t.tool_tokens for t in p.turns) + 1
-                > model.kv_capacity_tokens]
-    if too_long:
-        raise ValueError(f"trajectory {too_long[0]} does not fit in kv_capacity_tokens="
-                         f"{model.kv_capacity_tokens} ({len(too_long)} such)")
-    reps = [_Replica(model) for _ in range(num_replicas)]
-    tracker = LoadTracker(num_replicas)
-    events: list[tuple[float, int, str, int, int]] = []    # (time, seq no, kind, index, version)
-    counter = iter(range(1 << 62))
-    turn_of = [0] * len(plans)
-    ctx_of = [p.prompt_tokens for p in plans]
-    reserved: dict[int, tuple[int, int]] = {}               # traj -> (replica, reserved tokens)
-    finished_at = [0.0] * len(plans)
-    order_no = iter(range(1 << 62))
+UpdateMode = Literal["wait", "abort"]
 
-    def schedule(r: int) -> None:
-        rep = reps[r]
-        rep.version += 1
+
+def _footprint(plan: TrajectoryPlan) -> int:
+    """KV tokens the trajectory's full context needs (plus the token being decoded)."""
+    return plan.prompt_tokens + plan.generated_tokens + sum(t.tool_tokens for t in plan.turns) + 1
+
+
+class ReplicaCluster:
+    """N replicas and one event queue. `submit` starts a trajectory (its later turns follow its
+    tool calls), `publish` announces a new weight version, `process_next` handles the earliest
+    event and returns the trajectories it finished. Times are absolute seconds."""
+
+    def __init__(self, num_replicas: int, model: ReplicaModel, policy: Policy, *, max_response_tokens: int = 8192,
+                 tracker: LoadTracker | None = None, load_weights_s: float = 0.0, update_mode: UpdateMode = "wait"):
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        if update_mode not in ("wait", "abort"):
+            raise ValueError(f"update_mode must be 'wait' or 'abort', got {update_mode!r}")
+        if load_weights_s < 0:
+            raise ValueError(f"load_weights_s must be >= 0, got {load_weights_s}")
+        self.model, self.policy, self.max_response_tokens = model, policy, max_response_tokens
+        self.load_weights_s, self.update_mode = load_weights_s, update_mode
+        self.reps = [_Replica(model) for _ in range(num_replicas)]
+        self.tracker = tracker if tracker is not None else LoadTracker(num_replicas)
+        self.events: list[tuple[float, int, str, int, int]] = []    # (time, seq no, kind, index, epoch)
+        self._seq, self._rank, self._order = itertools.count(), itertools.count(1), itertools.count()
+        self.plans: list[TrajectoryPlan] = []
+        self.keys: list[str] = []
+        self.priority: list[int] = []
+        self.turn_of: list[int] = []
+        self.ctx_of: list[int] = []
+        self.first_version: list[int] = []      # weights that generated the first turn (-1: not yet)
+        self.last_version: list[int] = []
+        self.finished_at: list[float] = []
+        self.reserved: dict[int, tuple[int, int]] = {}            # traj -> (replica, reserved tokens)
+        self.target = 0                                            # newest published version
+
+    def submit(self, plan: TrajectoryPlan, now: float, *, priority: int = 0, key: str | None = None) -> int:
+        if _footprint(plan) > self.model.kv_capacity_tokens:
+            raise ValueError(f"trajectory {plan.key} does not fit in kv_capacity_tokens={self.model.kv_capacity_tokens}")
+        i = len(self.plans)
+        self.plans.append(plan)
+        self.keys.append(plan.key if key is None else key)
+        self.priority.append(priority)
+        self.turn_of.append(0)
+        self.ctx_of.append(plan.prompt_tokens)
+        self.first_version.append(-1)
+        self.last_version.append(-1)
+        self.finished_at.append(0.0)
+        self._dispatch(i, now)
+        return i
+
+    def publish(self, version: int, now: float) -> None:
+        """New weights are ready: every replica pauses (see `update_mode`), loads them, resumes."""
+        if version <= self.target:
+            raise ValueError(f"published version {version} is not newer than {self.target}")
+        self.target = version
+        for r, rep in enumerate(self.reps):
+            self._catch_up(rep, now)
+            if self.update_mode == "abort":
+                self._abort_turns(rep)
+            self._schedule(r)
+
+    def next_time(self) -> float | None:
+        return self.events[0][0] if self.events else None
+
+    def run(self) -> None:
+        while self.events:
+            self.process_next()
+
+    def process_next(self) -> list[int]:
+        t, _, kind, idx, epoch = heapq.heappop(self.events)
+        if kind == "arrive":
+            self._dispatch(idx, t)
+            return []
+        rep = self.reps[idx]
+        if epoch != rep.epoch:
+            return []
+        rep.advance(rep.planned_steps)
+        rep.clock = max(rep.clock, t)
+        done = []
+        while rep.finish_heap and rep.finish_heap[0][0] <= rep.step:
+            _, order = heapq.heappop(rep.finish_heap)
+            if order not in rep.running:
+                continue
+            seq = rep.remove(order)
+            i = seq.traj
+            turn = self.plans[i].turns[self.turn_of[i]]
+            r, res = self.reserved.pop(i)
+            self.tracker.end(r, res, turn.gen_tokens)
+            self.ctx_of[i] = seq.ctx + seq.remaining
+            rep.cached[i] = self.ctx_of[i]
+            self.turn_of[i] += 1
+            if self.turn_of[i] < len(self.plans[i].turns):
+                self.ctx_of[i] += turn.tool_tokens
+                heapq.heappush(self.events, (rep.clock + turn.tool_latency_s, next(self._seq), "arrive", i, 0))
+            else:
+                self.finished_at[i] = rep.clock
+                done.append(i)
+        self._schedule(idx)
+        return done
+
+    # ------------------------------------------------------------------ internals
+    def _catch_up(self, rep: _Replica, now: float) -> None:
+        """Account for the decode steps done since the replica's last event."""
+        if rep.running:
+            k = int((now - rep.clock) / self.model.step_time(len(rep.running)))
+            rep.advance(max(0, min(k, rep.planned_steps - 1)))
+        rep.clock = max(rep.clock, now)
+
+    def _dispatch(self, i: int, now: float) -> None:
+        plan, cap = self.plans[i], self.model.kv_capacity_tokens
+        loads = [ReplicaLoad(engine_free=1.0 - rp.used() / cap, inflight_tokens=self.tracker.inflight_tokens[r],
+                             capacity_tokens=cap) for r, rp in enumerate(self.reps)]
+        r = self.policy.choose(loads, self.keys[i])
+        turn = plan.turns[self.turn_of[i]]
+        budget = max(1, self.max_response_tokens - (self.ctx_of[i] - plan.prompt_tokens))
+        self.reserved[i] = (r, self.tracker.begin(r, self.ctx_of[i], budget))
+        rep = self.reps[r]
+        self._catch_up(rep, now)
+        heapq.heappush(rep.fresh, (self.priority[i], next(self._rank), _Seq(i, self.ctx_of[i], turn.gen_tokens)))
+        self._schedule(r)
+
+    def _abort_turns(self, rep: _Replica) -> None:
+        """vLLM pause(mode="abort"): running and preempted turns restart from their beginning."""
+        partial = [(rep.running[o], rep.step - rep.running[o].admit_step) for o in sorted(rep.running)]
+        for seq, _ in partial:
+            rep.remove(seq.order)
+        partial += [(s, 0) for _, _, s in sorted(rep.resumed)]
+        rep.resumed.clear()
+        for seq, done in partial:
+            i = seq.traj
+            gen = self.plans[i].turns[self.turn_of[i]].gen_tokens
+            rep.aborted_tokens += gen - seq.remaining + done
+            rep.cached.pop(i, None)
+            heapq.heappush(rep.fresh, (self.priority[i], next(self._rank), _Seq(i, self.ctx_of[i], gen)))
+
+    def _schedule(self, r: int) -> None:
+        rep, model = self.reps[r], self.model
+        cap = model.kv_capacity_tokens
+        rep.epoch += 1
         # preempt newest until one more step fits
-        while rep.running and rep.used() + len(rep.running) > model.kv_capacity_tokens:
+        while rep.running and rep.used() + len(rep.running) > cap:
             seq = rep.remove(max(rep.running))
             done = rep.step - seq.admit_step
             rep.preemptions += 1
             rep.recomputed_tokens += seq.ctx + done
             rep.cached.pop(seq.traj, None)
-            rep.waiting.appendleft(_Seq(seq.traj, seq.ctx + done, seq.remaining - done))
+            heapq.heappush(rep.resumed, (self.priority[seq.traj], -next(self._rank),
+                                         _Seq(seq.traj, seq.ctx + done, seq.remaining - done)))
+        draining = rep.weights < self.target
+        if draining and not rep.running and not rep.resumed:     # drained: load, drop old-weight KV
+            rep.clock += self.load_weights_s
+            rep.paused_s += self.load_weights_s
+            rep.weights, rep.updates, draining = self.target, rep.updates + 1, False
+            rep.cached.clear()
         prefill = 0
-        while (rep.waiting and len(rep.running) < model.max_num_seqs
-               and rep.used() + rep.waiting[0].ctx + len(rep.running) + 1 <= model.kv_capacity_tokens):
-            seq = rep.waiting.popleft()
+        while len(rep.running) < model.max_num_seqs:
+            queue = rep.resumed or (None if draining else rep.fresh)    # paused: no new requests
+            if not queue or rep.used() + queue[0][2].ctx + len(rep.running) + 1 > cap:
+                break
+            seq = heapq.heappop(queue)[2]
+            if queue is rep.fresh:
+                if self.turn_of[seq.traj] == 0:
+                    self.first_version[seq.traj] = rep.weights
+                self.last_version[seq.traj] = rep.weights
             prefill += seq.ctx - min(rep.cached.get(seq.traj, 0), seq.ctx)
-            rep.admit(seq, next(order_no))
+            rep.admit(seq, next(self._order))
         if prefill:
             dt = prefill / model.prefill_tokens_per_s
             rep.clock += dt
@@ -220,63 +366,30 @@ def simulate(plans: list[TrajectoryPlan], num_replicas: int, model: ReplicaModel
             heapq.heappop(rep.finish_heap)             # lazily drop preempted entries
         k_finish = rep.finish_heap[0][0] - rep.step
         n = len(rep.running)
-        k_full = (model.kv_capacity_tokens - rep.used()) // n
+        k_full = (cap - rep.used()) // n
         k = max(1, min(k_finish, k_full))
         rep.planned_steps = k
         t = rep.clock + k * model.step_time(n)
-        heapq.heappush(events, (t, next(counter), "step", r, rep.version))
+        heapq.heappush(self.events, (t, next(self._seq), "step", r, rep.epoch))
 
-    def dispatch(i: int, now: float) -> None:
-        plan = plans[i]
-        loads = [ReplicaLoad(engine_free=1.0 - rp.used() / model.kv_capacity_tokens,
-                             inflight_tokens=tracker.inflight_tokens[r], capacity_tokens=model.kv_capacity_tokens)
-                 for r, rp in enumerate(reps)]
-        r = policy.choose(loads, plan.key)
-        turn = plan.turns[turn_of[i]]
-        budget = max(1, max_response_tokens - (ctx_of[i] - plan.prompt_tokens))
-        reserved[i] = (r, tracker.begin(r, ctx_of[i], budget))
-        rep = reps[r]
-        if rep.running:       # catch up on the steps done since the last event, then re-plan
-            k = int((now - rep.clock) / model.step_time(len(rep.running)))
-            rep.advance(max(0, min(k, rep.planned_steps - 1)))
-        rep.clock = max(rep.clock, now)
-        rep.waiting.append(_Seq(i, ctx_of[i], turn.gen_tokens))
-        schedule(r)
 
-    for i in range(len(plans)):
-        dispatch(i, 0.0)
-    while events:
-        t, _, kind, idx, version = heapq.heappop(events)
-        if kind == "arrive":
-            dispatch(idx, t)
-            continue
-        rep = reps[idx]
-        if version != rep.version:
-            continue
-        rep.advance(rep.planned_steps)
-        rep.clock = max(rep.clock, t)
-        while rep.finish_heap and rep.finish_heap[0][0] <= rep.step:
-            _, order = heapq.heappop(rep.finish_heap)
-            if order not in rep.running:
-                continue
-            seq = rep.remove(order)
-            i = seq.traj
-            turn = plans[i].turns[turn_of[i]]
-            r, res = reserved.pop(i)
-            tracker.end(r, res, turn.gen_tokens)
-            ctx_of[i] = seq.ctx + seq.remaining
-            rep.cached[i] = ctx_of[i]
-            turn_of[i] += 1
-            if turn_of[i] < len(plans[i].turns):
-                ctx_of[i] += turn.tool_tokens
-                heapq.heappush(events, (rep.clock + turn.tool_latency_s, next(counter), "arrive", i, 0))
-            else:
-                finished_at[i] = rep.clock
-        schedule(idx)
-    name = {LoadBalancedPolicy: "load_balanced", RoundRobinPolicy: "round_robin",
-            ContiguousSplitPolicy: "contiguous_split"}[type(policy)]
-    return SimResult(policy=name, makespan_s=max(finished_at, default=0.0),
+def simulate(plans: list[TrajectoryPlan], num_replicas: int, model: ReplicaModel,
+             policy: Policy, max_response_tokens: int = 8192, tracker: LoadTracker | None = None) -> SimResult:
+    """Run every trajectory to completion; all first turns are submitted at t=0. `tracker` carries
+    the running mean of turn lengths over from earlier steps, as the live scheduler does."""
+    too_long = [p.key for p in plans if _footprint(p) > model.kv_capacity_tokens]
+    if too_long:
+        raise ValueError(f"trajectory {too_long[0]} does not fit in kv_capacity_tokens="
+                         f"{model.kv_capacity_tokens} ({len(too_long)} such)")
+    cluster = ReplicaCluster(num_replicas, model, policy, max_response_tokens=max_response_tokens, tracker=tracker)
+    before = list(cluster.tracker.dispatched)
+    for p in plans:
+        cluster.submit(p, 0.0)
+    cluster.run()
+    reps = cluster.reps
+    return SimResult(policy=policy.name, makespan_s=max(cluster.finished_at, default=0.0),
                      generated_tokens=sum(p.generated_tokens for p in plans),
                      preemptions=sum(r.preemptions for r in reps),
                      recomputed_tokens=sum(r.recomputed_tokens for r in reps),
-                     replica_busy_s=[r.busy_s for r in reps], dispatched=list(tracker.dispatched))
+                     replica_busy_s=[r.busy_s for r in reps],
+                     dispatched=[a - b for a, b in zip(cluster.tracker.dispatched, before)])
