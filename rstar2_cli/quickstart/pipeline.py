@@ -50,7 +50,11 @@ class RlRun:
                 "tool_error_ratio_positive_all_steps": self.final_tool_error_ratio_positive(1.0),
                 "heldout_tool_error_ratio_positive": last["tool_error_ratio_positive"],
                 "final_reward_mean": self.steps[-1].get("rollout/reward_mean", 0.0) if self.steps else 0.0,
-                "checkpoint": self.checkpoint, "seconds": round(self.seconds, 1)}
+                "checkpoint": self.checkpoint, "seconds": round(self.seconds, 1),
+                # the curves, so that a multi-seed summary can be drawn from report.json alone
+                "tool_error_ratio_positive_curve": [m.get("rollout/tool_error_ratio_positive", 0.0)
+                                                    for m in self.steps],
+                "heldout_accuracy_curve": [[step, m["accuracy"]] for step, m in self.heldout]}
 
 
 def sft_stage(s: QuickstartSettings, prep: PreparedToy, progress: bool) -> str:
