@@ -66,3 +66,12 @@ def test_run_seeds_writes_summary_and_reuses_finished_seeds(tmp_path):
     run_seeds(base.model_copy(update={"rl_steps": base.rl_steps + 1}), [0, 3],
               lambda s: rerun.append(s.seed) or _report(s.seed, 0.0, 0.2))
     assert rerun == [0, 3]
+
+
+def test_cli_rejects_bad_seed_list_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from rstar2_cli.cli import app
+
+    result = CliRunner().invoke(app, ["quickstart", "--seeds", "0,one", "--out", str(tmp_path / "qs")])
+    assert result.exit_code == 2 and "--seeds" in result.output and not (tmp_path / "qs").exists()
