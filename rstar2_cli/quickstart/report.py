@@ -50,6 +50,14 @@ def plot_curves(runs: Sequence[Any], path: Path) -> None:
                 ys = [m.get(key, float("nan")) for m in run.steps]
                 ax.plot(xs, ys, label=name)
         ax.set_title(title)
+    save_figure(fig, axes.flat, path)
+
+
+def save_figure(fig, axes, path: Path) -> None:
+    """The common finish of the report figures: RL-step x axis, grid, legend; PNG written, closed."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
         ax.legend()

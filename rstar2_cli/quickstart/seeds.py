@@ -137,7 +137,7 @@ def plot_seeds(reports: Sequence[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from rstar2_cli.quickstart.report import running_mean
+    from rstar2_cli.quickstart.report import running_mean, save_figure
 
     fig, (ax_err, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for label, name in (("roc", "GRPO-RoC"), ("grpo", "GRPO")):
@@ -160,13 +160,7 @@ def plot_seeds(reports: Sequence[dict[str, Any]], path: Path) -> None:
     ax_acc.set_title("held-out accuracy")
     ax_acc.set_ylabel("%")
     ax_acc.set_ylim(0, 100)
-    for ax in (ax_err, ax_acc):
-        ax.set_xlabel("RL step")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, (ax_err, ax_acc), path)
 
 
 def seeds_table(summary: dict[str, Any]):
