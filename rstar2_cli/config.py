@@ -73,7 +73,10 @@ class SandboxConfig(_Section):
 
 
 class RewardConfig(_Section):
-    mode: Literal["paper", "last_boxed"] = "paper"    # paper: \boxed{} inside <answer>
+    """The binary outcome reward (paper §2.1; release: reward/server.py -> fused_compute_score)."""
+    # outcome: the last box (of the last <answer> block if it holds one), else math-verify over
+    # the text, as the release; strict_answer_tag: needs <answer> (ablation); last_boxed: no tags
+    mode: Literal["outcome", "strict_answer_tag", "last_boxed"] = "outcome"
     timeout: float = Field(5.0, gt=0.0)
     workers: int | None = None
 
@@ -81,8 +84,10 @@ class RewardConfig(_Section):
 class RocConfig(_Section):
     """GRPO-RoC downsampling (paper §3.1)."""
     enabled: bool = True                              # False: plain GRPO on G rollouts
+    # paper: uniform negatives, weighted positives, min(2, |class|) each (as the release);
+    # release: the release's roc.py counts, sorts and text-based penalties (see rl/roc.py)
     mode: Literal["paper", "release"] = "paper"
-    oversample: int = Field(2, ge=1)                  # roll out oversample*G, keep G
+    oversample: int = Field(2, ge=1)                  # roll out oversample*G, keep G (release: n=32 -> 16)
     reject_equal_reward: bool = True                  # drop groups whose rewards are all equal
 
 
@@ -95,9 +100,9 @@ class LossConfig(_Section):
 
 
 class OptimConfig(_Section):
-    lr: float = Field(1e-6, gt=0.0)
-    warmup_steps: int = Field(20, ge=0)               # linear warm-up, then constant
-    weight_decay: float = Field(0.0, ge=0.0)
+    lr: float = Field(1e-6, gt=0.0)                   # release run script: actor.optim.lr=1e-6
+    warmup_steps: int = Field(20, ge=0)               # linear warm-up, then constant (release: lr_warmup_steps=20)
+    weight_decay: float = Field(0.01, ge=0.0)         # AdamW; release: verl actor.optim.weight_decay 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = Field(1.0, gt=0.0)
     reset: bool = False                               # stage 3 resets the optimizer
@@ -114,6 +119,11 @@ class TrainConfig(_Section):
     out_dir: str = "runs/rl"
     tensorboard: bool = False
     wandb: bool = False
+    # validation during RL (release: trainer.test_freq=5, val_files aime2024, verl's val_before_train)
+    eval_every: int = Field(0, ge=0)                  # held-out eval every N steps and at the end; 0 = off
+    eval_sets: list[str] = Field(default_factory=lambda: ["aime24"], min_length=1)  # names or .jsonl files
+    eval_samples: int = Field(1, ge=1)                # k of avg@k per held-out problem
+    eval_before_train: bool = True                    # also a point at step 0 (when eval_every > 0)
 
 
 class RecipeConfig(_Section):

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         max_turns: int = typer.Option(30, "--max-turns"),
         limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems"),
         seed: int = typer.Option(0, "--seed"),
-        answer_mode: str = typer.Option("paper", "--answer-mode", help="paper: \\boxed{} inside <answer>; last_boxed: for other models"),
+        answer_mode: str = typer.Option("outcome", "--answer-mode", help="outcome: the last \\boxed{} (as reward.mode); strict_answer_tag: needs <answer>; last_boxed"),
         engine: str = typer.Option("vllm", "--engine", help="vllm (local) | openai (any OpenAI-compatible server)"),
         base_url: Optional[str] = typer.Option(None, "--base-url", help="with --engine openai, e.g. http://127.0.0.1:8000/v1"),
         tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer folder for --engine openai (default: MODEL)"),

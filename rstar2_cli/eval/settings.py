@@ -28,7 +28,7 @@ class EvalSettings(BaseModel):
     max_turns: int = Field(30, ge=1)
     limit: int | None = Field(None, ge=1)            # only the first N problems
     seed: int = 0
-    answer_mode: Literal["paper", "last_boxed"] = "paper"
+    answer_mode: Literal["outcome", "strict_answer_tag", "last_boxed"] = "outcome"   # as reward.mode
     system_prompt: str | None = None                 # as the RL recipe's rollout.system_prompt
     tools_in_prompt: bool = True                     # as rollout.tools_in_prompt
     engine: Literal["vllm", "openai"] = "vllm"

@@ -1,32 +1,38 @@
 """Pull the final answer out of a model response, or say why there is none.
 
-rStar2-Agent's prompt asks for the final answer as `<answer> ... \\boxed{X} ... </answer>`.
-Extraction is pure string scanning in linear time (one pass to match braces, no regex
-backtracking), so it runs in the trainer process and can never hang.
+rStar2-Agent's reward is binary and outcome-only: the final `\\boxed{}` answer, verified. The
+prompt asks for `<answer> ... \\boxed{X} ... </answer>`, but the tags feed only RoC's format
+penalty (p_format), never the reward. Extraction is pure string scanning in linear time (one pass
+to match braces, no regex backtracking), so it runs in the trainer process and can never hang.
 
-Semantics, matched to the official release where it has any: the official reward
-(`fused_compute_score` in microsoft/rStar, vendored from verl's prime_math grader with math-verify
-as fallback) grades the LAST `\\boxed{}` / `\\fbox{}` of the whole response. So:
+The official reward (`fused_compute_score` in microsoft/rStar's code-judge reward manager: verl's
+prime_math grader on the last `\\boxed{}` of the whole response, then math-verify over the full
+text) has no `<answer>` requirement. Modes:
 
-* paper mode reads the LAST `<answer>` block (a model that restates its answer is graded on the
-  final statement) and, inside it, the LAST top-level `\\boxed{}`. A final `<answer>` that is never
-  closed (response cut at the length limit) still counts, as it would officially.
-  Unlike the official grader, paper mode requires the `<answer>` block and a box: `no_answer` /
-  `no_boxed` rather than a lenient guess from prose.
-* last_boxed mode reads the last top-level `\\boxed{}` anywhere (for models not trained on the tags).
-* conflicting boxed values (e.g. `\\boxed{3} or \\boxed{5}`): `on_conflict="last"` (default, the
-  official behaviour: only the last one counts, so hedging earns nothing in expectation) or
-  `"reject"` (reason `multiple_answers`; in paper mode every `<answer>` block is in scope, in
-  last_boxed mode the whole response is).
+* ``outcome`` (default, the release's reading): the last top-level `\\boxed{}` of the last
+  `<answer>` block when that block holds one (a model that restates its answer is graded on its
+  final statement), else the last top-level `\\boxed{}` anywhere. With no box at all the reason
+  is ``no_boxed`` and the grader falls back to math-verify over the response text, in the pool.
+* ``strict_answer_tag`` (ablation; rstar2's reading before issue 15): requires the `<answer>`
+  block (``no_answer`` otherwise) and a box inside its last block (``no_boxed``): a hidden format
+  reward on top of the outcome. A final `<answer>` never closed (cut at the length limit) counts.
+* ``last_boxed``: the last top-level `\\boxed{}` anywhere, no text fallback (for models not
+  trained on the tags).
+
+Conflicting boxed values (e.g. `\\boxed{3} or \\boxed{5}`): `on_conflict="last"` (default, the
+official behaviour: only the last one counts, so hedging earns nothing in expectation) or
+`"reject"` (reason `multiple_answers`; every box in the scope the answer was taken from: every
+`<answer>` block when it came from one, else the whole response).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-Mode = Literal["paper", "last_boxed"]
+Mode = Literal["outcome", "strict_answer_tag", "last_boxed"]
 OnConflict = Literal["last", "reject"]
-MODES: tuple[str, ...] = ("paper", "last_boxed")
+MODES: tuple[str, ...] = Mode.__args__  # type: ignore[attr-defined]
+TEXT_FALLBACK_MODES: tuple[str, ...] = ("outcome",)   # no box at all: math-verify over the text
 ON_CONFLICT: tuple[str, ...] = ("last", "reject")
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
@@ -130,17 +136,22 @@ def _pick(boxes: list[_Box], on_conflict: OnConflict) -> Extraction:
     return Extraction(answer)
 
 
-def extract_answer(text: str, mode: Mode = "paper", on_conflict: OnConflict = "last") -> Extraction:
+def _from_blocks(blocks: list[str], on_conflict: OnConflict) -> Extraction:
+    """The last box of the last block; with "reject", every block's boxes must agree."""
+    picked = _pick(boxed_contents(blocks[-1]), "last")
+    if picked.answer is None or on_conflict == "last":
+        return picked
+    return _pick([box for block in blocks for box in boxed_contents(block)], "reject")
+
+
+def extract_answer(text: str, mode: Mode = "outcome", on_conflict: OnConflict = "last") -> Extraction:
     """The final boxed answer of `text` under `mode` (see the module docstring for the rules)."""
     check_mode(mode, on_conflict)
     if mode == "last_boxed":
         return _pick(boxed_contents(text), on_conflict)
     blocks = answer_blocks(text)
-    if not blocks:
-        return Extraction(None, "no_answer")
-    last_boxes = boxed_contents(blocks[-1])
-    picked = _pick(last_boxes, "last")
-    if picked.answer is None or on_conflict == "last":
-        return picked
-    every_box = [box for block in blocks for box in boxed_contents(block)]
-    return _pick(every_box, "reject")
+    if mode == "strict_answer_tag":
+        return _from_blocks(blocks, on_conflict) if blocks else Extraction(None, "no_answer")
+    if blocks and boxed_contents(blocks[-1]):
+        return _from_blocks(blocks, on_conflict)
+    return _pick(boxed_contents(text), on_conflict)

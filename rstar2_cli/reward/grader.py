@@ -1,5 +1,8 @@
 """The outcome reward: extract, take the no-hang fast path when it applies, else grade in the pool.
 
+A response with no box at all is, in the default ``outcome`` mode, graded as the release grades
+it: math-verify over the response text, in the pool like every symbolic check (see `extract`).
+
 The RL trainer and `rstar2 eval` call `grade_batch`; both need results in input order, a reward
 for every item however hostile the text, and no call that blocks past its per-item timeout.
 `GraderPool` owns a `WorkerPool` for callers that manage its lifetime; the module-level
@@ -11,7 +14,7 @@ import atexit
 import threading
 from collections.abc import Sequence
 
-from rstar2_cli.reward.extract import Mode, OnConflict, check_mode, extract_answer
+from rstar2_cli.reward.extract import TEXT_FALLBACK_MODES, Mode, OnConflict, check_mode, extract_answer
 from rstar2_cli.reward.pool import WorkerPool
 from rstar2_cli.reward.result import GradeResult
 from rstar2_cli.reward.verify import fast_verdict
@@ -42,7 +45,7 @@ class GraderPool:
         response_text: str,
         gold_answer: str,
         *,
-        mode: Mode = "paper",
+        mode: Mode = "outcome",
         timeout: float = 5.0,
         on_conflict: OnConflict = "last",
     ) -> GradeResult:
@@ -53,30 +56,34 @@ class GraderPool:
         pairs: Sequence[tuple[str, str]],
         *,
         timeout: float = 5.0,
-        mode: Mode = "paper",
+        mode: Mode = "outcome",
         on_conflict: OnConflict = "last",
     ) -> list[GradeResult]:
         """One GradeResult per (response_text, gold_answer), in input order."""
         check_mode(mode, on_conflict)
         _check_timeout(timeout)
         results: list[GradeResult | None] = [None] * len(pairs)
-        deferred: list[tuple[int, str, str]] = []
+        deferred: list[tuple[int, str, str, str]] = []     # (index, pred or text, gold, job kind)
+        text_fallback = mode in TEXT_FALLBACK_MODES
         for i, pair in enumerate(pairs):
             response, gold = pair
             if not isinstance(response, str) or not isinstance(gold, str):
                 raise TypeError(f"pairs[{i}]: expected (str, str), got ({type(response).__name__}, {type(gold).__name__})")
             extraction = extract_answer(response, mode, on_conflict)
             if extraction.answer is None:
-                results[i] = GradeResult.of(extraction.reason or "no_boxed")  # type: ignore[arg-type]
+                if text_fallback and extraction.reason == "no_boxed":
+                    deferred.append((i, response, gold, "text"))
+                else:
+                    results[i] = GradeResult.of(extraction.reason or "no_boxed")  # type: ignore[arg-type]
                 continue
             verdict = fast_verdict(extraction.answer, gold)
             if verdict is None:
-                deferred.append((i, extraction.answer, gold))
+                deferred.append((i, extraction.answer, gold, "boxed"))
             else:
                 results[i] = GradeResult.of("correct" if verdict else "wrong", extraction.answer)
-        reasons = self.workers.run([(pred, gold) for _, pred, gold in deferred], timeout)
-        for (i, pred, _), reason in zip(deferred, reasons, strict=True):
-            results[i] = GradeResult.of(reason, pred)  # type: ignore[arg-type]
+        reasons = self.workers.run([job[1:] for job in deferred], timeout)
+        for (i, pred, _, kind), reason in zip(deferred, reasons, strict=True):
+            results[i] = GradeResult.of(reason, pred if kind == "boxed" else None)  # type: ignore[arg-type]
         return [r for r in results if r is not None]
 
     def start(self) -> None:
@@ -124,7 +131,7 @@ def grade(
     response_text: str,
     gold_answer: str,
     *,
-    mode: Mode = "paper",
+    mode: Mode = "outcome",
     timeout: float = 5.0,
     on_conflict: OnConflict = "last",
 ) -> GradeResult:
@@ -136,7 +143,7 @@ def grade_batch(
     pairs: Sequence[tuple[str, str]],
     *,
     timeout: float = 5.0,
-    mode: Mode = "paper",
+    mode: Mode = "outcome",
     workers: int | None = None,
     on_conflict: OnConflict = "last",
 ) -> list[GradeResult]:

@@ -47,7 +47,7 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         except (ValueError, OSError):
             pass  # a lower hard limit is already in place
-    from rstar2_cli.reward.verify import prepare_worker, symbolic_verdict
+    from rstar2_cli.reward.verify import job_verdict, prepare_worker
 
     prepare_worker()
     conn.send(("ready", os.getpid()))
@@ -58,8 +58,8 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
             return
         if chunk is None:
             return
-        for job_id, pred, gold in chunk:
-            conn.send((job_id, symbolic_verdict(pred, gold)))
+        for job_id, *job in chunk:
+            conn.send((job_id, job_verdict(*job)))
 
 
 @dataclass(eq=False)
@@ -169,8 +169,8 @@ class WorkerPool:
         self.close()
 
     # -- grading ---------------------------------------------------------------------------
-    def run(self, jobs: Sequence[tuple[str, str]], timeout: float) -> list[str]:
-        """Reason for each (pred, gold) job, in order: correct/wrong/parse_error/grader_error/
+    def run(self, jobs: Sequence[tuple[str, ...]], timeout: float) -> list[str]:
+        """Reason for each (pred, gold) or (pred, gold, kind) job (see `verify.job_verdict`), in order: correct/wrong/parse_error/grader_error/
         timeout/grader_crash. No item takes longer than `timeout` seconds of grading."""
         if not timeout > 0:
             raise ValueError(f"timeout: must be > 0 seconds, got {timeout!r}")
@@ -186,7 +186,7 @@ class WorkerPool:
                         self._replace(w)
                 raise
 
-    def _run(self, jobs: Sequence[tuple[str, str]], timeout: float) -> list[str]:
+    def _run(self, jobs: Sequence[tuple[str, ...]], timeout: float) -> list[str]:
         results: list[str | None] = [None] * len(jobs)
         pending = deque(range(len(jobs)))
         remaining = len(jobs)

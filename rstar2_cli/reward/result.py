@@ -12,8 +12,9 @@ from typing import Literal
 Reason = Literal[
     "correct",            # the extracted answer matches the gold answer
     "wrong",              # it was graded and does not match
-    "no_answer",          # paper mode: no <answer> block in the response
-    "no_boxed",           # no \boxed{} / \fbox{} where the mode looks for one
+    "no_answer",          # strict_answer_tag mode: no <answer> block in the response
+    "no_boxed",           # no \boxed{} / \fbox{} where the mode looks for one (outcome mode:
+                          # and math-verify found no answer in the text either)
     "multiple_answers",   # on_conflict="reject" and the boxed values disagree
     "unbalanced_braces",  # the final \boxed{ is never closed (e.g. a truncated response)
     "empty_boxed",        # \boxed{} holds nothing but whitespace

@@ -20,6 +20,9 @@ sympy would make the reward step the bottleneck:
   process pool enforces the per-item timeout by killing the worker instead.
   The official release also tries the prime_math grader first; we use math-verify alone rather
   than a second hand-kept symbolic checker.
+* `text_verdict` (worker processes only): a response with no box at all is graded as the release
+  grades it, by math-verify's own extraction over the response text (its default LaTeX and
+  expression targets; the last match wins), against the gold answer.
 """
 from __future__ import annotations
 
@@ -120,28 +123,56 @@ def _expand_plus_minus(s: str) -> str:
     return f"{s.replace(_PM, '+')}, {s.replace(_PM, '-')}"
 
 
-def symbolic_verdict(pred: str, gold: str) -> str:
-    """"correct" / "wrong" / "parse_error" / "grader_error" via math-verify. May hang: pool only."""
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+def _parse_boxed(s: str) -> list:
+    """math-verify's parse of `s` read as one boxed answer (LaTeX first, then plain expressions)."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
     config = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+    return parse(f"\\boxed{{{s}}}", extraction_config=config, parsing_timeout=None)
 
-    def parsed(s: str) -> list:
-        return parse(f"\\boxed{{{s}}}", extraction_config=config, parsing_timeout=None)
+
+def symbolic_verdict(pred: str, gold: str) -> str:
+    """"correct" / "wrong" / "parse_error" / "grader_error" via math-verify. May hang: pool only."""
+    from math_verify import verify
 
     try:
-        gold_parsed, pred_parsed = parsed(gold), parsed(pred)
+        gold_parsed, pred_parsed = _parse_boxed(gold), _parse_boxed(pred)
         if not gold_parsed or not pred_parsed:
             return "parse_error"
         if verify(gold_parsed, pred_parsed, timeout_seconds=None):
             return "correct"
         gold_pm, pred_pm = _expand_plus_minus(gold), _expand_plus_minus(pred)
         if (gold_pm, pred_pm) != (gold, pred):
-            if verify(parsed(gold_pm), parsed(pred_pm), timeout_seconds=None):
+            if verify(_parse_boxed(gold_pm), _parse_boxed(pred_pm), timeout_seconds=None):
                 return "correct"
         return "wrong"
     except Exception:  # noqa: BLE001 - math-verify/sympy can raise anything on hostile input
         return "grader_error"
+
+
+def text_verdict(text: str, gold: str) -> str:
+    """"correct" / "wrong" / "no_boxed" (nothing extractable) / "parse_error" / "grader_error" for
+    a response without a box, via math-verify over the whole text. May hang: pool only."""
+    from math_verify import parse, verify
+
+    try:
+        gold_parsed = _parse_boxed(gold)
+        if not gold_parsed:
+            return "parse_error"
+        pred_parsed = parse(text, parsing_timeout=None)
+        if not pred_parsed:
+            return "no_boxed"
+        return "correct" if verify(gold_parsed, pred_parsed, timeout_seconds=None) else "wrong"
+    except Exception:  # noqa: BLE001 - math-verify/sympy can raise anything on hostile input
+        return "grader_error"
+
+
+JOB_KINDS = {"boxed": symbolic_verdict, "text": text_verdict}
+
+
+def job_verdict(pred: str, gold: str, kind: str = "boxed") -> str:
+    """A pool job: `pred` is an extracted box ("boxed") or a whole response ("text")."""
+    return JOB_KINDS[kind](pred, gold)
 
 
 def prepare_worker() -> None:

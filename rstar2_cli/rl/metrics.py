@@ -3,6 +3,9 @@
 Why a flat dict with slash-separated names ("rollout/accuracy", "train/grad_norm"): the same
 record goes to JSONL (the source of truth, one line per step, readable by pandas/jq), to
 TensorBoard when `tensorboard` is installed and to wandb when enabled, without translation.
+Held-out points (`eval/...`, see `validation.py`) ride on their step's record (step 0: a record
+of their own), and `plot_curves` draws curves.png from the JSONL: training reward with held-out
+accuracy, response lengths (training and held-out), tool-error ratios and per-step filtering.
 """
 from __future__ import annotations
 
@@ -70,6 +73,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory], max_response_tokens: int
         "rollout/tool_error_ratio": tool_error_ratio(ts),
         "rollout/tool_error_ratio_positive": tool_error_ratio(pos),
         "rollout/tool_time_total": float(sum(t.tool_time for t in ts)),
+        "rollout/infra_errors": float(sum(bool(t.infra_error) for t in ts)),   # left their groups (RoC)
     }
     out.update(_stats("rollout/response_length", lengths))
     out.update(_stats("rollout/turns", [t.num_turns for t in ts]))
@@ -103,7 +107,8 @@ LIVE_COLUMNS = [("step", "step", "{:.0f}"), ("rollout/accuracy", "acc", "{:.3f}"
                 ("roc/groups_kept", "groups", "{:.0f}"), ("rollout/response_length_mean", "len", "{:.0f}"),
                 ("rollout/tool_error_ratio", "tool err", "{:.3f}"), ("train/loss", "loss", "{:+.4f}"),
                 ("train/grad_norm", "grad", "{:.3f}"), ("train/entropy", "entropy", "{:.3f}"),
-                ("train/clip_frac", "clip", "{:.4f}"), ("time/step", "s/step", "{:.1f}")]
+                ("train/clip_frac", "clip", "{:.4f}"), ("eval/accuracy", "held-out", "{:.3f}"),
+                ("time/step", "s/step", "{:.1f}")]
 
 
 class MetricsWriter:
@@ -161,6 +166,17 @@ class MetricsWriter:
         Console().print(table)
         self._header_shown = True
 
+    def plot(self) -> Path | None:
+        """curves.png next to metrics.jsonl (main rank; nothing when no step was logged)."""
+        if not self.enabled or not self.path.is_file():
+            return None
+        rows = read_metrics(self.path)
+        if not rows:
+            return None
+        target = self.path.with_name("curves.png")
+        plot_curves(rows, target)
+        return target
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
@@ -170,3 +186,44 @@ class MetricsWriter:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def _series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    pts = [(float(r["step"]), float(r[key])) for r in rows if isinstance(r.get(key), (int, float))]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | Path) -> None:
+    """Four panels from metrics.jsonl rows: reward and held-out accuracy, response lengths,
+    tool-error ratios, and groups kept / steps skipped."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    eval_sets = sorted({k.split("/")[1] for r in rows for k in r if k.startswith("eval/") and k.count("/") == 2})
+    panels = [
+        ("reward and held-out accuracy", [("rollout/reward_mean", "training reward")]
+         + [(f"eval/{n}/accuracy", f"{n} avg@k") for n in eval_sets]),
+        ("response length (tokens)", [("rollout/response_length_mean", "training")]
+         + [(f"eval/{n}/response_tokens_mean", n) for n in eval_sets]),
+        ("tool-error ratio", [("rollout/tool_error_ratio", "all"),
+                              ("rollout/tool_error_ratio_positive", "positive"),
+                              ("roc_after/tool_error_ratio_positive", "positive, kept by RoC")]),
+        ("groups", [("roc/groups_kept", "kept"), ("roc/groups_dropped", "dropped"),
+                    ("roc/infra_excluded", "infra-failed trajectories"), ("train/skipped_empty", "step skipped")]),
+    ]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    for ax, (title, lines) in zip(axes.flat, panels):
+        for key, label in lines:
+            xs, ys = _series(rows, key)
+            if xs:
+                ax.plot(xs, ys, marker="o" if key.startswith("eval/") else None, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

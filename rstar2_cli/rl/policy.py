@@ -21,7 +21,8 @@ are computed by the current policy before the first step, so with the release re
 mini-batch (ppo_mini_batch_size = train_batch_size = 128) the ratio is exactly 1 and clipping
 never fires; only TIS (vLLM vs trainer mismatch) reweights tokens. With ppo_mini_batches > 1 the
 later mini-batches see a moved policy and Clip-Higher acts. The LR schedule advances once per
-update() call (one RL step), like verl.
+update() call that took an optimizer step (one RL step), like verl; the trainer skips update()
+altogether on a step with nothing left after filtering.
 """
 from __future__ import annotations
 
@@ -198,7 +199,8 @@ class PolicyTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             losses.append(rl_dist.all_reduce_sum([loss_sum], self.device)[0])
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
+        if losses:                       # no optimizer step (no loss token anywhere): no LR step either
+            self.scheduler.step()
         return self._summarise(losses, norms, stats, vllm_diff, lr, len(batch))
 
     def _clip_grad_norm(self) -> float:

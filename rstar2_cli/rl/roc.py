@@ -10,27 +10,42 @@ Two selection modes:
   K − that = ⌈|pos|·K/n⌉ slots by weighted sampling without replacement with probability
   ∝ 1/(p_err + p_format + PENALTY_EPS) (``numpy.random.Generator.choice(replace=False, p=...)``
   draws one item at a time, each with probability ∝ p among the ones not yet drawn: successive
-  weighted sampling). K = G when the group has at least oversample·G members, otherwise about
-  half of them (⌈n/2⌉, at most G), so class proportions are kept and a single positive or a
-  single negative is never dropped by rounding on the positive side.
+  weighted sampling). As in the release, each class keeps at least min(2, |class|) (negatives
+  raised first, then positives; never more than K/2 each, so a K below 4 still keeps both
+  classes), so a 31/1 group keeps its lone negative instead of being dropped. K = G when the group has at least oversample·G members, otherwise about half of
+  them (⌈n/2⌉, at most G), so class proportions are kept.
 - ``release``: microsoft/rStar ``down_sample/roc.py`` after PR #50 (verl recipe rstar2_agent):
   per-class counts ``round(|class|·G/n)`` (Python's banker's rounding), raised to at least 2
   negatives and 2 positives where the class has them, positives sorted by penalty (stable),
-  negatives taken in rollout order (PR #50 removed their sort); groups with fewer than G
-  members are dropped, groups with exactly G are kept whole. Where the release would trip its
+  negatives taken in rollout order (PR #50 removed their sort, issue #49); groups with fewer than
+  G members are dropped, groups with exactly G are kept whole. Where the release would trip its
   ``assert len(choices) == G`` (odd G with two .5 roundings) we keep what the counts give.
 
-Penalties (identical in both modes, from the Trajectory's fields, see `penalties`):
-- p_err = num_tool_errors / num_tool_calls, 0.5 when there were no calls (release value).
-- p_format: as the release, an answer is a closed ``<answer>…</answer>`` pair; 1.0 when either
+Penalties:
+- paper: p_err = num_tool_errors / num_tool_calls over the calls whose outcome was the model's
+  doing (sandbox internal errors are neither errors nor calls here), 0.5 when there were none
+  (release value); p_format: an answer is a closed ``<answer>…</answer>`` pair; 1.0 when either
   tag is missing or the open/close counts differ from the number of closed pairs (malformed),
-  else min(1, (answers − 1) / num_turns). The release counts turns from
-  ``<|im_start|>assistant`` markers in the response text (which misses the first turn); we use
-  the agent loop's ``num_turns`` (the paper's definition); 0 turns gives 1.0 as in the release.
+  else min(1, (answers − 1) / num_turns) with the agent loop's ``num_turns`` (every generated
+  turn, the paper's definition); 0 turns gives 1.0.
+- release: the release's own text arithmetic on the decoded response: p_err = the fraction of
+  ``<tool_response>…</tool_response>`` blocks whose text contains "error" (any case), 0.5 with no
+  block; p_format as above but with turns counted as ``<|im_start|>assistant…<|im_end|>`` spans
+  in the response text, which misses the first turn (its marker is in the prompt) and an
+  unfinished last one.
+
+Infrastructure failures (``Trajectory.infra_error``: a sandbox internal error, which covers a
+worker crash, a queue timeout and a remote backend error, or an engine error) are not the
+model's doing: such trajectories leave their group before selection and advantages, and are
+counted in ``roc/infra_excluded`` (and per kind).
+
+Groups are the sampled instances of the step (``Trajectory.group_index``, with the prompt id):
+a problem drawn twice in one batch is two groups of G, not one of 2G.
 
 Group filter (``reject_equal_reward``): groups whose rewards are all equal carry no GRPO signal
-and are dropped. As in the release it runs on the full oversampled group before selection;
-it runs again after selection, since paper-mode floor rounding can remove a lone negative.
+and are dropped. As in the release it runs on the full oversampled group before selection, and
+again after selection (a safeguard; with the minimum of two per class it no longer fires when
+both classes are present).
 With RoC disabled: the first G samples of each group, then the same filter.
 """
 from __future__ import annotations
@@ -47,17 +62,21 @@ from rstar2_cli.rl.metrics import tool_error_ratio
 from rstar2_cli.rollout.trajectory import Trajectory
 
 PENALTY_EPS = 1e-3          # keeps 1/(p+eps) finite for a perfect (zero-penalty) positive
-RELEASE_MIN_NEGATIVES = 2   # min_zero_reward_trace_num in the release launch script
-RELEASE_MIN_POSITIVES = 2   # min_non_zero_reward_trace_num
+RELEASE_MIN_NEGATIVES = 2   # min_zero_reward_trace_num in examples/run_qwen3-14b_rstar2_agent_weave.sh
+RELEASE_MIN_POSITIVES = 2   # min_non_zero_reward_trace_num (same script); paper mode keeps them too
 
 _ANSWER_PAIR = re.compile(r"<answer>.*?</answer>", re.DOTALL)
+_TOOL_RESPONSE = re.compile(r"<tool_response>.*?</tool_response>", re.DOTALL)
+_ASSISTANT_TURN = re.compile(r"<\|im_start\|>assistant.*?<\|im_end\|>", re.DOTALL)
 
 
 def error_penalty(t: Trajectory) -> float:
-    """Fraction of tool calls that failed; 0.5 when the trajectory made no call."""
-    if t.num_tool_calls <= 0:
+    """Fraction of the model's tool calls that failed; 0.5 when it made none (infrastructure
+    failures, `extra["infra_tool_calls"]`, are not the model's calls)."""
+    calls = t.num_tool_calls - int(t.extra.get("infra_tool_calls", 0))
+    if calls <= 0:
         return 0.5
-    return min(1.0, t.num_tool_errors / t.num_tool_calls)
+    return min(1.0, t.num_tool_errors / calls)
 
 
 def answer_count(text: str) -> int:
@@ -65,20 +84,42 @@ def answer_count(text: str) -> int:
     return len(_ANSWER_PAIR.findall(text))
 
 
-def format_penalty(t: Trajectory) -> float:
-    """1 for a missing/malformed answer, else min(1, (answers − 1) / turns)."""
-    text = t.text
+def _format_penalty(text: str, turns: int) -> float:
     if "<answer>" not in text or "</answer>" not in text:
         return 1.0
     pairs = answer_count(text)
     if text.count("<answer>") != pairs or text.count("</answer>") != pairs:
         return 1.0
-    if t.num_turns <= 0:
+    if turns <= 0:
         return 1.0
-    return min(1.0, (pairs - 1) / t.num_turns)
+    return min(1.0, (pairs - 1) / turns)
 
 
-def penalties(t: Trajectory) -> float:
+def format_penalty(t: Trajectory) -> float:
+    """1 for a missing/malformed answer, else min(1, (answers − 1) / turns)."""
+    return _format_penalty(t.text, t.num_turns)
+
+
+def release_error_penalty(text: str) -> float:
+    """The release's p_err: tool-response blocks whose text contains "error", 0.5 with none."""
+    blocks = _TOOL_RESPONSE.findall(text)
+    if not blocks:
+        return 0.5
+    return sum("error" in b.lower() for b in blocks) / len(blocks)
+
+
+def release_turn_count(text: str) -> int:
+    """The release's turn count: `<|im_start|>assistant…<|im_end|>` spans in the response text."""
+    return len(_ASSISTANT_TURN.findall(text))
+
+
+def release_format_penalty(text: str) -> float:
+    return _format_penalty(text, release_turn_count(text))
+
+
+def penalties(t: Trajectory, mode: str = "paper") -> float:
+    if mode == "release":
+        return release_error_penalty(t.text) + release_format_penalty(t.text)
     return error_penalty(t) + format_penalty(t)
 
 
@@ -99,6 +140,13 @@ def _paper_select(group: Sequence[Trajectory], group_size: int, oversample: int,
     pos = [i for i, t in enumerate(group) if is_positive(t)]
     k_neg = (len(neg) * keep) // n
     k_pos = keep - k_neg                     # == ceil(|pos|·keep/n) <= |pos|
+    # the release's minimum per class, at most half the slots (so a small K keeps both classes)
+    min_neg, min_pos = (min(m, len(c), keep // 2) for m, c in ((RELEASE_MIN_NEGATIVES, neg),
+                                                                (RELEASE_MIN_POSITIVES, pos)))
+    if k_neg < min_neg:
+        k_neg, k_pos = min_neg, keep - min_neg
+    if k_pos < min_pos:
+        k_pos, k_neg = min_pos, keep - min_pos
     chosen: list[int] = []
     if k_neg:
         chosen += [int(i) for i in rng.choice(neg, size=k_neg, replace=False)]
@@ -116,7 +164,7 @@ def _release_select(group: Sequence[Trajectory], group_size: int) -> list[int] |
     if n == group_size:
         return list(range(n))
     neg = [i for i, t in enumerate(group) if not is_positive(t)]
-    pos = sorted((i for i, t in enumerate(group) if is_positive(t)), key=lambda i: penalties(group[i]))
+    pos = sorted((i for i, t in enumerate(group) if is_positive(t)), key=lambda i: penalties(group[i], "release"))
     k_neg = round(len(neg) * group_size / n)
     k_pos = round(len(pos) * group_size / n)
     if k_neg < RELEASE_MIN_NEGATIVES and k_pos < RELEASE_MIN_POSITIVES:
@@ -144,12 +192,27 @@ class RocResult:
         return [t for g in self.groups for t in g]
 
 
-def group_by_prompt(trajectories: Iterable[Trajectory]) -> list[list[Trajectory]]:
-    """Group by prompt_id (first-seen order), each group sorted by sample_index."""
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
+def group_by_instance(trajectories: Iterable[Trajectory]) -> list[list[Trajectory]]:
+    """Group by sampled instance, (group_index, prompt_id), in first-seen order, each group
+    sorted by sample_index: a problem drawn twice in one batch makes two groups."""
+    groups: dict[tuple[int, str], list[Trajectory]] = defaultdict(list)
     for t in trajectories:
-        groups[t.prompt_id].append(t)
+        groups[(t.group_index, t.prompt_id)].append(t)
     return [sorted(g, key=lambda t: t.sample_index) for g in groups.values()]
+
+
+def split_infra_failures(trajectories: Iterable[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
+    """(the trajectories the model is accountable for, metrics counting the others per kind)."""
+    kept: list[Trajectory] = []
+    kinds: Counter = Counter()
+    for t in trajectories:
+        if t.infra_error:
+            kinds[t.infra_error] += 1
+        else:
+            kept.append(t)
+    metrics = {"roc/infra_excluded": float(sum(kinds.values()))}
+    metrics.update({f"roc/infra_excluded_{kind}": float(n) for kind, n in kinds.items()})
+    return kept, metrics
 
 
 def all_rewards_equal(group: Sequence[Trajectory]) -> bool:
@@ -241,9 +304,14 @@ def _finish_metrics(result: RocResult, groups: Sequence[Sequence[Trajectory]]) -
 
 def select_for_training(trajectories: Iterable[Trajectory], cfg: RocConfig, group_size: int,
                         rng: np.random.Generator) -> RocResult:
-    """The trainer's entry point: group by prompt, then RoC (cfg.enabled) or plain GRPO."""
-    groups = group_by_prompt(trajectories)
+    """The trainer's entry point: drop infrastructure failures, group by sampled instance, then
+    RoC (cfg.enabled) or plain GRPO."""
+    accountable, infra_metrics = split_infra_failures(trajectories)
+    groups = group_by_instance(accountable)
     if not cfg.enabled:
-        return first_g_groups(groups, group_size, reject_equal_reward=cfg.reject_equal_reward)
-    return downsample_groups(groups, group_size, cfg.mode, rng, oversample=cfg.oversample,
-                             reject_equal_reward=cfg.reject_equal_reward)
+        result = first_g_groups(groups, group_size, reject_equal_reward=cfg.reject_equal_reward)
+    else:
+        result = downsample_groups(groups, group_size, cfg.mode, rng, oversample=cfg.oversample,
+                                   reject_equal_reward=cfg.reject_equal_reward)
+    result.metrics.update(infra_metrics)
+    return result

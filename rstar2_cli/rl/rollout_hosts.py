@@ -147,7 +147,8 @@ def host_ranks(roles: Sequence[tuple[int, bool]], num_nodes: int) -> list[int]:
 def reassemble(shards: Sequence[tuple[Sequence[int], Sequence[Any]]], num_prompts: int,
                per_prompt: int) -> list[Any]:
     """Global order from per-node shards: each shard is (prompt positions, items grouped by
-    prompt, `per_prompt` each, in the order of the positions)."""
+    prompt, `per_prompt` each, in the order of the positions). Items with a `group_index` (the
+    trajectories) get their global batch position there, so RoC groups by sampled instance."""
     groups: list[Sequence[Any] | None] = [None] * num_prompts
     for positions, items in shards:
         if len(items) != len(positions) * per_prompt:
@@ -159,6 +160,9 @@ def reassemble(shards: Sequence[tuple[Sequence[int], Sequence[Any]]], num_prompt
             if groups[pos] is not None:
                 raise ValueError(f"prompt position {pos} rolled out by two nodes")
             groups[pos] = items[j * per_prompt:(j + 1) * per_prompt]
+            for item in groups[pos]:
+                if hasattr(item, "group_index"):
+                    item.group_index = pos
     missing = [i for i, g in enumerate(groups) if g is None]
     if missing:
         raise ValueError(f"prompt positions {missing} rolled out by no node")

@@ -8,7 +8,11 @@ One step, in the paper's order:
   5. group-normalised advantages over the kept G;
   6. the policy update (FSDP2 when launched under torchrun);
   7. push the new weights into the engines;
-  8. log metrics (JSONL, live table, optional TensorBoard).
+  8. log metrics (JSONL, live table, optional TensorBoard/wandb; curves.png at the end); every
+     `train.eval_every` steps (and before the first) the held-out sets are evaluated on the
+     trainer's own engine and sandbox (`validation.py`) and logged with the step.
+A step whose groups are all filtered out (equal rewards, infrastructure failures) is skipped:
+no optimizer step, no LR step, no weight sync; it is logged with `train/skipped_empty` = 1.
 
 Placement (`rollout_hosts.py`): the local rank 0 of every node is that node's rollout host. It
 starts the node's vLLM replicas on the GPUs the launch plan names (`RSTAR2_ENGINE_GPU_IDS`,
@@ -61,6 +65,12 @@ class RLTrainer:
         self.out_dir = Path(cfg.train.out_dir)
         # Bad data fails here, before any model is loaded.
         self.problems = load_problems(cfg.data.train, data_dir=cfg.data.data_dir)
+        if cfg.train.eval_every > 0:
+            from rstar2_cli.rl.validation import eval_set_source
+
+            for entry in cfg.train.eval_sets:      # a missing held-out set fails now, not at step 5
+                name, data = eval_set_source(entry)
+                load_problems(data or name, data_dir=cfg.data.data_dir)
         random.seed(cfg.train.seed)
         np.random.seed(cfg.train.seed)
         torch.manual_seed(cfg.train.seed)
@@ -139,7 +149,10 @@ class RLTrainer:
         self.writer.close()
 
     # ------------------------------------------------------------------ one step
-    def _rollout_and_grade(self, batch: list) -> tuple[list[Trajectory], dict[str, float]]:
+    def _rollout_and_grade(self, batch: list, positions: list[int] | None = None,
+                           occurrence: list[int] | None = None) -> tuple[list[Trajectory], dict[str, float]]:
+        """Roll out and grade `batch` (this node's shard: `positions` in the step's batch and how
+        many times each problem was drawn before them, so duplicates differ across nodes too)."""
         from rstar2_cli.reward import grade_batch
         from rstar2_cli.rollout.agent_loop import run_agent_loop
 
@@ -148,7 +161,7 @@ class RLTrainer:
         trajs = self.loop.run_until_complete(run_agent_loop(
             [(p.id, p.problem, p.answer) for p in batch], cfg.rollouts_per_prompt, self.scheduler,
             self.tools, self.tokenizer, cfg.rollout, seed=cfg.train.seed * 1_000_003 + self.step,
-            progress=self.progress))
+            progress=self.progress, group_indices=positions, occurrence=occurrence))
         t1 = time.perf_counter()
         grades = grade_batch([(t.text, t.gold) for t in trajs], timeout=cfg.reward.timeout, mode=cfg.reward.mode,
                              workers=cfg.reward.workers)
@@ -161,11 +174,15 @@ class RLTrainer:
         """Every host rolls out its node-shard of `batch`; every rank gets all trajectories in
         the global prompt order, the slowest host's rollout and reward times, and (more than one
         node) how many trajectories each node rolled out."""
+        from rstar2_cli.rollout.agent_loop import occurrences
+
         piece: Any = None
         if self.host.is_host:
             positions = self.host.prompt_positions(len(batch))
+            drawn_before = occurrences([p.id for p in batch])
             try:
-                trajs, timing = (self._rollout_and_grade([batch[i] for i in positions]) if positions
+                trajs, timing = (self._rollout_and_grade([batch[i] for i in positions], positions,
+                                                         [drawn_before[i] for i in positions]) if positions
                                  else ([], {"time/rollout": 0.0, "time/reward": 0.0}))
             except Exception as e:
                 if not rl_dist.is_distributed():
@@ -212,6 +229,7 @@ class RLTrainer:
         from rstar2_cli.rl.loss import advantages_for_groups
         from rstar2_cli.rl.metrics import step_metrics
         from rstar2_cli.rl.roc import select_for_training
+        from rstar2_cli.rl.validation import validation_due
 
         cfg = self.cfg
         t_start = time.perf_counter()
@@ -219,22 +237,43 @@ class RLTrainer:
         trajs, timing, per_node = self._rollout_all_nodes(batch)                         # 2, 3
         roc = select_for_training(trajs, cfg.roc, cfg.train.group_size, self.rng)       # 4
         kept, advantages = roc.trajectories, advantages_for_groups(roc.groups)          # 5
-        t_train = time.perf_counter()
-        self._engines("sleep")           # colocated on GPU: free KV cache and weights for training
-        mine = shard_for_rank(list(zip(kept, advantages)), self.info.rank, self.info.world_size)
-        update = self.policy.update([m[0] for m in mine], [m[1] for m in mine])          # 6
-        timing["time/train"] = time.perf_counter() - t_train
-        self._engines("wake_up", ["weights"])
-        timing["time/sync"] = self._sync_weights()                                      # 7
-        self._engines("wake_up", ["kv_cache"])
+        update: dict[str, float] = {}
+        if kept:
+            t_train = time.perf_counter()
+            self._engines("sleep")       # colocated on GPU: free KV cache and weights for training
+            mine = shard_for_rank(list(zip(kept, advantages)), self.info.rank, self.info.world_size)
+            update = self.policy.update([m[0] for m in mine], [m[1] for m in mine])      # 6
+            timing["time/train"] = time.perf_counter() - t_train
+            self._engines("wake_up", ["weights"])
+            timing["time/sync"] = self._sync_weights()                                  # 7
+            self._engines("wake_up", ["kv_cache"])
+        else:   # every group filtered out: nothing to learn, so no optimizer, LR or weight step
+            log.warning("step %d: no group left after filtering (%s): skipped, no optimizer or LR step",
+                        self.step + 1, ", ".join(f"{k} {v}" for k, v in roc.dropped.items()) or "no groups")
         timing["time/step"] = time.perf_counter() - t_start
         self.step += 1
         metrics = step_metrics(self.step, trajs, roc, update, timing,
                                max_response_tokens=cfg.rollout.max_response_tokens)     # 8
+        metrics["train/skipped_empty"] = float(not kept)
         metrics.update(per_node)
+        if validation_due(cfg, self.step):
+            metrics.update(self.validate())
         self.writer.write(self.step, metrics)
         if self.on_step is not None and self.info.is_main:
             self.on_step(self.step, metrics)
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        """Held-out eval of the current policy on rank 0's engine and sandbox (`validation.py`);
+        other ranks get {} (rank 0 is node 0's rollout host)."""
+        from rstar2_cli.rl.validation import run_validation
+
+        if not (self.info.is_main and self.host.is_host):
+            return {}
+        t0 = time.perf_counter()
+        metrics = run_validation(self.cfg, self.engines[0], self.tools, self.step, self.out_dir,
+                                 progress=self.progress)
+        metrics["time/eval"] = time.perf_counter() - t0
         return metrics
 
     def save(self, final: bool = False) -> Path:
@@ -247,13 +286,18 @@ class RLTrainer:
 
     def train(self) -> Path:
         """Run until train.steps; checkpoint every save_every steps and at the end."""
+        from rstar2_cli.rl.validation import validation_due
+
         try:
+            if self.step == 0 and validation_due(self.cfg, 0):
+                self.writer.write(0, {"step": 0.0, **self.validate()})
             while self.step < self.cfg.train.steps:
                 self.train_step()
                 if self.step % self.cfg.train.save_every == 0 and self.step < self.cfg.train.steps:
                     self.save()
             return self.save(final=True)
         finally:
+            self.writer.plot()
             self.close()
 
 

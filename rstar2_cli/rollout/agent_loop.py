@@ -30,10 +30,32 @@ from rstar2_cli.rollout.trajectory import Trajectory
 log = logging.getLogger(__name__)
 
 
-def trajectory_seed(seed: int, prompt_id: str, sample_index: int) -> int:
-    """A stable 31-bit seed per trajectory (independent of run order and of Python's hash salt)."""
-    digest = hashlib.blake2b(f"{seed}|{prompt_id}|{sample_index}".encode(), digest_size=4).digest()
+INFRA_TOOL_REASONS = frozenset({"internal_error"})  # sandbox failures that are not the model's doing
+                                                 # (worker crash, queue timeout, remote backend error)
+
+
+def trajectory_seed(seed: int, prompt_id: str, sample_index: int, occurrence: int = 0) -> int:
+    """A stable 31-bit seed per trajectory (independent of run order and of Python's hash salt).
+    `occurrence` > 0: a later draw of the same problem in one batch gets seeds of its own; the
+    first draw keeps the seed it always had."""
+    name = prompt_id if occurrence == 0 else f"{prompt_id}@{occurrence}"
+    digest = hashlib.blake2b(f"{seed}|{name}|{sample_index}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "big") & 0x7FFFFFFF
+
+
+def instance_key(prompt_id: str, sample_index: int, occurrence: int = 0) -> str:
+    """Routing and sandbox-session key of one trajectory, unique per sampled instance."""
+    return f"{prompt_id}#{sample_index}" if occurrence == 0 else f"{prompt_id}@{occurrence}#{sample_index}"
+
+
+def occurrences(prompt_ids: list[str]) -> list[int]:
+    """How many times each id appeared earlier in the list (0 for a first draw)."""
+    seen: dict[str, int] = {}
+    out = []
+    for pid in prompt_ids:
+        out.append(seen.get(pid, 0))
+        seen[pid] = out[-1] + 1
+    return out
 
 
 @dataclass
@@ -111,7 +133,11 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             for o in outcomes:
                 reasons.append("parse_error" if isinstance(o, ParseError) else o.reason)
             traj.num_tool_calls += len(outcomes)
-            traj.num_tool_errors += sum(r != "ok" for r in reasons[-len(outcomes):])
+            infra = sum(r in INFRA_TOOL_REASONS for r in reasons[-len(outcomes):])
+            traj.num_tool_errors += sum(r != "ok" for r in reasons[-len(outcomes):]) - infra
+            if infra:
+                traj.extra["infra_tool_calls"] = traj.extra.get("infra_tool_calls", 0) + infra
+                traj.infra_error = traj.infra_error or "sandbox_internal_error"
             texts = [response_text(o, cfg.tool_response_max_chars, cfg.tool_timeout) for o in outcomes]
             tool_ids = tool_turn_ids(proto.tokenizer, texts, after_im_end=(last == proto.im_end_id))
             room = budget - len(ids)
@@ -124,6 +150,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
     except Exception as e:  # one broken trajectory must not sink the batch; the caller sees "error"
         log.warning("trajectory %s failed: %r", key, e)
         traj.finish_reason = "error"
+        traj.infra_error = "engine_error"
         traj.extra["error"] = repr(e)
     finally:
         if used_session and hasattr(tool_runner, "close_session"):
@@ -135,26 +162,37 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
 
 async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_problem: int, generator,
                          tool_runner, tokenizer, cfg: RolloutConfig, *, seed: int = 0,
-                         progress: bool = True) -> list[Trajectory]:
+                         progress: bool = True, group_indices: list[int] | None = None,
+                         occurrence: list[int] | None = None) -> list[Trajectory]:
     """Roll out `samples_per_problem` trajectories for each (prompt_id, problem_text, gold).
 
     Returns trajectories grouped by problem, in input order (sample_index 0..n-1 within a group).
+    Each input position is one sampled instance: its trajectories carry `group_index` (the
+    position, or `group_indices[position]`: the global batch position when this call rolls out a
+    shard). A problem listed twice is two instances; `occurrence[position]` (default: counted in
+    this list) gives a later draw its own seeds and session keys.
     Raises only if every trajectory failed (e.g. the engine is down); otherwise failed ones come
-    back with finish_reason "error".
+    back with finish_reason "error" and infra_error "engine_error".
     """
     if samples_per_problem < 1:
         raise ValueError(f"samples_per_problem must be >= 1, got {samples_per_problem}")
+    group_indices = list(range(len(problems))) if group_indices is None else list(group_indices)
+    occurrence = occurrences([p[0] for p in problems]) if occurrence is None else list(occurrence)
+    if not len(group_indices) == len(occurrence) == len(problems):
+        raise ValueError(f"{len(problems)} problems but {len(group_indices)} group indices and "
+                         f"{len(occurrence)} occurrence counts")
     proto = _Protocol.build(tokenizer, cfg)
     schemas = tool_schemas(proto.tools) if cfg.tools_in_prompt else None
     trajs: list[Trajectory] = []
     jobs = []
-    for prompt_id, problem, gold in problems:
+    for (prompt_id, problem, gold), group, occ in zip(problems, group_indices, occurrence):
         prompt_ids = encode_messages(tokenizer, problem_messages(problem, cfg.system_prompt), schemas,
                                      add_generation_prompt=True)
         for k in range(samples_per_problem):
-            t = Trajectory(prompt_id=prompt_id, sample_index=k, prompt_ids=list(prompt_ids), gold=gold)
+            t = Trajectory(prompt_id=prompt_id, sample_index=k, group_index=group, prompt_ids=list(prompt_ids),
+                           gold=gold)
             trajs.append(t)
-            jobs.append((t, f"{prompt_id}#{k}", trajectory_seed(seed, prompt_id, k)))
+            jobs.append((t, instance_key(prompt_id, k, occ), trajectory_seed(seed, prompt_id, k, occ)))
     if not jobs:
         return []
 

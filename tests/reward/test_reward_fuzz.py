@@ -1,7 +1,10 @@
 """10,000 random and truncated responses through grade_batch: every item gets a valid verdict.
 
 Policies emit arbitrary text, including cut-off LaTeX; the reward step must return a reward for
-each of them (no exception, no hang) and keep working afterwards.
+each of them (no exception, no hang) and keep working afterwards. The 10,000 run in
+strict_answer_tag mode (extraction and the boxed grader); a slice of them, the very long inputs
+included, also runs in the default outcome mode, whose box-less responses go through
+math-verify over the whole text in the pool.
 """
 from __future__ import annotations
 
@@ -70,7 +73,7 @@ def test_ten_thousand_hostile_responses_all_get_a_valid_verdict(data_dir: Path):
     items = _items(data_dir)
     assert len(items) == N_ITEMS
     with GraderPool(workers=2) as pool:
-        results = pool.grade_batch(items, timeout=3.0)
+        results = pool.grade_batch(items, timeout=3.0, mode="strict_answer_tag")
         assert len(results) == N_ITEMS
         for r in results:
             assert r.reason in REASONS
@@ -78,3 +81,14 @@ def test_ten_thousand_hostile_responses_all_get_a_valid_verdict(data_dir: Path):
         reasons = {r.reason for r in results}
         assert {"no_answer", "unbalanced_braces", "correct", "wrong"} <= reasons
         assert pool.grade("<answer>\\boxed{0.5}</answer>", "\\frac{1}{2}").reason == "correct"
+
+
+def test_hostile_box_less_responses_get_a_verdict_in_outcome_mode(data_dir: Path):
+    items = _items(data_dir)
+    sample = items[:30] + items[3500:3510] + items[-2:-1]   # random text, cut solutions, a very long one
+    with GraderPool(workers=2) as pool:
+        results = pool.grade_batch(sample, timeout=2.0)
+        assert len(results) == len(sample)
+        assert all(r.reason in REASONS and r.reward == (1.0 if r.reason == "correct" else 0.0) for r in results)
+        assert "no_answer" not in {r.reason for r in results}   # tags never gate the outcome reward
+        assert pool.grade("The answer is $\\frac{1}{2}$.", "0.5").reason == "correct"
