@@ -38,17 +38,51 @@ class DataConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    """The agent loop: how one trajectory is generated (paper §2, §3)."""
-    max_turns: int = Field(10, ge=1)                  # 10 in stages 1-2, 15 in stage 3, 30 in eval
-    max_response_tokens: int = Field(8192, ge=1)      # 8K stage 1, 12K stages 2-3; tool tokens count
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_calls_per_turn: int = Field(4, ge=1)          # extra calls in one turn get an error response
-    tool_response_max_chars: int = Field(4096, ge=64) # longer tool output: middle cut
+    """The agent loop: how one trajectory is generated (paper §2, §3).
+
+    The defaults reproduce the official release (microsoft/rStar@ecbfb94 on J-shang/verl@d0dc976)
+    byte for byte: the prompt, the forced `<reason>`, the tool-response text and its cut, the
+    parse-error text and the time limit. Each deliberate improvement is a field below, off by
+    default (docs/fidelity.md, "Protocol", lists them with the paper's and the release's values).
+    """
+    max_turns: int = Field(10, ge=1)                  # paper §4: 10 in stages 1-2, 15 in stage 3 (the release's
+                                                      # trainer yaml says max_assistant_turns 5; we follow the paper)
+    max_response_tokens: int = Field(8192, ge=1)      # 8K stage 1, 12K stages 2-3 (paper §4); tool tokens count
+    temperature: float = Field(1.0, ge=0.0)           # release: verl rollout.temperature 1.0
+    top_p: float = Field(1.0, gt=0.0, le=1.0)         # release: verl rollout.top_p 1
+    max_calls_per_turn: int = Field(1, ge=1)          # release: verl multi_turn.max_parallel_calls default 1
+    tool_response_max_chars: int = Field(256, ge=64)  # release: verl multi_turn.max_tool_response_length default 256
     tool: Literal["python_code_with_standard_io", "python_notebook"] = "python_code_with_standard_io"
-    tool_timeout: float = Field(10.0, gt=0.0)         # seconds per tool call
-    system_prompt: str | None = None                  # None: the paper's system prompt
-    tools_in_prompt: bool = True                      # list the tool schemas in <tools> (paper: yes)
+                                                      # python_notebook (ours): a live session per trajectory, so
+                                                      # variables persist between calls like Jupyter cells
+    tool_timeout: float = Field(4.0, gt=0.0)          # release: code-judge MAX_EXECUTION_TIME=4 (rStar README)
+    system_prompt: str | None = None                  # None: the release's system prompt
+    tools_in_prompt: bool = True                      # list the tool schemas in <tools> (release: yes)
+    force_reason: bool = True                         # release template: every assistant turn opens with a
+                                                      # template-written `<reason>` (mask 0)
+    code_runner: Literal["release", "plain"] = "release"
+                                                      # release: run a stdio snippet as the release's executor
+                                                      # does (echo the last expression, "<Type> at line N: ...")
+    # ---- our improvements, off by default (false/"release" = the release's behaviour)
+    tool_schema_return: bool = False                  # show the paper's Fig. 3 "return" object in <tools>: tells
+                                                      # the model what a call gives back
+    response_format: Literal["release", "rstar2"] = "release"
+                                                      # rstar2: raw stdout/stderr with plain limit notes and a
+                                                      # head+tail cut that says how much was cut (fewer tokens)
+    parse_messages: Literal["release", "strict"] = "release"
+                                                      # strict: name the missing key / unknown tool / bad argument
+                                                      # and answer calls beyond the cap, so the format is learnt faster
+    unclosed_tag_feedback: bool = False               # an unclosed <tool_call> gets an error back instead of
+                                                      # silently ending the trajectory
+    stop_at_tool_call: bool = False                   # end a turn at </tool_call> (the loop writes <|im_end|>,
+                                                      # mask 0): no tokens are sampled after a call
+
+
+# The RolloutConfig fields that fix what the model sees and how its calls are answered (besides
+# system_prompt and tools_in_prompt): an evaluation copies them from the RL recipe it checks.
+PROTOCOL_FIELDS = ("max_calls_per_turn", "tool_response_max_chars", "tool", "tool_timeout", "force_reason",
+                   "tool_schema_return", "response_format", "parse_messages", "unclosed_tag_feedback",
+                   "stop_at_tool_call", "code_runner")
 
 
 class EngineConfig(_Section):

@@ -29,14 +29,23 @@ def register(app: typer.Typer) -> None:
         tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer folder for --engine openai (default: MODEL)"),
         sandbox_url: Optional[str] = typer.Option(None, "--sandbox-url", help="a running rstar2 serve-sandbox (default: embedded pool)"),
         max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
-        system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="replace the paper's system prompt (as the RL recipe's rollout.system_prompt)"),
+        system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="replace the release's system prompt (as the RL recipe's rollout.system_prompt)"),
         tools_in_prompt: bool = typer.Option(True, "--tools-in-prompt/--no-tools-in-prompt", help="list the tool schema in the prompt (paper: yes)"),
+        protocol_from: Optional[str] = typer.Option(None, "--protocol-from", help="an RL recipe: take its prompt and tool protocol (rollout.system_prompt, tools_in_prompt, response texts, ...) for a checkpoint trained with it; default: the release's (--system-prompt still overrides)"),
     ) -> None:
         """Evaluate a checkpoint with tool-integrated generation: avg@k pass@1, pass@k, maj@k, lengths, tool stats."""
         from pydantic import ValidationError
 
-        from rstar2_cli.eval.settings import EvalSettings
+        from rstar2_cli.config import ConfigError
+        from rstar2_cli.eval.settings import EvalSettings, protocol_of_recipe
 
+        layout = {"system_prompt": system_prompt, "tools_in_prompt": tools_in_prompt}
+        if protocol_from:
+            try:
+                layout = protocol_of_recipe(protocol_from)
+            except ConfigError as e:
+                fail(str(e))
+            layout["system_prompt"] = system_prompt if system_prompt is not None else layout["system_prompt"]
         try:
             settings = EvalSettings(
                 benchmark=benchmark,
@@ -44,7 +53,7 @@ def register(app: typer.Typer) -> None:
                 temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
                 limit=limit, seed=seed, answer_mode=answer_mode, engine=engine, base_url=base_url,
                 tokenizer=tokenizer, sandbox_url=sandbox_url, max_model_len=max_model_len,
-                system_prompt=system_prompt, tools_in_prompt=tools_in_prompt,
+                **layout,
             )
         except ValidationError as e:
             err = e.errors()[0]

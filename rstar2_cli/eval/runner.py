@@ -82,18 +82,10 @@ async def _generate(s: EvalSettings, problems, tokenizer, out_file: Path, engine
 
     `engine` / `tools`: an already running generator and sandbox to reuse (the quickstart and
     the tests share one); otherwise they are started here and closed at the end."""
-    from rstar2_cli.config import RolloutConfig
     from rstar2_cli.reward import grade_batch
     from rstar2_cli.rollout.agent_loop import run_agent_loop
 
-    rollout_cfg = RolloutConfig(
-        max_turns=s.max_turns,
-        max_response_tokens=s.max_tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        system_prompt=s.system_prompt,
-        tools_in_prompt=s.tools_in_prompt,
-    )
+    rollout_cfg = s.rollout_config()
     async with AsyncExitStack() as stack:
         if engine is None:
             engine = await _make_engine(s)
@@ -140,7 +132,7 @@ def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[
 
     `engine` (anything with `async generate(req, key=None)`) and `tools` (a started sandbox) may
     be passed in to reuse them across evaluations. The prompt layout (`system_prompt`,
-    `tools_in_prompt`) is part of the settings, so results.json records it."""
+    `tools_in_prompt`, `protocol`) is part of the settings, so results.json records it."""
     from transformers import AutoTokenizer
 
     from rstar2_cli.data.problems import load_problems

@@ -3,14 +3,29 @@
 rStar2-Agent reports avg@16 pass@1 at temperature 0.6, up to 30K response tokens and up to 30
 turns. The official eval scripts set neither the temperature nor the turn limit, so the protocol
 lives here, once, and every run writes the full resolved settings next to its results.
+
+The prompt and tool protocol defaults to the release's (RolloutConfig's defaults): evaluating the
+released checkpoint sends it exactly the bytes it was trained on. `protocol` takes the protocol
+fields of the RL recipe a checkpoint was trained with (config.PROTOCOL_FIELDS), when they differ.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rstar2_cli.config import PROTOCOL_FIELDS, RolloutConfig
 from rstar2_cli.data.problems import EVAL_SET_NAMES as BENCHMARKS
+
+
+def protocol_of_recipe(path: str) -> dict[str, Any]:
+    """`system_prompt`, `tools_in_prompt` and `protocol` as the RL recipe at `path` sets them
+    (ConfigError naming the file if it is not a valid recipe)."""
+    from rstar2_cli.config import load_recipe
+
+    rollout = load_recipe(path).rollout
+    return {"system_prompt": rollout.system_prompt, "tools_in_prompt": rollout.tools_in_prompt,
+            "protocol": {f: getattr(rollout, f) for f in PROTOCOL_FIELDS}}
 
 
 class EvalSettings(BaseModel):
@@ -31,6 +46,8 @@ class EvalSettings(BaseModel):
     answer_mode: Literal["outcome", "strict_answer_tag", "last_boxed"] = "outcome"   # as reward.mode
     system_prompt: str | None = None                 # as the RL recipe's rollout.system_prompt
     tools_in_prompt: bool = True                     # as rollout.tools_in_prompt
+    protocol: dict[str, Any] = Field(default_factory=dict)   # rollout.<field> of the RL recipe, for
+                                                     # the fields in config.PROTOCOL_FIELDS; {}: the release's
     engine: Literal["vllm", "openai"] = "vllm"
     base_url: str | None = None                      # for --engine openai
     tokenizer: str | None = None                     # for --engine openai (default: model)
@@ -40,8 +57,18 @@ class EvalSettings(BaseModel):
     grade_timeout: float = Field(5.0, gt=0.0)
     progress: bool = True
 
+    def rollout_config(self) -> RolloutConfig:
+        """The agent loop's settings for this evaluation."""
+        return RolloutConfig(max_turns=self.max_turns, max_response_tokens=self.max_tokens,
+                             temperature=self.temperature, top_p=self.top_p, system_prompt=self.system_prompt,
+                             tools_in_prompt=self.tools_in_prompt, **self.protocol)
+
     @model_validator(mode="after")
     def _check(self) -> "EvalSettings":
+        unknown = sorted(set(self.protocol) - set(PROTOCOL_FIELDS))
+        if unknown:
+            raise ValueError(f"protocol: {unknown[0]!r} is not a protocol field; use one of {', '.join(PROTOCOL_FIELDS)}")
+        self.rollout_config()      # a bad protocol value fails here, naming the field
         if self.engine == "openai" and not self.base_url:
             raise ValueError("--engine openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
         if self.benchmark not in BENCHMARKS and not self.data:

@@ -23,15 +23,16 @@ class ToolSpec:
     name: str
     description: str
     parameters: Mapping[str, Any]              # JSON schema of the arguments object
-    returns: Mapping[str, Any] | None = None   # shown in the prompt (the paper's schema has it)
+    returns: Mapping[str, Any] | None = None   # the paper's Fig. 3 "return" object (the release's has none)
     defaults: Mapping[str, Any] = field(default_factory=dict)  # filled when an optional arg is omitted
     stateful: bool = False                     # True: calls of one trajectory share a session
 
-    def schema(self) -> dict[str, Any]:
-        """The OpenAI/Hermes function schema, as rendered inside `<tools></tools>`."""
+    def schema(self, include_return: bool = False) -> dict[str, Any]:
+        """The OpenAI/Hermes function schema, as rendered inside `<tools></tools>`: the release's
+        (name, description, parameters), plus the paper's "return" object with `include_return`."""
         fn: dict[str, Any] = {"name": self.name, "description": self.description,
                               "parameters": dict(self.parameters)}
-        if self.returns is not None:
+        if include_return and self.returns is not None:
             fn["return"] = dict(self.returns)
         return {"type": "function", "function": fn}
 
@@ -57,11 +58,17 @@ class ToolSpec:
                               f"got {_json_type_name(value)}.")
         return filled, None
 
-    def run_item(self, arguments: Mapping[str, Any], session: str | None) -> dict[str, Any]:
-        """A sandbox `run_batch` item for validated arguments."""
+    def run_item(self, arguments: Mapping[str, Any], session: str | None,
+                 code_runner: str = "plain") -> dict[str, Any]:
+        """A sandbox `run_batch` item for validated arguments. `code_runner` "release" wraps a
+        stateless snippet in the release's executor semantics (protocol/code_runner.py)."""
         if self.stateful:
             return {"code": arguments["code"], "stdin": None, "session": session}
-        return {"code": arguments["code"], "stdin": arguments.get("input") or None, "session": None}
+        code = arguments["code"]
+        if code_runner == "release":
+            from rstar2_cli.protocol.code_runner import release_runner_source
+            code = release_runner_source(code)
+        return {"code": code, "stdin": arguments.get("input") or None, "session": None}
 
 
 def _json_type_name(value: Any) -> str:
@@ -75,7 +82,8 @@ def _json_type_name(value: Any) -> str:
     return type(value).__name__
 
 
-# The official schema (rStar2-Agent paper, Fig. 3; the release names the tool without "execute_").
+# The official schema: the release's rstar2_agent/config/tool_config/python_tool_config.yaml (the
+# paper's Fig. 3 calls it "execute_python_code_with_standard_io" and adds a "return" object).
 PYTHON_CODE_WITH_STANDARD_IO = ToolSpec(
     name="python_code_with_standard_io",
     description=(
@@ -133,6 +141,6 @@ def get_tools(*names: str) -> dict[str, ToolSpec]:
     return out
 
 
-def tool_schemas(tools: Mapping[str, ToolSpec]) -> list[dict[str, Any]]:
-    """The `tools=` argument of `apply_chat_template`."""
-    return [t.schema() for t in tools.values()]
+def tool_schemas(tools: Mapping[str, ToolSpec], include_return: bool = False) -> list[dict[str, Any]]:
+    """The `tools=` argument of `apply_chat_template` (`include_return`: rollout.tool_schema_return)."""
+    return [t.schema(include_return) for t in tools.values()]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rstar2_cli.quickstart.prepare import PreparedToy, prepare_toy
-from rstar2_cli.quickstart.settings import TOY_SYSTEM_PROMPT, QuickstartSettings, toy_rl_recipe
+from rstar2_cli.quickstart.settings import TOY_PROTOCOL, TOY_SYSTEM_PROMPT, QuickstartSettings, toy_rl_recipe
 
 # Fig. 4's quantity is measured on the training rollouts; one step is noisy (and both methods
 # reach 0 once the errors are gone), so the "final" value is the mean over the second half of RL.
@@ -65,7 +65,7 @@ def sft_stage(s: QuickstartSettings, prep: PreparedToy, progress: bool) -> str:
                     out_dir=str(s.out / "sft"), max_steps=s.sft_steps, lr=s.sft_lr, warmup_ratio=0.05,
                     lr_scheduler="cosine", batch_size=s.sft_batch_size, per_device_batch_size=s.sft_batch_size,
                     max_length=512, gradient_checkpointing=False, dtype="float32", seed=s.seed,
-                    logging_steps=10, save_steps=1_000_000)
+                    logging_steps=10, save_steps=1_000_000, force_reason=TOY_PROTOCOL["force_reason"])
     return run_sft(cfg, progress=progress)["final_checkpoint"]
 
 
@@ -83,7 +83,7 @@ def heldout_eval(s: QuickstartSettings, prep: PreparedToy, model: str, out_dir: 
                             tokenizer=tokenizer, samples=s.eval_samples, temperature=s.eval_temperature, top_p=1.0,
                             max_tokens=s.max_response_tokens, max_turns=s.max_turns, seed=s.seed,
                             max_model_len=512, progress=progress, system_prompt=TOY_SYSTEM_PROMPT,
-                            tools_in_prompt=False)
+                            tools_in_prompt=False, protocol=TOY_PROTOCOL)
     quiet = Console(file=io.StringIO())   # the quickstart prints its own table at the end
     results = run_eval(settings, engine=engine, tools=tools, console=quiet)
     records = list(load_done(out_dir / TRAJ_FILE).values())

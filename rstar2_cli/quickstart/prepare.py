@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from rstar2_cli.quickstart.settings import TOY_SYSTEM_PROMPT, QuickstartSettings
+from rstar2_cli.quickstart.settings import TOY_PROTOCOL, TOY_SYSTEM_PROMPT, QuickstartSettings
 from rstar2_cli.quickstart.toy_sft_data import BehaviourMix, make_sft_rows
 from rstar2_cli.quickstart.toy_task import make_toy_split
 
@@ -44,7 +44,7 @@ def conversation_texts(rows: list[dict[str, Any]]) -> Iterator[str]:
 
     host = build_qwen3_style_tokenizer()
     for r in rows:
-        yield render_messages(host, r["messages"], r.get("tools"))
+        yield render_messages(host, r["messages"], r.get("tools"), force_reason=TOY_PROTOCOL["force_reason"])
 
 
 def prepare_toy(s: QuickstartSettings, root: Path) -> PreparedToy:

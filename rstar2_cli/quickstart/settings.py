@@ -17,6 +17,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TOY_SYSTEM_PROMPT = "You may call the python tool. Put the final answer in \\boxed{}."
+# The toy's tool protocol (rollout fields; see config.PROTOCOL_FIELDS), shared by its SFT data, RL
+# and held-out eval: rstar2's short error texts and no forced <reason> (the toy model was tuned on
+# them; the release's protocol is the default everywhere else).
+TOY_PROTOCOL: dict[str, Any] = {"max_calls_per_turn": 1, "tool_timeout": 5.0, "tool_response_max_chars": 512,
+                                "force_reason": False, "response_format": "rstar2", "parse_messages": "strict",
+                                "unclosed_tag_feedback": True, "stop_at_tool_call": True,
+                                "code_runner": "plain"}
 
 # Each preset: problems, model size, SFT and RL lengths. `full` is the default quickstart.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -94,8 +101,7 @@ def toy_rl_recipe(s: QuickstartSettings, model_path: str | Path, train_file: str
         "model": {"path": str(model_path), "dtype": "float32", "gradient_checkpointing": False},
         "data": {"train": str(train_file), "shuffle": True},
         "rollout": {"max_turns": s.max_turns, "max_response_tokens": s.max_response_tokens,
-                    "temperature": 1.0, "top_p": 1.0, "max_calls_per_turn": 1, "tool_timeout": 5.0,
-                    "tool_response_max_chars": 512,
+                    "temperature": 1.0, "top_p": 1.0, **TOY_PROTOCOL,
                     "system_prompt": TOY_SYSTEM_PROMPT, "tools_in_prompt": False},
         "engine": {"cpu_kvcache_space_gb": 1, "max_model_len": 512, "max_num_seqs": 256},
         "sandbox": {"workers": 2, "memory_mb": 512},

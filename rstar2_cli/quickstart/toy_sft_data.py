@@ -24,6 +24,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from rstar2_cli.quickstart.settings import TOY_PROTOCOL
 from rstar2_cli.quickstart.toy_task import ToyProblem
 
 TOOL = "python_code_with_standard_io"
@@ -126,7 +127,7 @@ async def fill_tool_outputs(conversations: list[list[dict[str, Any]]], sandbox, 
                 slots.append((m, pending))
     results = await sandbox.run_batch([{"code": code} for _, code in slots])
     for (m, _), r in zip(slots, results):
-        m["content"] = response_text(r, max_chars)
+        m["content"] = response_text(r, max_chars, style=TOY_PROTOCOL["response_format"])
 
 
 async def make_sft_rows(problems: list[ToyProblem], seed: int, sandbox, *, mix: BehaviourMix | None = None,

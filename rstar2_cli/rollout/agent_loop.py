@@ -5,6 +5,12 @@ is the engine's generated ids (loss mask 1, their sampling logprobs) interleaved
 tokenized tool-response turns (loss mask 0, logprob 0.0). Generated text is decoded only to parse
 calls and for logs; it is never re-tokenized.
 
+The layout is the release's (rstar2_agent/rollout/rstar2_agent_loop.py on verl's ToolAgentLoop):
+a turn ends on an end-of-turn token the policy samples; if it made a call, the tool turn
+`<|im_start|>user\n<tool_response>...<|im_end|>\n<|im_start|>assistant\n<reason>` follows it
+directly (the forced `<reason>` is template text: mask 0, logprob 0.0); a tool turn that does not
+fit in the response budget ends the trajectory without being appended.
+
 Why one asyncio task per trajectory: a trajectory sends its tool calls the moment its turn ends
 and its next turn the moment the results are back, so generation of other trajectories keeps the
 engines busy meanwhile (the paper's asynchronous tool dispatch) instead of waiting for the
@@ -22,7 +28,7 @@ from typing import Any
 from rstar2_cli.config import RolloutConfig
 from rstar2_cli.protocol.parser import ParseError, ToolCall, parse_tool_calls
 from rstar2_cli.protocol.responses import response_text, tool_turn_ids
-from rstar2_cli.protocol.template import IM_END, encode_messages, eos_token_ids, problem_messages, single_token_id
+from rstar2_cli.protocol.template import encode_messages, eos_token_ids, problem_messages, single_token_id
 from rstar2_cli.protocol.tools import ToolSpec, get_tools, tool_schemas
 from rstar2_cli.rollout.engines import GenRequest
 from rstar2_cli.rollout.trajectory import Trajectory
@@ -65,14 +71,14 @@ class _Protocol:
     cfg: RolloutConfig
     tools: dict[str, ToolSpec]
     stop_ids: list[int]
-    tool_call_end_id: int
-    im_end_id: int | None
+    eos_ids: list[int]
 
     @classmethod
     def build(cls, tokenizer, cfg: RolloutConfig) -> "_Protocol":
         eos = eos_token_ids(tokenizer)
-        end_id = single_token_id(tokenizer, "</tool_call>")
-        return cls(tokenizer, cfg, get_tools(cfg.tool), eos + [end_id], end_id, tokenizer.get_vocab().get(IM_END))
+        # The release stops a turn only at end-of-turn; rollout.stop_at_tool_call also at </tool_call>.
+        stops = eos + ([single_token_id(tokenizer, "</tool_call>")] if cfg.stop_at_tool_call else [])
+        return cls(tokenizer, cfg, get_tools(cfg.tool), stops, eos)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -84,7 +90,7 @@ async def _run_calls(attempts: list[ToolCall | ParseError], tool_runner, proto: 
     calls = [(i, a) for i, a in enumerate(attempts) if isinstance(a, ToolCall)]
     outcomes: list[Any] = list(attempts)
     if calls:
-        items = [proto.tools[c.name].run_item(c.arguments, session) for _, c in calls]
+        items = [proto.tools[c.name].run_item(c.arguments, session, proto.cfg.code_runner) for _, c in calls]
         results = await tool_runner.run_batch(items, timeout=proto.cfg.tool_timeout)
         if len(results) != len(items):
             raise RuntimeError(f"tool runner returned {len(results)} results for {len(items)} calls")
@@ -116,10 +122,11 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
                 traj.finish_reason = "length"
                 break
             last = res.token_ids[-1] if res.token_ids else None
-            attempts = parse_tool_calls(proto.decode(res.token_ids), proto.tools, cfg.max_calls_per_turn)
-            # A turn continues only if it ended where the template can append a user turn: on
-            # </tool_call>, or on <|im_end|> after a broken call (e.g. an unclosed <tool_call>).
-            if not attempts or last not in (proto.tool_call_end_id, proto.im_end_id):
+            attempts = parse_tool_calls(proto.decode(res.token_ids), proto.tools, cfg.max_calls_per_turn,
+                                        messages=cfg.parse_messages, unclosed_feedback=cfg.unclosed_tag_feedback)
+            # A turn continues only if it ended on a stop id (end-of-turn, or </tool_call> with
+            # rollout.stop_at_tool_call) and made a call attempt.
+            if not attempts or last not in proto.stop_ids:
                 traj.finish_reason = "stop"
                 break
             if traj.num_turns >= cfg.max_turns:
@@ -138,15 +145,16 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             if infra:
                 traj.extra["infra_tool_calls"] = traj.extra.get("infra_tool_calls", 0) + infra
                 traj.infra_error = traj.infra_error or "sandbox_internal_error"
-            texts = [response_text(o, cfg.tool_response_max_chars, cfg.tool_timeout) for o in outcomes]
-            tool_ids = tool_turn_ids(proto.tokenizer, texts, after_im_end=(last == proto.im_end_id))
-            room = budget - len(ids)
-            ids.extend(tool_ids[:room])
-            mask.extend([0] * min(len(tool_ids), room))
-            logprobs.extend([0.0] * min(len(tool_ids), room))
-            if len(tool_ids) >= room:
+            texts = [response_text(o, cfg.tool_response_max_chars, cfg.tool_timeout, cfg.response_format)
+                     for o in outcomes]
+            tool_ids = tool_turn_ids(proto.tokenizer, texts, after_eos=last in proto.eos_ids,
+                                     force_reason=cfg.force_reason)
+            if len(ids) + len(tool_ids) >= budget:   # the release's rule: no partial tool turn
                 traj.finish_reason = "length"
                 break
+            ids.extend(tool_ids)
+            mask.extend([0] * len(tool_ids))
+            logprobs.extend([0.0] * len(tool_ids))
     except Exception as e:  # one broken trajectory must not sink the batch; the caller sees "error"
         log.warning("trajectory %s failed: %r", key, e)
         traj.finish_reason = "error"
@@ -182,12 +190,12 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
         raise ValueError(f"{len(problems)} problems but {len(group_indices)} group indices and "
                          f"{len(occurrence)} occurrence counts")
     proto = _Protocol.build(tokenizer, cfg)
-    schemas = tool_schemas(proto.tools) if cfg.tools_in_prompt else None
+    schemas = tool_schemas(proto.tools, cfg.tool_schema_return) if cfg.tools_in_prompt else None
     trajs: list[Trajectory] = []
     jobs = []
     for (prompt_id, problem, gold), group, occ in zip(problems, group_indices, occurrence):
         prompt_ids = encode_messages(tokenizer, problem_messages(problem, cfg.system_prompt), schemas,
-                                     add_generation_prompt=True)
+                                     add_generation_prompt=True, force_reason=cfg.force_reason)
         for k in range(samples_per_problem):
             t = Trajectory(prompt_id=prompt_id, sample_index=k, group_index=group, prompt_ids=list(prompt_ids),
                            gold=gold)

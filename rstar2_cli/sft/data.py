@@ -74,11 +74,12 @@ def load_conversations(paths: list[str]) -> list[dict[str, Any]]:
 
 
 _TOKENIZER = None
+_FORCE_REASON = True
 
 
-def _init_worker(tokenizer) -> None:
-    global _TOKENIZER
-    _TOKENIZER = tokenizer
+def _init_worker(tokenizer, force_reason: bool = True) -> None:
+    global _TOKENIZER, _FORCE_REASON
+    _TOKENIZER, _FORCE_REASON = tokenizer, force_reason
 
 
 def _tokenize_row(row: dict[str, Any]) -> tuple[list[int], list[int]] | str:
@@ -88,7 +89,7 @@ def _tokenize_row(row: dict[str, Any]) -> tuple[list[int], list[int]] | str:
     from rstar2_cli.sft.masks import MaskError, conversation_ids_and_mask
 
     try:
-        return conversation_ids_and_mask(_TOKENIZER, row["messages"], row.get("tools"))
+        return conversation_ids_and_mask(_TOKENIZER, row["messages"], row.get("tools"), _FORCE_REASON)
     except (MaskError, TemplateError, TypeError) as e:
         return f"{row.get('_where', '<row>')}: {e}"
 
@@ -101,9 +102,10 @@ def _worker_count(n_rows: int) -> int:
     return max(0, min(16, (os.cpu_count() or 1) // local_world) - 1)
 
 
-def tokenize_conversations(tokenizer, rows: list[dict[str, Any]], max_length: int, *, progress: bool = False):
+def tokenize_conversations(tokenizer, rows: list[dict[str, Any]], max_length: int, *, progress: bool = False,
+                           force_reason: bool = True):
     """(`datasets.Dataset` with input_ids + assistant_masks, rows dropped because truncation left
-    no assistant token). TRL turns the mask into labels (-100 where the mask is 0). Large sets are
+    no assistant token). `force_reason`: as the RL recipe's rollout.force_reason. TRL turns the mask into labels (-100 where the mask is 0). Large sets are
     tokenized in worker processes (Jinja rendering is the bottleneck: a few hundred rows/s/core)."""
     from datasets import Dataset
     from rich.progress import Progress
@@ -113,10 +115,10 @@ def tokenize_conversations(tokenizer, rows: list[dict[str, Any]], max_length: in
     if workers:
         import multiprocessing as mp
 
-        pool = mp.get_context("fork").Pool(workers, initializer=_init_worker, initargs=(tokenizer,))
+        pool = mp.get_context("fork").Pool(workers, initializer=_init_worker, initargs=(tokenizer, force_reason))
         results = pool.imap(_tokenize_row, rows, chunksize=64)
     else:
-        _init_worker(tokenizer)
+        _init_worker(tokenizer, force_reason)
         results = map(_tokenize_row, rows)
     ids_col, mask_col, dropped = [], [], 0
     try:

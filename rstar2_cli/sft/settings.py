@@ -47,6 +47,8 @@ class SftConfig(_S):
     save_steps: int = Field(500, ge=1)           # HF-format checkpoints in out_dir/checkpoint-N
     save_total_limit: int | None = Field(2, ge=1)  # keep the newest N of them
     weight_decay: float = Field(0.0, ge=0)
+    force_reason: bool = True                    # as the RL recipe's rollout.force_reason: assistant turns open
+                                                 # with the release template's `<reason>` (mask 0)
     fsdp: bool = False                           # FSDP2 across torchrun/accelerate ranks (see trainer.py)
     lora: LoraSettings = LoraSettings()
 

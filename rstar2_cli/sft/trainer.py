@@ -120,7 +120,8 @@ def build_sft_trainer(cfg: SftConfig, *, progress: bool = False):
     rows = load_conversations(cfg.data)
     tokenizer = install_chat_template(AutoTokenizer.from_pretrained(cfg.model))
     # tokenize before CUDA / torch.distributed start: large sets fork worker processes
-    dataset, dropped = tokenize_conversations(tokenizer, rows, cfg.max_length, progress=progress and main)
+    dataset, dropped = tokenize_conversations(tokenizer, rows, cfg.max_length, progress=progress and main,
+                                              force_reason=cfg.force_reason)
     on_gpu = torch.cuda.is_available()
     dtype, bf16 = _precision(cfg, on_gpu)
     args = _training_args(cfg, on_gpu=on_gpu, bf16=bf16, world=world)   # first: it sets up torch.distributed

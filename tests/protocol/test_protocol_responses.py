@@ -1,4 +1,5 @@
-"""What the model sees for a tool outcome: output then errors, limit messages, middle truncation."""
+"""rollout.response_format "rstar2": output then errors, limit messages, a middle cut that counts.
+The release format (the default) is checked in test_protocol_release_responses.py."""
 import pytest
 
 from rstar2_cli.protocol import ParseError, format_run_result, response_text, truncate_middle
@@ -46,5 +47,5 @@ def test_short_text_is_untouched():
 
 
 def test_response_text_for_parse_errors_and_long_runs():
-    assert response_text(ParseError("Error: bad", "raw"), 100) == "Error: bad"
-    assert len(response_text(rr("y" * 1000), 100)) <= 100
+    assert response_text(ParseError("Error: bad", "raw"), 100, style="rstar2") == "Error: bad"
+    assert len(response_text(rr("y" * 1000), 100, style="rstar2")) <= 100

@@ -1,10 +1,13 @@
-"""The chat template: the paper's prompt, Hermes tool calls, tool results in a user turn, and a
-multi-turn render whose tokens are exactly prompt + generated + appended tool-turn ids."""
+"""The chat template: the release's prompt, Hermes tool calls, tool results in a user turn, the
+forced <reason>, and a multi-turn render whose tokens are exactly prompt + generated + appended
+tool-turn ids (the byte-for-byte comparison with the release's own template text is in
+test_protocol_golden.py)."""
 import pytest
 
 from rstar2_cli.models.tiny import build_qwen3_style_tokenizer, build_tokenizer, default_corpus
 from rstar2_cli.protocol import (chat_template, encode_messages, format_tool_call, get_tools, install_chat_template,
                                  problem_messages, render_messages, tool_schemas, tool_turn_ids, tool_turn_text)
+from rstar2_cli.protocol.template import SYSTEM_PROMPT
 
 SCHEMAS = tool_schemas(get_tools("python_code_with_standard_io"))
 CALL = format_tool_call("python_code_with_standard_io", {"code": "print(6 * 7)", "input": ""})
@@ -17,15 +20,21 @@ def tok(request):
     return build_qwen3_style_tokenizer()
 
 
-def test_prompt_is_the_papers_template(tok):
+def test_prompt_is_the_releases_template(tok):
     text = render_messages(tok, problem_messages("What is 6*7?"), SCHEMAS, add_generation_prompt=True)
-    assert text.startswith("<|im_start|>system\nA conversation between User and Assistant.")
-    assert "enclosed within <reason> </reason> and <answer> </answer> tags" in text
+    assert text.startswith("<|im_start|>system\n" + SYSTEM_PROMPT + "\n\n# Tools\n")
+    assert "The User asks a question" in text
+    assert "The reasoning process is enclosed within <reason> </reason> and answer is enclosed within" in text
+    assert "<reason> reasoning process here </reason> <answer> answer here </answer>." in text
+    assert '"return"' not in text
     assert '<tools>\n{"type": "function", "function": {"name": "python_code_with_standard_io"' in text
     assert "\n</tools>\n\nFor each function call, return a json object" in text
     assert "<|im_start|>user\nYou must put your answer inside <answer> </answer> tags" in text
     assert "extracted automatically by the \\boxed{} tag.\nThis is the problem:\nWhat is 6*7?<|im_end|>\n" in text
-    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n<reason>")
+    no_reason = render_messages(tok, problem_messages("What is 6*7?"), SCHEMAS, add_generation_prompt=True,
+                                force_reason=False)
+    assert no_reason == text[:-len("<reason>")]
 
 
 def test_no_tools_no_tools_block_and_custom_system(tok):
@@ -46,34 +55,36 @@ def test_structured_tool_calls_render_like_generated_text(tok):
 
 def test_tool_results_come_back_in_one_user_turn(tok):
     assert tool_turn_text(tok, ["42", "Error: x"]) == (
-        "<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response>\n"
-        "<tool_response>\nError: x\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>user\n<tool_response>\n42\n</tool_response>\n"
+        "<tool_response>\nError: x\n</tool_response><|im_end|>\n<|im_start|>assistant\n<reason>")
+    assert tool_turn_text(tok, ["42"], force_reason=False).endswith("<|im_start|>assistant\n")
 
 
 def test_multi_turn_render_equals_prompt_plus_generated_plus_tool_ids(tok):
     """Token by token: what the agent loop concatenates is what the template renders."""
     msgs = problem_messages("What is 6*7?")
     prompt = encode_messages(tok, msgs, SCHEMAS, add_generation_prompt=True)
-    gen1_text = f"<reason>Let me compute it.</reason>\n<tool_call>\n{CALL}\n</tool_call>"
-    gen2_text = "<reason>The tool says 42.</reason>\n<answer>The answer is $\\boxed{42}$.</answer>"
-    gen1 = tok.encode(gen1_text, add_special_tokens=False)
+    gen1_text = f"Let me compute it.</reason>\n<tool_call>\n{CALL}\n</tool_call>"
+    gen2_text = "The tool says 42.</reason>\n<answer>The answer is $\\boxed{42}$.</answer>"
+    gen1 = tok.encode(gen1_text + "<|im_end|>", add_special_tokens=False)
     tool = tool_turn_ids(tok, ["42\n"])
     gen2 = tok.encode(gen2_text + "<|im_end|>", add_special_tokens=False)
-    convo = msgs + [{"role": "assistant", "content": gen1_text}, {"role": "tool", "content": "42\n"},
+    # SFT rows may spell the forced <reason> out: the template writes it once either way
+    convo = msgs + [{"role": "assistant", "content": "<reason>" + gen1_text}, {"role": "tool", "content": "42\n"},
                     {"role": "assistant", "content": gen2_text}]
     full = encode_messages(tok, convo, SCHEMAS)
     newline = tok.encode("\n", add_special_tokens=False)
     assert full == prompt + gen1 + tool + gen2 + newline
-    # the boundary: </tool_call> then the template's <|im_end|>, and the next turn opens the assistant
+    # the boundary: the sampled <|im_end|>, then the tool turn opens the user turn at once
     vocab = tok.get_vocab()
-    assert gen1[-1] == vocab["</tool_call>"] and tool[0] == vocab["<|im_end|>"]
-    assert tok.decode(tool).endswith("\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert gen1[-1] == vocab["<|im_end|>"] and tool[0] == vocab["<|im_start|>"]
+    assert tok.decode(tool).endswith("\n</tool_response><|im_end|>\n<|im_start|>assistant\n<reason>")
 
 
-def test_tool_turn_after_an_eos_turn_does_not_repeat_im_end(tok):
-    after = tool_turn_ids(tok, ["Error: unclosed"], after_im_end=True)
-    full = tool_turn_ids(tok, ["Error: unclosed"])
-    assert full == [tok.get_vocab()["<|im_end|>"]] + after
+def test_tool_turn_after_a_stop_at_tool_call_writes_the_im_end(tok):
+    after_eos = tool_turn_ids(tok, ["42"])
+    after_call = tool_turn_ids(tok, ["42"], after_eos=False)
+    assert after_call == [tok.get_vocab()["<|im_end|>"]] + after_eos
 
 
 def test_install_chat_template_replaces_a_foreign_template():

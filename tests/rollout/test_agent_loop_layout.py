@@ -1,5 +1,7 @@
 """The agent loop's token layout, stop reasons and asynchronous tool dispatch, with a scripted
-engine (predetermined token ids) and a fake tool runner (no sandbox, no model)."""
+engine (predetermined token ids) and a fake tool runner (no sandbox, no model). The default
+protocol is the release's: a turn ends on <|im_end|>, the forced <reason> is template text, tool
+results read "Tool call success ..." (the golden comparison is tests/protocol/test_protocol_golden.py)."""
 import asyncio
 
 import pytest
@@ -8,6 +10,7 @@ from rstar2_cli.config import RolloutConfig
 from rstar2_cli.models.tiny import build_qwen3_style_tokenizer, build_tokenizer, default_corpus
 from rstar2_cli.protocol import (encode_messages, format_tool_call, get_tools, problem_messages, tool_schemas,
                                  tool_turn_ids)
+from rstar2_cli.protocol.code_runner import release_runner_source
 from rstar2_cli.rollout.agent_loop import run_agent_loop, trajectory_seed
 from rstar2_cli.rollout.engines import GenResult
 from sandbox.result import RunResult
@@ -16,12 +19,14 @@ STDIO = tool_schemas(get_tools("python_code_with_standard_io"))
 PROBLEM = "What is 6*7?"
 
 
-def call(code="print(6 * 7)", name="python_code_with_standard_io", **extra):
+def call(code="print(6 * 7)", name="python_code_with_standard_io", end="<|im_end|>", **extra):
+    """A generated turn with one call; the prompt's forced <reason> opened it, the policy ends it."""
     args = {"code": code, **({"input": ""} if name == "python_code_with_standard_io" else {}), **extra}
-    return f"<reason>Let me compute.</reason>\n<tool_call>\n{format_tool_call(name, args)}\n</tool_call>"
+    return f"Let me compute.</reason>\n<tool_call>\n{format_tool_call(name, args)}\n</tool_call>{end}"
 
 
-ANSWER = "<reason>It is 42.</reason>\n<answer>The answer is $\\boxed{42}$.</answer><|im_end|>"
+ANSWER = "It is 42.</reason>\n<answer>The answer is $\\boxed{42}$.</answer><|im_end|>"
+OK_42 = "Tool call success\nstdout: 42\n\nexecution time: 0.01s"   # FakeRunner's default run, release words
 
 
 class ScriptedEngine:
@@ -84,7 +89,9 @@ def tiny_tok():
 
 
 def cfg(**kw):
-    return RolloutConfig(**{"max_turns": 10, "max_response_tokens": 4096, **kw})
+    # code_runner "plain": the fake runner keys outputs by the snippet as written (the release's
+    # wrapper is checked on its own below and in tests/protocol/test_protocol_code_runner.py)
+    return RolloutConfig(**{"max_turns": 10, "max_response_tokens": 4096, "code_runner": "plain", **kw})
 
 
 async def roll(tok, script, runner=None, progress=False, samples=1, seed=0, engine=None, **kw):
@@ -101,7 +108,7 @@ async def test_token_and_mask_layout_across_turns(which, tiny_tok):
     [t], engine, runner = await roll(tok, {"p#0": [call(), ANSWER]}, progress=True)
     prompt = encode_messages(tok, problem_messages(PROBLEM), STDIO, add_generation_prompt=True)
     gen1, gen2 = engine.turn_ids(call()), engine.turn_ids(ANSWER)
-    tool = tool_turn_ids(tok, ["42"])
+    tool = tool_turn_ids(tok, [OK_42])
     assert t.prompt_ids == prompt
     assert t.response_ids == gen1 + tool + gen2
     assert t.loss_mask == [1] * len(gen1) + [0] * len(tool) + [1] * len(gen2)
@@ -109,7 +116,8 @@ async def test_token_and_mask_layout_across_turns(which, tiny_tok):
     assert t.logprobs[len(gen1):len(gen1) + len(tool)] == [0.0] * len(tool)
     assert t.logprobs[-len(gen2):] == [-2 - j / 1000 for j in range(len(gen2))]
     # the whole trajectory is exactly the template's render of the conversation
-    convo = problem_messages(PROBLEM) + [{"role": "assistant", "content": call()}, {"role": "tool", "content": "42"},
+    convo = problem_messages(PROBLEM) + [{"role": "assistant", "content": call().removesuffix("<|im_end|>")},
+                                         {"role": "tool", "content": OK_42},
                                          {"role": "assistant", "content": ANSWER.removesuffix("<|im_end|>")}]
     assert t.prompt_ids + t.response_ids + tok.encode("\n", add_special_tokens=False) == encode_messages(tok, convo, STDIO)
     assert (t.finish_reason, t.num_turns, t.num_tool_calls, t.num_tool_errors) == ("stop", 2, 1, 0)
@@ -118,29 +126,59 @@ async def test_token_and_mask_layout_across_turns(which, tiny_tok):
     (_, r1), (_, r2) = engine.requests
     assert r2.prompt_ids == prompt + gen1 + tool and r2.max_tokens == 4096 - len(gen1) - len(tool)
     vocab = tok.get_vocab()
-    assert {vocab["</tool_call>"], vocab["<|im_end|>"]} <= set(r1.stop_token_ids)
+    assert vocab["<|im_end|>"] in r1.stop_token_ids and vocab["</tool_call>"] not in r1.stop_token_ids
     assert r1.seed != r2.seed
-    assert runner.batches == [([{"code": "print(6 * 7)", "stdin": None, "session": None}], 10.0)]
+    assert runner.batches == [([{"code": "print(6 * 7)", "stdin": None, "session": None}], 4.0)]
 
 
-async def test_parse_errors_are_answered_not_run(tiny_tok):
-    bad_json = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {\n</tool_call>'
+async def test_stop_at_tool_call_writes_the_im_end_itself(tiny_tok):
+    """rollout.stop_at_tool_call: the turn stops at </tool_call>; the loop adds <|im_end|> (mask 0),
+    so the bytes are the default layout's and only who wrote <|im_end|> differs."""
+    [t], engine, _ = await roll(tiny_tok, {"p#0": [call(end=""), ANSWER]}, stop_at_tool_call=True)
+    gen1 = engine.turn_ids(call(end=""))
+    tool = tool_turn_ids(tiny_tok, [OK_42], after_eos=False)
+    assert t.response_ids[:len(gen1) + len(tool)] == gen1 + tool and tool[0] == tiny_tok.get_vocab()["<|im_end|>"]
+    assert t.loss_mask[len(gen1)] == 0
+    [default], _, _ = await roll(tiny_tok, {"p#0": [call(), ANSWER]})
+    assert t.response_ids == default.response_ids
+
+
+async def test_without_forced_reason_turns_open_on_the_bare_header(tiny_tok):
+    [t], _, _ = await roll(tiny_tok, {"p#0": [call(), ANSWER]}, force_reason=False)
+    assert tiny_tok.decode(t.prompt_ids).endswith("<|im_start|>assistant\n")
+    assert "</tool_response><|im_end|>\n<|im_start|>assistant\nIt is 42." in t.text
+
+
+async def test_by_default_a_snippet_is_sent_in_the_releases_executor(tiny_tok):
+    [t], _, runner = await roll(tiny_tok, {"p#0": [call(), ANSWER]}, code_runner="release")
+    [([item], _)] = runner.batches
+    assert item["code"] == release_runner_source("print(6 * 7)") and RolloutConfig().code_runner == "release"
+
+
+@pytest.mark.parametrize("messages, bad_json_says, unknown_says", [
+    ("release", "Failed to decode tool call: ", "Error when executing tool: 'python_notebook'"),
+    ("strict", "not valid JSON", 'unknown tool "python_notebook"')])
+async def test_parse_errors_are_answered_not_run(tiny_tok, messages, bad_json_says, unknown_says):
+    bad_json = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {\n</tool_call><|im_end|>'
     unknown = call(name="python_notebook")
-    [t], _, runner = await roll(tiny_tok, {"p#0": [bad_json, unknown, ANSWER]})
+    [t], _, runner = await roll(tiny_tok, {"p#0": [bad_json, unknown, ANSWER]}, parse_messages=messages)
     assert runner.batches == []
     assert (t.num_tool_calls, t.num_tool_errors, t.extra["tool_reasons"]) == (2, 2, ["parse_error"] * 2)
-    assert "not valid JSON" in t.text and 'unknown tool "python_notebook"' in t.text
+    assert bad_json_says in t.text and unknown_says in t.text
     assert t.finish_reason == "stop"
 
 
 async def test_failed_runs_count_as_tool_errors_and_long_output_is_middle_cut(tiny_tok):
     runner = FakeRunner({"1/0": ("", "Traceback\nZeroDivisionError: division by zero\n", "runtime_error"),
                          "print('x' * 9000)": ("x" * 9000, "", "ok")})
-    [t], _, _ = await roll(tiny_tok, {"p#0": [call("1/0"), call("print('x' * 9000)"), ANSWER]}, runner,
-                           tool_response_max_chars=200)
+    script = {"p#0": [call("1/0"), call("print('x' * 9000)"), ANSWER]}
+    [t], _, _ = await roll(tiny_tok, script, runner, tool_response_max_chars=200)
     assert t.extra["tool_reasons"] == ["runtime_error", "ok"] and t.num_tool_errors == 1
-    assert "ZeroDivisionError: division by zero" in t.text
-    assert "characters truncated]" in t.text and "x" * 200 not in t.text
+    assert "Tool call failure\nreason: \nstderr: Traceback\nZeroDivisionError: division by zero\n" in t.text
+    assert "Tool call success\nstdout: " + "x" * 74 + "...(truncated)..." + "x" * 78 + "\nexecution time: 0.01s" in t.text
+    [ours], _, _ = await roll(tiny_tok, {k: list(v) for k, v in script.items()}, runner, tool_response_max_chars=200,
+                              response_format="rstar2")
+    assert "characters truncated]" in ours.text and "x" * 200 not in ours.text
 
 
 async def test_max_turns_stops_without_running_the_last_turns_calls(tiny_tok):
@@ -156,25 +194,25 @@ async def test_length_inside_a_generated_turn(tiny_tok):
     assert t.loss_mask == [1] * 10 and t.num_tool_calls == 0
 
 
-async def test_tool_tokens_count_toward_the_budget_and_are_cut(tiny_tok):
+async def test_a_tool_turn_that_does_not_fit_the_budget_ends_the_trajectory_unappended(tiny_tok):
+    """The release's rule: no partial tool turn (and none that would leave no room to answer)."""
     engine = ScriptedEngine(tiny_tok, {"p#0": [call(), ANSWER]})
-    gen1 = engine.turn_ids(call())
+    gen1, tool = engine.turn_ids(call()), tool_turn_ids(tiny_tok, [OK_42])
     [t], _, runner = await roll(tiny_tok, {"p#0": [call(), ANSWER]}, engine=engine,
-                                max_response_tokens=len(gen1) + 5)
-    assert t.finish_reason == "length" and len(t.response_ids) == len(gen1) + 5
-    assert t.response_ids[len(gen1):] == tool_turn_ids(tiny_tok, ["42"])[:5]
-    assert t.loss_mask == [1] * len(gen1) + [0] * 5 and t.logprobs[-5:] == [0.0] * 5
+                                max_response_tokens=len(gen1) + len(tool))
+    assert t.finish_reason == "length" and t.response_ids == gen1 and t.loss_mask == [1] * len(gen1)
     assert len(runner.batches) == 1 and len(engine.requests) == 1
 
 
-async def test_eos_after_an_unclosed_call_gets_an_error_turn_without_a_second_im_end(tiny_tok):
-    unclosed = '<reason>try</reason>\n<tool_call>\n{"name": "python_code_with_standard_io"<|im_end|>'
-    [t], engine, runner = await roll(tiny_tok, {"p#0": [unclosed, ANSWER]})
+async def test_an_unclosed_call_ends_the_trajectory_unless_unclosed_tag_feedback(tiny_tok):
+    unclosed = 'try</reason>\n<tool_call>\n{"name": "python_code_with_standard_io"<|im_end|>'
+    [t], _, runner = await roll(tiny_tok, {"p#0": [unclosed, ANSWER]})
+    assert (t.finish_reason, t.num_turns, t.num_tool_calls, runner.batches) == ("stop", 1, 0, [])
+    [t], engine, runner = await roll(tiny_tok, {"p#0": [unclosed, ANSWER]}, unclosed_tag_feedback=True)
     gen1 = engine.turn_ids(unclosed)
     tool = t.response_ids[len(gen1):len(t.response_ids) - len(engine.turn_ids(ANSWER))]
-    assert tool == tool_turn_ids(tiny_tok, [t.text.split("<tool_response>\n")[1].split("\n</tool_response>")[0]],
-                                 after_im_end=True)
-    assert "not closed" in t.text and t.num_tool_errors == 1 and t.finish_reason == "stop"
+    assert tool == tool_turn_ids(tiny_tok, ["Error: <tool_call> was not closed with </tool_call>."])
+    assert t.num_tool_errors == 1 and t.finish_reason == "stop"
     convo = problem_messages(PROBLEM) + [
         {"role": "assistant", "content": unclosed.removesuffix("<|im_end|>")},
         {"role": "tool", "content": "Error: <tool_call> was not closed with </tool_call>."},
@@ -239,5 +277,6 @@ async def test_with_the_real_sandbox_notebook_state_persists_and_errors_are_coun
         [t], _, _ = await roll(tiny_tok, script, runner=sb, tool="python_notebook")
     assert t.extra["tool_reasons"] == ["ok", "ok", "runtime_error"] and t.num_tool_errors == 1
     responses = [seg.split("\n</tool_response>")[0] for seg in t.text.split("<tool_response>\n")[1:]]
-    assert responses[1] == "42" and "ZeroDivisionError" in responses[2]
+    assert responses[1].startswith("Tool call success\nstdout: 42\n\nexecution time: ")
+    assert responses[2].startswith("Tool call failure\nreason: \n") and "ZeroDivisionError" in responses[2]
     assert t.finish_reason == "stop"

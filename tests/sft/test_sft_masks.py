@@ -55,7 +55,7 @@ def test_only_assistant_turns_and_their_im_end_are_trained(tok):
     # Everything else (system + tools, user turns, tool responses, assistant headers) is context.
     assert tok.decode(ids) == render_messages(tok, conv["messages"], conv["tools"])
     untrained = tok.decode([i for i, m in zip(ids, mask) if not m])
-    assert untrained.count("<|im_start|>assistant\n") == 3
+    assert untrained.count("<|im_start|>assistant\n<reason>") == 3   # the release's forced <reason>: context
     assert "<tool_response>\n5\n</tool_response>\n<tool_response>\n9\n</tool_response>" in untrained
     assert "You add numbers." in untrained and '"name": "add"' in untrained  # the tools block
 
@@ -68,12 +68,24 @@ def test_token_layout_is_the_rl_agent_loops(tok):
     prompt = encode_messages(tok, msgs[:2], tools, add_generation_prompt=True)
     turn1 = tok.encode('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>',
                        add_special_tokens=False)
-    tool_turn = tool_turn_ids(tok, ["5"], after_im_end=True)
+    tool_turn = tool_turn_ids(tok, ["5"])
     turn2 = tok.encode("The answer is 5.<|im_end|>", add_special_tokens=False)
     tail = tok.encode("\n", add_special_tokens=False)
     assert ids == prompt + turn1 + tool_turn + turn2 + tail
     assert mask == [0] * len(prompt) + [1] * len(turn1) + [0] * len(tool_turn) + [1] * len(turn2) + [0] * len(tail)
     assert ids == encode_messages(tok, msgs, tools)   # and identical to rendering the whole conversation
+
+
+def test_force_reason_false_matches_an_rl_recipe_without_it(tok):
+    conv = tool_conversation(2, 3)
+    msgs, tools = conv["messages"], conv["tools"]
+    ids, mask = conversation_ids_and_mask(tok, msgs, tools, force_reason=False)
+    assert "<reason>" not in tok.decode(ids)
+    prompt = encode_messages(tok, msgs[:2], tools, add_generation_prompt=True, force_reason=False)
+    assert ids[:len(prompt)] == prompt and mask[len(prompt)] == 1
+    assert tool_turn_ids(tok, ["5"], force_reason=False) == tok.encode(
+        "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        add_special_tokens=False)
 
 
 def test_assistant_text_starting_with_newline_keeps_its_own_tokens(tok):

@@ -1,0 +1,48 @@
+"""rollout.code_runner "release": snippets run as the release's executor runs them
+(rstar2_agent/tools/code_judge_utils.py, code_template_setup), through the real sandbox, and the
+texts the model then reads (release response format)."""
+import asyncio
+
+import pytest
+
+from rstar2_cli.protocol import response_text
+from rstar2_cli.protocol.code_runner import release_runner_source
+
+
+def run(pool, code, stdin=None):
+    [r] = asyncio.run(pool.run_batch([{"code": release_runner_source(code), "stdin": stdin, "session": None}],
+                                     timeout=4.0))
+    return r
+
+
+@pytest.mark.parametrize("code, stdout", [
+    ("print(6 * 7)", "42\n"),
+    ("x = 3\nx * 2", "6\n"),                          # the last expression's repr is printed
+    ("print('a')\n'b'", "a\n'b'\n"),                  # even after other output
+    ("n = int(input())\nprint(n + 1)", "8\n"),        # stdin as the release passes it
+    ("x = None\nx", ""),                              # None is not printed
+])
+def test_successful_snippets(sandbox_pool, code, stdout):
+    r = run(sandbox_pool, code, stdin="7\n" if "input" in code else None)
+    assert (r.reason, r.stdout, r.stderr) == ("ok", stdout, "")
+
+
+@pytest.mark.parametrize("code, stderr", [
+    ("print(1\n", "SyntaxError at line 1: '(' was never closed (<unknown>, line 1)\n  print(1\n"),
+    ("a = 1\nb = a / 0\nc = 2", "ZeroDivisionError at line 2: division by zero\n  b = a / 0\n"),
+    ("def f():\n    return undefined_name\nf()\ny = 1",
+     "NameError at line 2: name 'undefined_name' is not defined\n      return undefined_name\n"),
+    # the final expression is numbered after the body's lines, so its source line is not shown
+    ("x = 1\nx / 0", "ZeroDivisionError: division by zero\n"),
+    ("1 / 0", "ZeroDivisionError at line 1: division by zero\n  1 / 0\n"),
+])
+def test_errors_are_one_line_with_the_source_line(sandbox_pool, code, stderr):
+    r = run(sandbox_pool, code)
+    assert (r.reason, r.stderr) == ("runtime_error", stderr)
+
+
+def test_the_model_reads_the_releases_failure_text(sandbox_pool):
+    r = run(sandbox_pool, "print('start')\nraise ValueError('bad value')\nz = 0")
+    text = response_text(r, 256)
+    assert text.startswith("Tool call failure\nreason: \nstdout: start\n\nstderr: ValueError at line 2: bad value\n"
+                           "  raise ValueError('bad value')\n\nexecution time: ")
