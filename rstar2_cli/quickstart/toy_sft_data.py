@@ -1,7 +1,7 @@
 """SFT conversations for the toy task, with deliberately imperfect behaviour.
 
 The SFT start must leave room for RL: if SFT taught perfect tool use there would be nothing to
-learn. So the data mixes three behaviours, in fixed proportions:
+learn. So the data mixes four behaviours, in fixed proportions (`BehaviourMix`):
   * guess: answer straight away with a plausible but (almost always) wrong number;
   * buggy then repair: a first call with a bug a programmer makes (a wrong variable name, a
     missing import, reading stdin that was never sent, an unclosed bracket), the sandbox's real
@@ -14,6 +14,8 @@ the buggy-then-repair and sloppy positives carry (tool-error ratio in positives 
 erring routes end right about as often as the clean one (the repair, and the sloppy call's
 printed result, are the clean call's copy of the expression), which is the paper's Fig. 4
 setting: under plain GRPO, whose reward sees only the outcome, the errors persist in positives.
+In RL every error is the model's own: it samples the buggy code, and the sandbox runs whatever
+it wrote (nothing is injected).
 
 Tool responses are produced by running the code in the real sandbox and formatting the result
 with the same function the agent loop uses, so SFT text matches RL rollouts byte for byte.
