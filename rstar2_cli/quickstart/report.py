@@ -134,8 +134,9 @@ def roc_advantage(report: dict[str, Any]) -> dict[str, bool]:
     return {
         f"GRPO keeps errors in positives (>= {GRPO_KEEPS_ERRORS})":
             grpo["tool_error_ratio_positive"] >= GRPO_KEEPS_ERRORS,
-        f"RoC's ratio <= {ROC_ERROR_FACTOR}x GRPO's":
-            roc["tool_error_ratio_positive"] <= ROC_ERROR_FACTOR * grpo["tool_error_ratio_positive"],
+        f"RoC's ratio <= {ROC_ERROR_FACTOR}x GRPO's":   # no errors under GRPO: nothing for RoC to show
+            0 < grpo["tool_error_ratio_positive"]
+            and roc["tool_error_ratio_positive"] <= ROC_ERROR_FACTOR * grpo["tool_error_ratio_positive"],
         f"RoC's accuracy within {100 * ACCURACY_SLACK:.0f} points of GRPO's or better":
             roc["final_accuracy"] >= grpo["final_accuracy"] - ACCURACY_SLACK - 1e-9,
     }
