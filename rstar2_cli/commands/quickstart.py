@@ -10,6 +10,9 @@ def register(app: typer.Typer) -> None:
     @app.command("quickstart")
     def quickstart_cmd(
         seed: int = typer.Option(0, "--seed", help="changes the toy problems, the held-out set and the initialisation"),
+        seeds: Optional[str] = typer.Option(None, "--seeds",
+                                            help="comma-separated seeds, e.g. 0,1,2: one run per seed in OUT/seed_<n>, "
+                                                 "then mean ± spread and the RoC checks on every seed (replaces --seed)"),
         out: str = typer.Option("runs/quickstart", "--out", help="output folder (report.json, report.png, report.md)"),
         compare_grpo: bool = typer.Option(False, "--compare-grpo",
                                           help="also run plain GRPO (RoC off) from the same SFT start"),
@@ -24,9 +27,11 @@ def register(app: typer.Typer) -> None:
 
         from rstar2_cli.quickstart.pipeline import run_quickstart
         from rstar2_cli.quickstart.report import results_table
+        from rstar2_cli.quickstart.seeds import parse_seeds, run_seeds, seeds_table
         from rstar2_cli.quickstart.settings import QuickstartSettings
 
         try:
+            seed_list = parse_seeds(seeds) if seeds is not None else None
             settings = QuickstartSettings.for_preset(out, "smoke" if smoke else "full", seed=seed,
                                                      compare_grpo=compare_grpo, sft_steps=sft_steps,
                                                      rl_steps=steps, eval_every=eval_every)
@@ -34,8 +39,11 @@ def register(app: typer.Typer) -> None:
             errs = getattr(e, "errors", None)
             msg = f"{'.'.join(map(str, errs()[0]['loc']))}: {errs()[0]['msg']}" if callable(errs) else str(e)
             raise typer.BadParameter(msg) from None
-        report = run_quickstart(settings)
         console = Console()
-        console.print(results_table(report))
+        if seed_list is not None:
+            summary = run_seeds(settings, seed_list)
+            console.print(seeds_table(summary))
+        else:
+            console.print(results_table(run_quickstart(settings)))
         console.print(f"report: {settings.out / 'report.md'}  curves: {settings.out / 'report.png'}  "
                       f"numbers: {settings.out / 'report.json'}")

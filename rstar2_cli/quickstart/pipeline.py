@@ -50,7 +50,11 @@ class RlRun:
                 "tool_error_ratio_positive_all_steps": self.final_tool_error_ratio_positive(1.0),
                 "heldout_tool_error_ratio_positive": last["tool_error_ratio_positive"],
                 "final_reward_mean": self.steps[-1].get("rollout/reward_mean", 0.0) if self.steps else 0.0,
-                "checkpoint": self.checkpoint, "seconds": round(self.seconds, 1)}
+                "checkpoint": self.checkpoint, "seconds": round(self.seconds, 1),
+                # the curves, so that a multi-seed summary can be drawn from report.json alone
+                "tool_error_ratio_positive_curve": [m.get("rollout/tool_error_ratio_positive", 0.0)
+                                                    for m in self.steps],
+                "heldout_accuracy_curve": [[step, m["accuracy"]] for step, m in self.heldout]}
 
 
 def sft_stage(s: QuickstartSettings, prep: PreparedToy, progress: bool) -> str:
@@ -150,18 +154,28 @@ def run_quickstart(s: QuickstartSettings, *, progress: bool = True) -> dict[str,
         grpo_run = rl_stage(s, prep, sft_model, roc=False, progress=progress)
         timings["rl_grpo"] = grpo_run.seconds
         runs.append(grpo_run)
-    report = {
+    report = build_report(s, runs, timings, prep.behaviours, minutes=minutes,
+                          total_minutes=(time.perf_counter() - started) / 60)
+    write_report(s.out, report, runs)
+    return report
+
+
+def build_report(s: QuickstartSettings, runs: list[RlRun], timings: dict[str, float], behaviours: dict[str, int],
+                 *, minutes: float, total_minutes: float) -> dict[str, Any]:
+    """report.json's numbers from the RL runs (RoC first, then GRPO with --compare-grpo)."""
+    roc_run = runs[0]
+    report: dict[str, Any] = {
         "seed": s.seed, "preset": s.preset,
         "sft_accuracy": roc_run.heldout[0][1]["accuracy"],
         "final_accuracy": roc_run.heldout[-1][1]["accuracy"],
         "minutes": round(minutes, 2),
-        "total_minutes": round((time.perf_counter() - started) / 60, 2),
+        "total_minutes": round(total_minutes, 2),
         "timings_seconds": {k: round(v, 1) for k, v in timings.items()},
-        "sft_behaviours": prep.behaviours,
+        "sft_behaviours": behaviours,
         "heldout_problems": s.n_heldout, "heldout_samples": s.eval_samples,
     }
     report["improvement_points"] = round(100 * (report["final_accuracy"] - report["sft_accuracy"]), 1)
     for r in runs:
         report[r.label] = r.summary()
-    write_report(s.out, report, runs)
     return report
+

@@ -16,6 +16,11 @@ PANELS = [("rollout/reward_mean", "training reward (mean)"),
           ("rollout/response_length_mean", "response length (tokens)")]
 
 
+def running_mean(ys: Sequence[float], window: int = 4) -> list[float]:
+    """Trailing mean over `window` points: one RL step's ratio is noisy (a few dozen positives)."""
+    return [sum(ys[max(0, i - window + 1): i + 1]) / len(ys[max(0, i - window + 1): i + 1]) for i in range(len(ys))]
+
+
 def plot_curves(runs: Sequence[Any], path: Path) -> None:
     """One PNG, four panels, one line per run (RoC, and plain GRPO with --compare-grpo)."""
     import matplotlib
@@ -33,11 +38,26 @@ def plot_curves(runs: Sequence[Any], path: Path) -> None:
                 ax.plot(xs, ys, marker="o", label=name)
                 ax.set_ylim(0, 100)
                 ax.set_ylabel("%")
+            elif key == "rollout/tool_error_ratio_positive":   # Fig. 4: both methods on one axis
+                xs = [int(m["step"]) for m in run.steps]
+                ys = [100 * m.get(key, 0.0) for m in run.steps]
+                line, = ax.plot(xs, ys, alpha=0.3, lw=1)
+                ax.plot(xs, running_mean(ys), color=line.get_color(), lw=2, label=f"{name} (running mean)")
+                ax.set_ylabel("%")
+                ax.set_ylim(bottom=0)
             else:
                 xs = [int(m["step"]) for m in run.steps]
                 ys = [m.get(key, float("nan")) for m in run.steps]
                 ax.plot(xs, ys, label=name)
         ax.set_title(title)
+    save_figure(fig, axes.flat, path)
+
+
+def save_figure(fig, axes, path: Path) -> None:
+    """The common finish of the report figures: RL-step x axis, grid, legend; PNG written, closed."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
         ax.legend()
@@ -63,11 +83,16 @@ def markdown_summary(report: dict[str, Any]) -> str:
         roc, grpo = report["roc"], report["grpo"]
         lines += [
             "## RoC vs plain GRPO (same SFT start, seed and steps)", "",
-            "| | final held-out accuracy | tool-error ratio in positive trajectories "
-            "(training rollouts, mean over the second half of RL) |",
-            "|---|---|---|",
-            f"| GRPO-RoC | {100 * roc['final_accuracy']:.1f} % | {roc['tool_error_ratio_positive']:.4f} |",
-            f"| GRPO | {100 * grpo['final_accuracy']:.1f} % | {grpo['tool_error_ratio_positive']:.4f} |", "",
+            "Tool-error ratio in positive trajectories = failed calls / calls over the trajectories "
+            "that ended right (paper Fig. 4); training: over all of a step's rollouts, held-out: the "
+            "final model's held-out samples.", "",
+            "| | final held-out accuracy | tool-error ratio in positives, training (mean over 2nd half "
+            "of RL) | same, whole run | same, final held-out |",
+            "|---|---|---|---|---|",
+            *(f"| {name} | {100 * r['final_accuracy']:.1f} % | {r['tool_error_ratio_positive']:.4f} | "
+              f"{r['tool_error_ratio_positive_all_steps']:.4f} | {r['heldout_tool_error_ratio_positive']:.4f} |"
+              for name, r in (("GRPO-RoC", roc), ("GRPO", grpo))), "",
+            *verdict_lines(report), "",
         ]
     lines += ["Curves: `report.png`. Numbers: `report.json`. Per-step metrics: `rl_*/metrics.jsonl`; "
               "held-out samples: `rl_*/heldout/step_*/trajectories.jsonl`.", ""]
@@ -86,8 +111,39 @@ def results_table(report: dict[str, Any]):
     t.add_row("minutes (main pipeline)", f"{report['minutes']:.1f}")
     for label in ("roc", "grpo"):
         if label in report:
-            t.add_row(f"{label}: tool-error ratio in positives", f"{report[label]['tool_error_ratio_positive']:.4f}")
+            r = report[label]
+            t.add_row(f"{label}: final held-out accuracy", f"{100 * r['final_accuracy']:.1f} %")
+            t.add_row(f"{label}: tool-error ratio in positives (2nd half of RL)", f"{r['tool_error_ratio_positive']:.4f}")
+            t.add_row(f"{label}: tool-error ratio in positives (final held-out)",
+                      f"{r['heldout_tool_error_ratio_positive']:.4f}")
+    if "grpo" in report:
+        for name, ok in roc_advantage(report).items():
+            t.add_row(name, "yes" if ok else "NO")
     return t
+
+
+# What --compare-grpo checks (the paper's Fig. 4 claim, in miniature): the name, then the test.
+GRPO_KEEPS_ERRORS = 0.05     # GRPO's ratio in positives, mean over the second half of RL, at least
+ROC_ERROR_FACTOR = 0.5       # RoC's at most this times GRPO's
+ACCURACY_SLACK = 0.05        # RoC's final held-out accuracy at most this far below GRPO's
+
+
+def roc_advantage(report: dict[str, Any]) -> dict[str, bool]:
+    """The Fig. 4 checks for one seed's report (with --compare-grpo)."""
+    roc, grpo = report["roc"], report["grpo"]
+    return {
+        f"GRPO keeps errors in positives (>= {GRPO_KEEPS_ERRORS})":
+            grpo["tool_error_ratio_positive"] >= GRPO_KEEPS_ERRORS,
+        f"RoC's ratio <= {ROC_ERROR_FACTOR}x GRPO's":   # no errors under GRPO: nothing for RoC to show
+            0 < grpo["tool_error_ratio_positive"]
+            and roc["tool_error_ratio_positive"] <= ROC_ERROR_FACTOR * grpo["tool_error_ratio_positive"],
+        f"RoC's accuracy within {100 * ACCURACY_SLACK:.0f} points of GRPO's or better":
+            roc["final_accuracy"] >= grpo["final_accuracy"] - ACCURACY_SLACK - 1e-9,
+    }
+
+
+def verdict_lines(report: dict[str, Any]) -> list[str]:
+    return [f"- {name}: **{'yes' if ok else 'no'}**" for name, ok in roc_advantage(report).items()]
 
 
 def write_report(out: Path, report: dict[str, Any], runs: Sequence[Any]) -> None:
