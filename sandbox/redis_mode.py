@@ -7,6 +7,12 @@ from the shared queue into its own processing list (BLMOVE) and keeps a heartbea
 call found there is requeued once more (up to `max_attempts` runs) or answered with an
 `internal_error` result saying the worker died. Results go to a per-front-end reply list that a
 single listener drains, so thousands of waiting calls cost one Redis connection, not thousands.
+
+Connections are bounded whatever the load: each process uses a blocking pool of
+`max_connections` (a command waits for a free connection, never fails for want of one); a front
+end sends the calls of one event-loop round in one LPUSH and drains replies many at a time, and
+a worker moves up to its free capacity of calls per fetch and sends the answers of one round in
+one transaction.
 """
 from __future__ import annotations
 
@@ -42,11 +48,12 @@ class RedisConfig:
     max_attempts: int = 2         # runs of one call before a worker death becomes an error result
     queue_wait: float = 600.0     # seconds a call may wait in Redis before "queue_timeout"
     default_timeout: float = 10.0  # per-call timeout when a caller gives none
+    max_connections: int = 8      # Redis connections per process (a blocking pool: commands wait for one)
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"RedisConfig.url: expected redis://host:port, got {self.url!r}")
-        for name in ("lease", "max_attempts", "queue_wait", "default_timeout"):
+        for name in ("lease", "max_attempts", "queue_wait", "default_timeout", "max_connections"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RedisConfig.{name} must be > 0, got {getattr(self, name)!r}")
 
@@ -62,6 +69,16 @@ class RedisConfig:
 
     def reply(self, frontend_id: str) -> str:
         return f"{self.namespace}:reply:{frontend_id}"
+
+
+def connect(cfg: RedisConfig) -> aioredis.Redis:
+    """A client whose pool holds at most `cfg.max_connections` connections and makes commands
+    wait for a free one (redis-py's default pool raises MaxConnectionsError instead)."""
+    pool = aioredis.BlockingConnectionPool.from_url(cfg.url, max_connections=cfg.max_connections, timeout=None)
+    return aioredis.Redis(connection_pool=pool)
+
+
+REPLIES_PER_READ = 512
 
 
 def _result_message(work_id: str, result: RunResult) -> str:
@@ -121,14 +138,16 @@ class RedisFrontend:
         self._r: aioredis.Redis | None = None
         self._pending: dict[str, asyncio.Future] = {}
         self._tasks: list[asyncio.Task] = []
-        self._stats = {"workers": 0, "queued": 0, "completed": 0, "errors": 0, "reaped": 0}
+        self._stats = {"workers": 0, "queued": 0, "completed": 0, "errors": 0, "reaped": 0, "pushes": 0}
+        self._outbox: list[tuple[str, str]] = []  # (work id, message) not yet pushed
+        self._pusher: asyncio.Task | None = None
         self._worker_protections: dict[str, dict] = {}
         self._closing = asyncio.Event()
 
     async def start(self) -> None:
         if self._r is not None:
             return
-        self._r = aioredis.from_url(self.cfg.url)
+        self._r = connect(self.cfg)
         await self._r.ping()  # fail fast with a clear connection error
         self._closing.clear()
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._maintain())]
@@ -168,8 +187,10 @@ class RedisFrontend:
                           "deadline": time.time() + self.cfg.queue_wait})
         fut = asyncio.get_running_loop().create_future()
         self._pending[work_id] = fut
+        self._outbox.append((work_id, raw))
+        if self._pusher is None or self._pusher.done():
+            self._pusher = asyncio.create_task(self._push())
         try:
-            await self._r.lpush(self.cfg.queue, raw)
             # bound: queue wait + every allowed run + time to notice dead workers
             limit = self.cfg.queue_wait + self.cfg.max_attempts * (t + 3 * self.cfg.lease) + 5.0
             try:
@@ -180,6 +201,25 @@ class RedisFrontend:
                                    f"({self._stats['workers']} worker(s) alive)") from None
         finally:
             self._pending.pop(work_id, None)
+
+    async def _push(self) -> None:
+        """Send every call queued so far in one LPUSH per round (one connection, however many calls)."""
+        await asyncio.sleep(0)  # let the other calls of this round join
+        while self._outbox:
+            batch, self._outbox = self._outbox, []
+            for attempt in range(5):
+                try:
+                    await self._r.lpush(self.cfg.queue, *(raw for _, raw in batch))
+                    self._stats["pushes"] += 1
+                    break
+                except (ConnectionError, OSError, aioredis.RedisError) as e:
+                    log.warning("enqueue of %d calls failed: %r; retrying", len(batch), e)
+                    await asyncio.sleep(0.2 * 2 ** attempt)
+            else:
+                for work_id, _ in batch:
+                    fut = self._pending.get(work_id)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(ConnectionError(f"could not enqueue the call in Redis {self.cfg.url}"))
 
     async def run_batch(self, items: list[dict], timeout: float | None = None) -> list[RunResult]:
         async def one(item: dict) -> RunResult:
@@ -209,17 +249,26 @@ class RedisFrontend:
                 continue
             if item is None:
                 continue
+            messages = [item[1]]
             try:
-                msg = json.loads(item[1])
-                result = RunResult.from_dict(msg["result"])
-            except (ValueError, KeyError, TypeError):
-                log.error("unparseable result message: %r", item[1][:200])
-                continue
-            fut = self._pending.get(msg["id"])
-            if fut is not None and not fut.done():
-                fut.set_result(result)
-                self._stats["completed"] += 1
-                self._stats["errors"] += result.reason == "internal_error"
+                messages += await self._r.lpop(key, REPLIES_PER_READ) or []
+            except (ConnectionError, OSError, aioredis.RedisError) as e:
+                log.warning("reply listener: %r; the rest are read next round", e)
+            for message in messages:
+                self._deliver(message)
+
+    def _deliver(self, message: bytes) -> None:
+        try:
+            msg = json.loads(message)
+            result = RunResult.from_dict(msg["result"])
+        except (ValueError, KeyError, TypeError):
+            log.error("unparseable result message: %r", message[:200])
+            return
+        fut = self._pending.get(msg["id"])
+        if fut is not None and not fut.done():  # a late duplicate (a requeued call) is dropped
+            fut.set_result(result)
+            self._stats["completed"] += 1
+            self._stats["errors"] += result.reason == "internal_error"
 
     async def _maintain(self) -> None:
         """Reap dead workers and refresh the numbers /status shows."""
@@ -254,14 +303,14 @@ class RedisWorker:
 
     async def run_forever(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
-        r = aioredis.from_url(self.cfg.url)
+        r = connect(self.cfg)
         await r.ping()
         await self.sandbox.start()
         self._protections = json.dumps(await asyncio.to_thread(self.sandbox.protections))
         await self._beat(r)
         done = asyncio.Event()  # the heartbeat outlives the fetch loops' last calls
         beat = asyncio.create_task(self._heartbeat(r, done))
-        fetchers = [asyncio.create_task(self._fetch_loop(r, stop)) for _ in range(self.concurrency)]
+        fetchers = [asyncio.create_task(self._fetch_loop(r, stop))]
         log.info("sandbox worker %s serving %s", self.worker_id, self.cfg.url)
         try:
             await stop.wait()
@@ -291,35 +340,77 @@ class RedisWorker:
                 await asyncio.wait_for(stop.wait(), self.cfg.lease / 3)
 
     async def _fetch_loop(self, r: aioredis.Redis, stop: asyncio.Event) -> None:
+        """Move calls from the queue into our processing list, as many per round as we have room
+        for (one blocking move, then the rest in one pipeline), and run each as its own task."""
         processing = self.cfg.processing(self.worker_id)
-        while not stop.is_set():
-            try:
-                raw = await r.blmove(self.cfg.queue, processing, timeout=1, src="RIGHT", dest="LEFT")
-            except aioredis.RedisError as e:
-                log.warning("fetch failed: %r", e)
-                await asyncio.sleep(0.5)
-                continue
-            if raw is None:
-                continue
-            try:
-                work = json.loads(raw)
-                work_id, reply_to, deadline = work["id"], work["reply_to"], float(work["deadline"])
-            except (ValueError, KeyError, TypeError) as e:  # nobody to answer: log and drop
-                log.error("dropping malformed work item %r: %r", raw[:200], e)
-                await r.lrem(processing, 1, raw)
-                continue
-            if time.time() > deadline:  # its front end has already given up
-                await r.lrem(processing, 1, raw)
-                continue
-            try:
-                result = await self.sandbox.run(work.get("code"), stdin=work.get("stdin"), timeout=work.get("timeout"))
-            except Exception as e:  # misuse errors (bad fields) still get an answer
-                result = RunResult.internal_error(f"worker {self.worker_id} could not run this call: {e}")
-            async with r.pipeline(transaction=True) as p:
-                p.lpush(reply_to, _result_message(work_id, result))
-                p.expire(reply_to, REPLY_TTL_S)
-                p.lrem(processing, 1, raw)
-                await p.execute()
+        running: set[asyncio.Task] = set()
+        self._answers: list[tuple[str, str, bytes]] = []  # (reply list, message, raw work item)
+        self._answering: asyncio.Task | None = None
+        try:
+            while not stop.is_set():
+                if len(running) >= self.concurrency:
+                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    first = await r.blmove(self.cfg.queue, processing, timeout=1, src="RIGHT", dest="LEFT")
+                    items = [first] if first is not None else []
+                    room = self.concurrency - len(running) - 1
+                    if first is not None and room > 0:
+                        async with r.pipeline(transaction=False) as p:
+                            for _ in range(room):
+                                p.lmove(self.cfg.queue, processing, "RIGHT", "LEFT")
+                            items += [raw for raw in await p.execute() if raw is not None]
+                except aioredis.RedisError as e:
+                    log.warning("fetch failed: %r", e)
+                    await asyncio.sleep(0.5)
+                    continue
+                for raw in items:
+                    task = asyncio.create_task(self._run_one(r, processing, raw))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+        finally:
+            if running:  # calls in flight finish (the caller bounds this with a grace period)
+                await asyncio.gather(*running, return_exceptions=True)
+            if self._answering is not None:
+                await self._answering
+
+    async def _run_one(self, r: aioredis.Redis, processing: str, raw: bytes) -> None:
+        try:
+            work = json.loads(raw)
+            work_id, reply_to, deadline = work["id"], work["reply_to"], float(work["deadline"])
+        except (ValueError, KeyError, TypeError) as e:  # nobody to answer: log and drop
+            log.error("dropping malformed work item %r: %r", raw[:200], e)
+            await r.lrem(processing, 1, raw)
+            return
+        if time.time() > deadline:  # its front end has already given up
+            await r.lrem(processing, 1, raw)
+            return
+        try:
+            result = await self.sandbox.run(work.get("code"), stdin=work.get("stdin"), timeout=work.get("timeout"))
+        except Exception as e:  # misuse errors (bad fields) still get an answer
+            result = RunResult.internal_error(f"worker {self.worker_id} could not run this call: {e}")
+        self._answers.append((reply_to, _result_message(work_id, result), raw))
+        if self._answering is None or self._answering.done():
+            self._answering = asyncio.create_task(self._answer(r, processing))
+
+    async def _answer(self, r: aioredis.Redis, processing: str) -> None:
+        """Send the answers of this round in one transaction: each reply is pushed and its work
+        item leaves our processing list together, so a call is never both answered and requeued."""
+        await asyncio.sleep(0)
+        while self._answers:
+            batch, self._answers = self._answers, []
+            while True:
+                try:
+                    async with r.pipeline(transaction=True) as p:
+                        for reply_to, message, raw in batch:
+                            p.lpush(reply_to, message)
+                            p.expire(reply_to, REPLY_TTL_S)
+                            p.lrem(processing, 1, raw)
+                        await p.execute()
+                    break
+                except aioredis.RedisError as e:  # the items stay ours: retried, or requeued if we die
+                    log.warning("sending %d answers failed: %r; retrying", len(batch), e)
+                    await asyncio.sleep(0.5)
 
 
 async def _finish(tasks: list[asyncio.Task], grace: float) -> None:
