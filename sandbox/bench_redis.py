@@ -71,7 +71,8 @@ def redis_server_process():
 
 
 def _start_host(url: str, sandbox_kwargs: dict, concurrency: int) -> subprocess.Popen:
-    from sandbox.redis_mode import RedisConfig, worker_argv
+    from sandbox.redis_mode import RedisConfig
+    from sandbox.redis_worker import worker_argv
 
     return subprocess.Popen(worker_argv(RedisConfig(url), sandbox_kwargs, concurrency), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

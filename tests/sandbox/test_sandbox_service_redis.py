@@ -15,7 +15,8 @@ import pytest
 import redis
 from service_fixtures import post_batch, redis_server, serve_in_thread
 
-from sandbox.redis_mode import RedisConfig, RedisFrontend, worker_argv
+from sandbox.redis_mode import RedisConfig, RedisFrontend
+from sandbox.redis_worker import worker_argv
 from sandbox.server import ServiceConfig, create_app
 
 pytestmark = pytest.mark.redis
@@ -169,7 +170,7 @@ def test_rl_sized_long_batch_survives_a_host_dying(redis_url, workers):
     n = int(os.environ.get("RL_CALLS", 5000))
     subs = [{"type": "python", "solution": f"import time\ntime.sleep(0.005)\nprint({i} * 3)"} for i in range(n)]
     front = RedisFrontend(cfg)
-    with serve_in_thread(create_app(front, ServiceConfig(max_queue=1024))) as url:
+    with serve_in_thread(create_app(front, ServiceConfig(max_queue=int(os.environ.get("RL_QUEUE", 1024))))) as url:
         with httpx.Client(timeout=900) as client:
             from concurrent.futures import ThreadPoolExecutor
             with ThreadPoolExecutor(1) as pool:
