@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -167,18 +168,20 @@ def test_rl_sized_long_batch_survives_a_host_dying(redis_url, workers):
     r = redis.Redis.from_url(redis_url)
     hosts = [workers.start(cfg, 16), workers.start(cfg, 16)]
     wait_for(lambda: len(live_workers(r, cfg)) == 2, "two worker heartbeats")
-    n = int(os.environ.get("RL_CALLS", 5000))
+    n = 5000
     subs = [{"type": "python", "solution": f"import time\ntime.sleep(0.005)\nprint({i} * 3)"} for i in range(n)]
     front = RedisFrontend(cfg)
-    with serve_in_thread(create_app(front, ServiceConfig(max_queue=int(os.environ.get("RL_QUEUE", 1024))))) as url:
+    with serve_in_thread(create_app(front, ServiceConfig(max_queue=1024, max_batch=n))) as url:
         with httpx.Client(timeout=900) as client:
-            from concurrent.futures import ThreadPoolExecutor
             with ThreadPoolExecutor(1) as pool:
                 answer = pool.submit(client.post, f"{url}/run/long-batch", json={"type": "batch", "submissions": subs})
-                wait_for(lambda: front.stats()["completed"] >= n // 3, "a third of the calls", limit=600)
+                wait_for(lambda: front.stats()["completed"] >= n // 3 or answer.done(), "a third of the calls",
+                         limit=600)
                 clients = int(r.info("clients")["connected_clients"])
                 workers.kill(hosts[0].pid)
-                results = answer.result(900).json()["results"]
+                response = answer.result(900)
+        assert response.status_code == 200, response.text[:300]
+        results = response.json()["results"]
         stats = front.stats()
     assert len(results) == n
     wrong = [(i, res["reason"], res["stdout"], res["stderr"][-100:]) for i, res in enumerate(results)
