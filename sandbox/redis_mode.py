@@ -21,13 +21,10 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
