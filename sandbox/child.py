@@ -15,10 +15,12 @@ import ctypes
 import io
 import os
 import resource
+import signal
 import sys
 
 SNIPPET = "<snippet>"
-OUTCOMES = ("", "ok", "runtime_error", "memory")  # index = byte written to the status map
+OUTCOMES = ("", "ok", "runtime_error", "memory", "reroute")  # index = byte written to the status map
+_REROUTE = OUTCOMES.index("reroute")
 _PR_SET_NO_NEW_PRIVS = 38
 _FILE_SIZE_CAP = 64 * 1024 * 1024
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded once in the zygote, not per call
@@ -76,6 +78,34 @@ class SlotEnvironment:
     def activate(self) -> None:
         os.environ._data = self._data  # type: ignore[attr-defined]
         _ENVIRON_BYTES[:] = self._pointer
+
+
+class FullTierFinder:
+    """Last on a light zygote's sys.meta_path: an import that nothing else found, of a module the
+    full tier can import, ends the call at once and marks it for a re-run there.
+
+    Why here and not only in the host's static scan (sandbox.tiers): imports can hide from any
+    scan (exec of a built string, a base64 payload, `__import__(name)`, an executor template),
+    and a snippet may catch the ImportError and carry on differently. Only a miss reaches this
+    finder, so it costs nothing to calls that import what the light tier has. The whole process
+    group is killed (a miss in a subprocess of the call counts too); the call is isolated, so the
+    re-run starts clean.
+    """
+
+    def __init__(self, paths: list[str], status_map) -> None:
+        self.paths, self.status_map = paths, status_map
+        self.slot = -1  # set in each forked child; -1 in the zygote itself
+
+    def find_spec(self, name: str, path=None, target=None):
+        if path is None and self.slot >= 0:  # a top-level module: submodules need their package
+            from importlib.machinery import PathFinder
+            if PathFinder.find_spec(name, self.paths) is not None:
+                self.status_map[self.slot] = _REROUTE
+                os.killpg(0, signal.SIGKILL)
+        return None
+
+    def invalidate_caches(self) -> None:
+        return None
 
 
 def call_rlimits(limits: dict, base_vm_bytes: int, per_call_uid: bool) -> tuple:
@@ -250,5 +280,6 @@ def finish(code: int, reason: str, status_map, slot: int) -> None:
             stream.flush()
         except BaseException:  # noqa: BLE001 - the snippet may have closed or replaced it
             pass
-    status_map[slot] = OUTCOMES.index(reason)
+    if status_map[slot] != _REROUTE:  # a subprocess of the call may have asked for the full tier
+        status_map[slot] = OUTCOMES.index(reason)
     os._exit(code & 0xFF if isinstance(code, int) else 1)

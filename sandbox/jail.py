@@ -34,7 +34,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox.tiers import is_stdlib
+from sandbox.tiers import full_tier_paths
 from sandbox.zygote import CALL_ENV
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -66,8 +66,8 @@ class JailPlan:
     exe: str | None = None  # the nsjail binary, for backend "nsjail"
     _tmpdirs: list[str] = field(default_factory=list)
 
-    def command(self, worker: int, preload: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
-        """argv and environment that start zygote number `worker`."""
+    def command(self, worker: int, preload: tuple[str, ...], light: bool = False) -> tuple[list[str], dict[str, str]]:
+        """argv and environment that start zygote number `worker` (of the light tier: see sandbox.tiers)."""
         uid_base = None if self.uid_base is None else self.uid_base + worker * self.slots
         if self.backend in _JAILED:
             scratch, pkg_root = f"{JAIL_SCRATCH}", JAIL_PACKAGE_ROOT
@@ -78,13 +78,14 @@ class JailPlan:
             pkg_root = str(PACKAGE_DIR.parent)
         config = {"slots": self.slots, "uid_base": uid_base, "scratch_root": scratch,
                   "preload": list(preload), "unshare_net": self.backend == "namespaces",
-                  "own_pid_ns": self.backend in _JAILED}
+                  "own_pid_ns": self.backend in _JAILED,
+                  "reroute_paths": full_tier_paths() if light else []}
         boot = (f"import sys; sys.path.insert(0, {pkg_root!r}); "
                 "from sandbox.zygote import main; main()")
-        # A stdlib-only preload (the light tier) starts without `site`: no site-packages and no
+        # The light tier (a stdlib-only preload) starts without `site`: no site-packages and no
         # .pth imports (45 modules, ~1 MB less to copy on every fork); zygote.main restores the
         # builtins site adds (exit, quit, help, ...).
-        flags = "-IS" if all(map(is_stdlib, preload)) else "-I"
+        flags = "-IS" if light else "-I"
         python = [sys.executable, flags, "-c", boot, marshal.dumps(config).hex()]
         if self.backend == "bwrap":
             return _bwrap_prefix(self.per_call_uid) + python, {}

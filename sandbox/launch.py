@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from sandbox.redis_mode import RedisConfig, RedisFrontend, supervise, worker_argv
+from sandbox.redis_mode import RedisConfig, RedisFrontend
+from sandbox.redis_worker import supervise, worker_argv
 from sandbox.server import ServiceConfig, serve
 
 

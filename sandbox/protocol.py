@@ -19,6 +19,10 @@ ANSWER = struct.Struct(">QidBII")  # call id, exit code (-1: none), wall time, r
 MAX_FRAME = 64 * 1024 * 1024
 READY, REQUEST, ANSWER_KIND = 0, 1, 2
 REASONS = ("ok", "runtime_error", "timeout", "memory", "output_limit", "internal_error")
+# What a light zygote may also answer: the call imported a module only the full tier has, so the
+# pool runs it again there (sandbox.tiers). Never a RunResult reason: the host consumes it.
+REROUTE = "reroute"
+WIRE_REASONS = REASONS + (REROUTE,)
 
 
 def encode_ready(base_vm: int, slots: int) -> bytes:
@@ -31,17 +35,17 @@ def encode_request(obj: dict) -> bytes:
 
 
 def encode_answer(call_id: int, exit_code: int | None, wall: float, reason: str, out: bytes, err: bytes) -> bytes:
-    head = ANSWER.pack(call_id, -1 if exit_code is None else exit_code, wall, REASONS.index(reason), len(out), len(err))
+    head = ANSWER.pack(call_id, -1 if exit_code is None else exit_code, wall, WIRE_REASONS.index(reason), len(out), len(err))
     return HEADER.pack(len(head) + len(out) + len(err), ANSWER_KIND) + head + out + err
 
 
 def decode_answer(body: bytes) -> dict:
     call_id, code, wall, reason, n_out, n_err = ANSWER.unpack_from(body)
     start = ANSWER.size
-    if start + n_out + n_err != len(body) or reason >= len(REASONS):
+    if start + n_out + n_err != len(body) or reason >= len(WIRE_REASONS):
         raise ValueError("malformed answer frame")
     return {"id": call_id, "exit_code": None if code < 0 else code, "wall_time": round(wall, 6),
-            "reason": REASONS[reason], "stdout": body[start:start + n_out].decode(errors="replace"),
+            "reason": WIRE_REASONS[reason], "stdout": body[start:start + n_out].decode(errors="replace"),
             "stderr": body[start + n_out:].decode(errors="replace")}
 
 

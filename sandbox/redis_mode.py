@@ -7,6 +7,12 @@ from the shared queue into its own processing list (BLMOVE) and keeps a heartbea
 call found there is requeued once more (up to `max_attempts` runs) or answered with an
 `internal_error` result saying the worker died. Results go to a per-front-end reply list that a
 single listener drains, so thousands of waiting calls cost one Redis connection, not thousands.
+
+Connections are bounded whatever the load: each process uses a blocking pool of
+`max_connections` (a command waits for a free connection, never fails for want of one); a front
+end sends the calls of one event-loop round in one LPUSH and drains replies many at a time, and
+a worker moves up to its free capacity of calls per fetch and sends the answers of one round in
+one transaction.
 """
 from __future__ import annotations
 
@@ -15,13 +21,10 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -42,11 +45,12 @@ class RedisConfig:
     max_attempts: int = 2         # runs of one call before a worker death becomes an error result
     queue_wait: float = 600.0     # seconds a call may wait in Redis before "queue_timeout"
     default_timeout: float = 10.0  # per-call timeout when a caller gives none
+    max_connections: int = 8      # Redis connections per process (a blocking pool: commands wait for one)
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"RedisConfig.url: expected redis://host:port, got {self.url!r}")
-        for name in ("lease", "max_attempts", "queue_wait", "default_timeout"):
+        for name in ("lease", "max_attempts", "queue_wait", "default_timeout", "max_connections"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RedisConfig.{name} must be > 0, got {getattr(self, name)!r}")
 
@@ -62,6 +66,16 @@ class RedisConfig:
 
     def reply(self, frontend_id: str) -> str:
         return f"{self.namespace}:reply:{frontend_id}"
+
+
+def connect(cfg: RedisConfig) -> aioredis.Redis:
+    """A client whose pool holds at most `cfg.max_connections` connections and makes commands
+    wait for a free one (redis-py's default pool raises MaxConnectionsError instead)."""
+    pool = aioredis.BlockingConnectionPool.from_url(cfg.url, max_connections=cfg.max_connections, timeout=None)
+    return aioredis.Redis(connection_pool=pool)
+
+
+REPLIES_PER_READ = 512
 
 
 def _result_message(work_id: str, result: RunResult) -> str:
@@ -121,14 +135,16 @@ class RedisFrontend:
         self._r: aioredis.Redis | None = None
         self._pending: dict[str, asyncio.Future] = {}
         self._tasks: list[asyncio.Task] = []
-        self._stats = {"workers": 0, "queued": 0, "completed": 0, "errors": 0, "reaped": 0}
+        self._stats = {"workers": 0, "queued": 0, "completed": 0, "errors": 0, "reaped": 0, "pushes": 0}
+        self._outbox: list[tuple[str, str]] = []  # (work id, message) not yet pushed
+        self._pusher: asyncio.Task | None = None
         self._worker_protections: dict[str, dict] = {}
         self._closing = asyncio.Event()
 
     async def start(self) -> None:
         if self._r is not None:
             return
-        self._r = aioredis.from_url(self.cfg.url)
+        self._r = connect(self.cfg)
         await self._r.ping()  # fail fast with a clear connection error
         self._closing.clear()
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._maintain())]
@@ -151,7 +167,8 @@ class RedisFrontend:
                 fut.set_result(RunResult.internal_error("sandbox front end shut down"))
         if self._r is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._r.delete(self.cfg.reply(self.frontend_id)), 2)
+                key = self.cfg.reply(self.frontend_id)
+                await asyncio.wait_for(self._r.delete(key, f"{key}:taken"), 2)
             await self._r.aclose()
             self._r = None
 
@@ -168,8 +185,10 @@ class RedisFrontend:
                           "deadline": time.time() + self.cfg.queue_wait})
         fut = asyncio.get_running_loop().create_future()
         self._pending[work_id] = fut
+        self._outbox.append((work_id, raw))
+        if self._pusher is None or self._pusher.done():
+            self._pusher = asyncio.create_task(self._push())
         try:
-            await self._r.lpush(self.cfg.queue, raw)
             # bound: queue wait + every allowed run + time to notice dead workers
             limit = self.cfg.queue_wait + self.cfg.max_attempts * (t + 3 * self.cfg.lease) + 5.0
             try:
@@ -180,6 +199,25 @@ class RedisFrontend:
                                    f"({self._stats['workers']} worker(s) alive)") from None
         finally:
             self._pending.pop(work_id, None)
+
+    async def _push(self) -> None:
+        """Send every call queued so far in one LPUSH per round (one connection, however many calls)."""
+        await asyncio.sleep(0)  # let the other calls of this round join
+        while self._outbox:
+            batch, self._outbox = self._outbox, []
+            for attempt in range(5):
+                try:
+                    await self._r.lpush(self.cfg.queue, *(raw for _, raw in batch))
+                    self._stats["pushes"] += 1
+                    break
+                except (ConnectionError, OSError, aioredis.RedisError) as e:
+                    log.warning("enqueue of %d calls failed: %r; retrying", len(batch), e)
+                    await asyncio.sleep(0.2 * 2 ** attempt)
+            else:
+                for work_id, _ in batch:
+                    fut = self._pending.get(work_id)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(ConnectionError(f"could not enqueue the call in Redis {self.cfg.url}"))
 
     async def run_batch(self, items: list[dict], timeout: float | None = None) -> list[RunResult]:
         async def one(item: dict) -> RunResult:
@@ -199,27 +237,43 @@ class RedisFrontend:
         return {"backend": "redis", "workers": dict(self._worker_protections)}
 
     async def _listen(self) -> None:
+        """Drain our reply list without ever losing a reply: replies are moved (atomically) to a
+        `taken` list, delivered, and only then deleted. A read whose answer is lost on the way
+        (a socket timeout on a starved machine drops the connection, and with it what a BLPOP
+        had already removed) leaves them in `taken`, delivered next round; a reply delivered
+        twice is dropped the second time."""
         key = self.cfg.reply(self.frontend_id)
+        taken = f"{key}:taken"
         while not self._closing.is_set():
             try:
-                item = await self._r.blpop([key], timeout=1)
+                messages = await self._r.lrange(taken, 0, -1)
+                if not messages:
+                    first = await self._r.blmove(key, taken, timeout=1, src="RIGHT", dest="LEFT")
+                    if first is None:
+                        continue
+                    async with self._r.pipeline(transaction=False) as p:
+                        for _ in range(REPLIES_PER_READ - 1):
+                            p.lmove(key, taken, "RIGHT", "LEFT")
+                        messages = [first] + [m for m in await p.execute() if m is not None]
+                for message in messages:
+                    self._deliver(message)
+                await self._r.delete(taken)
             except (ConnectionError, OSError, aioredis.RedisError) as e:
                 log.warning("reply listener: %r; retrying", e)
                 await asyncio.sleep(0.5)
-                continue
-            if item is None:
-                continue
-            try:
-                msg = json.loads(item[1])
-                result = RunResult.from_dict(msg["result"])
-            except (ValueError, KeyError, TypeError):
-                log.error("unparseable result message: %r", item[1][:200])
-                continue
-            fut = self._pending.get(msg["id"])
-            if fut is not None and not fut.done():
-                fut.set_result(result)
-                self._stats["completed"] += 1
-                self._stats["errors"] += result.reason == "internal_error"
+
+    def _deliver(self, message: bytes) -> None:
+        try:
+            msg = json.loads(message)
+            result = RunResult.from_dict(msg["result"])
+        except (ValueError, KeyError, TypeError):
+            log.error("unparseable result message: %r", message[:200])
+            return
+        fut = self._pending.get(msg["id"])
+        if fut is not None and not fut.done():  # a late duplicate (a requeued call) is dropped
+            fut.set_result(result)
+            self._stats["completed"] += 1
+            self._stats["errors"] += result.reason == "internal_error"
 
     async def _maintain(self) -> None:
         """Reap dead workers and refresh the numbers /status shows."""
@@ -242,86 +296,6 @@ class RedisFrontend:
                 await asyncio.wait_for(self._closing.wait(), min(1.0, self.cfg.lease / 3))
 
 
-class RedisWorker:
-    """Pulls calls from Redis and runs them on an embedded Sandbox, `concurrency` at a time."""
-
-    def __init__(self, cfg: RedisConfig, sandbox, concurrency: int):
-        if concurrency <= 0:
-            raise ValueError(f"RedisWorker concurrency must be > 0, got {concurrency!r}")
-        self.cfg, self.sandbox, self.concurrency = cfg, sandbox, concurrency
-        self.worker_id = _process_id()
-        self._protections = "{}"
-
-    async def run_forever(self, stop: asyncio.Event | None = None) -> None:
-        stop = stop or asyncio.Event()
-        r = aioredis.from_url(self.cfg.url)
-        await r.ping()
-        await self.sandbox.start()
-        self._protections = json.dumps(await asyncio.to_thread(self.sandbox.protections))
-        await self._beat(r)
-        done = asyncio.Event()  # the heartbeat outlives the fetch loops' last calls
-        beat = asyncio.create_task(self._heartbeat(r, done))
-        fetchers = [asyncio.create_task(self._fetch_loop(r, stop)) for _ in range(self.concurrency)]
-        log.info("sandbox worker %s serving %s", self.worker_id, self.cfg.url)
-        try:
-            await stop.wait()
-        finally:
-            # calls in flight finish (within their timeout); whatever is still held after the
-            # grace is handed back: the heartbeat goes and a front end's reaper requeues it
-            limits = getattr(self.sandbox, "limits", None)
-            await _finish(fetchers, grace=(limits.timeout if limits else 10.0) + 5.0)
-            done.set()
-            await _finish([beat], grace=self.cfg.lease)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(r.delete(self.cfg.heartbeat(self.worker_id)), 2)
-            await self.sandbox.close()
-            await r.aclose()
-
-    async def _beat(self, r: aioredis.Redis) -> None:
-        # the heartbeat value tells front ends (GET /protections) how this worker is confined
-        await r.set(self.cfg.heartbeat(self.worker_id), self._protections, px=int(self.cfg.lease * 1000))
-
-    async def _heartbeat(self, r: aioredis.Redis, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self._beat(r)
-            except aioredis.RedisError as e:
-                log.warning("heartbeat failed: %r", e)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.cfg.lease / 3)
-
-    async def _fetch_loop(self, r: aioredis.Redis, stop: asyncio.Event) -> None:
-        processing = self.cfg.processing(self.worker_id)
-        while not stop.is_set():
-            try:
-                raw = await r.blmove(self.cfg.queue, processing, timeout=1, src="RIGHT", dest="LEFT")
-            except aioredis.RedisError as e:
-                log.warning("fetch failed: %r", e)
-                await asyncio.sleep(0.5)
-                continue
-            if raw is None:
-                continue
-            try:
-                work = json.loads(raw)
-                work_id, reply_to, deadline = work["id"], work["reply_to"], float(work["deadline"])
-            except (ValueError, KeyError, TypeError) as e:  # nobody to answer: log and drop
-                log.error("dropping malformed work item %r: %r", raw[:200], e)
-                await r.lrem(processing, 1, raw)
-                continue
-            if time.time() > deadline:  # its front end has already given up
-                await r.lrem(processing, 1, raw)
-                continue
-            try:
-                result = await self.sandbox.run(work.get("code"), stdin=work.get("stdin"), timeout=work.get("timeout"))
-            except Exception as e:  # misuse errors (bad fields) still get an answer
-                result = RunResult.internal_error(f"worker {self.worker_id} could not run this call: {e}")
-            async with r.pipeline(transaction=True) as p:
-                p.lpush(reply_to, _result_message(work_id, result))
-                p.expire(reply_to, REPLY_TTL_S)
-                p.lrem(processing, 1, raw)
-                await p.execute()
-
-
 async def _finish(tasks: list[asyncio.Task], grace: float) -> None:
     """Let `tasks` end on their own within `grace` seconds, then cancel the rest."""
     if not tasks:
@@ -330,62 +304,3 @@ async def _finish(tasks: list[asyncio.Task], grace: float) -> None:
     for t in late:
         t.cancel()
     await asyncio.gather(*late, return_exceptions=True)
-
-
-def run_worker(cfg: RedisConfig, sandbox, concurrency: int) -> None:
-    """Blocking worker entry point; SIGTERM/SIGINT stop it cleanly."""
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await RedisWorker(cfg, sandbox, concurrency).run_forever(stop)
-
-    asyncio.run(main())
-
-
-def worker_argv(cfg: RedisConfig, sandbox_kwargs: dict, concurrency: int) -> list[str]:
-    """The command line of one worker process (see `main`), for `supervise`."""
-    spec = {"redis": asdict(cfg), "sandbox": sandbox_kwargs, "concurrency": concurrency}
-    return [sys.executable, "-m", "sandbox.redis_mode", json.dumps(spec)]
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m sandbox.redis_mode SPEC_JSON`: one worker process hosting one Sandbox."""
-    from sandbox.launch import sandbox_from_kwargs
-
-    spec = json.loads((argv or sys.argv[1:])[0])
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_worker(RedisConfig(**spec["redis"]), sandbox_from_kwargs(spec["sandbox"]), int(spec["concurrency"]))
-
-
-def _raise_interrupt(*_) -> None:
-    raise KeyboardInterrupt
-
-
-def supervise(argv: list[str], procs: int, poll: float = 1.0) -> None:
-    """Keep `procs` worker processes (`argv`) alive, replacing any that die, until interrupted."""
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    children: list[subprocess.Popen] = [subprocess.Popen(argv) for _ in range(procs)]
-    try:
-        while True:
-            time.sleep(poll)
-            for i, child in enumerate(children):
-                if child.poll() is not None:
-                    log.warning("sandbox worker pid %s exited with %s; starting a replacement", child.pid, child.returncode)
-                    print(f"sandbox worker pid {child.pid} exited ({child.returncode}); replaced", file=sys.stderr)
-                    children[i] = subprocess.Popen(argv)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for child in children:
-            child.terminate()
-        for child in children:
-            try:
-                child.wait(10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-
-
-if __name__ == "__main__":
-    main()

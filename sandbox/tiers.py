@@ -3,14 +3,27 @@
 Forking is copy-on-write, but the cost of fork+exit grows with the parent's memory map: a zygote
 holding sympy+numpy costs ~2 ms of CPU per call, a stdlib-only one ~0.3 ms. Most tool calls
 either use sympy/numpy or are plain arithmetic, so calls that cannot need a heavy module go to
-light zygotes. The routing is only an optimisation: a mis-routed call still runs correctly (it
-imports the module itself, just more slowly).
+light zygotes.
+
+Routing never breaks a call, in two steps:
+  * this static scan sends a call to the heavy tier when its text, or a base64 payload inside it
+    (as in the rStar release's executor template), imports or names a non-stdlib module, or uses
+    `__import__`/`importlib`;
+  * whatever the scan misses (a module name built at run time, a payload it cannot decode) is
+    caught in the light zygote itself: the first import of a module that only the full tier can
+    import ends the call, and the pool re-runs it in the heavy tier (child.FullTierFinder; the
+    pool counts these as "rerouted").
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
+import os
 import re
+import site
 import sys
+import sysconfig
 
 _IMPORT = re.compile(r"\b(?:from\s+([\w.]+)\s+import|import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*))")
 
@@ -27,8 +40,28 @@ def split_preload(preload: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str,
     return (light, heavy) if heavy else ((), ())
 
 
-def fits_light(text: str, heavy: tuple[str, ...]) -> bool:
-    """True when `text` imports only stdlib modules and never names a heavy module."""
+_B64_LITERAL = re.compile(r"""["']([A-Za-z0-9+/]{8,}={0,2})["']""")
+
+
+def _payloads(text: str) -> list[str]:
+    """The texts of the base64 string literals in `text` that decode to UTF-8 (only looked for
+    when `text` calls b64decode: the release's executor template sends the code that way)."""
+    if "b64decode" not in text:
+        return []
+    out = []
+    for match in _B64_LITERAL.finditer(text):
+        try:
+            out.append(base64.b64decode(match.group(1), validate=True).decode())
+        except (binascii.Error, ValueError):
+            continue
+    return out
+
+
+def fits_light(text: str, heavy: tuple[str, ...], _depth: int = 0) -> bool:
+    """True when `text` (and any base64 payload in it) imports only stdlib modules and never
+    names a heavy module."""
+    if _depth < 2 and not all(fits_light(p, heavy, _depth + 1) for p in _payloads(text)):
+        return False
     if "__import__" in text or "importlib" in text:
         return False
     for match in _IMPORT.finditer(text):
@@ -43,3 +76,20 @@ def fits_light(text: str, heavy: tuple[str, ...]) -> bool:
 def _naming(heavy: tuple[str, ...]) -> re.Pattern:
     """One pattern matching any heavy module name as a word (built once per pool's tuple)."""
     return re.compile(r"\b(?:%s)\b" % "|".join(map(re.escape, heavy))) if heavy else re.compile(r"(?!)")
+
+
+def full_tier_paths() -> list[str]:
+    """Where the full tier finds modules that a light (`-S`) interpreter cannot: site-packages
+    and what .pth files add to them; not the stdlib, the working directory or PYTHONPATH, which
+    an isolated (`-I`) interpreter ignores."""
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    std = {stdlib, os.path.join(stdlib, "lib-dynload"), os.path.realpath(sysconfig.get_paths()["platstdlib"])}
+    ignored = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    ignored.add(os.path.realpath(os.getcwd()))
+    paths = []
+    for p in [*site.getsitepackages(), *sys.path]:
+        real = os.path.realpath(p) if p else ""
+        if (real and os.path.isdir(real) and real not in ignored and real not in paths
+                and real not in std):
+            paths.append(real)
+    return paths

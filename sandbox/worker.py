@@ -82,7 +82,7 @@ class Worker:
         return len(self.pending)
 
     async def start(self) -> None:
-        argv, env = self.plan.command(self.index, self.preload)
+        argv, env = self.plan.command(self.index, self.preload, light=self.tier == "light")
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         pipe = asyncio.subprocess.PIPE

@@ -69,6 +69,9 @@ class Zygote:
         self.status_map = mmap.mmap(-1, max(1, self.slots))  # shared with children: outcome bytes
         self.pid = os.getpid()
         self.own_pid_ns = bool(config.get("own_pid_ns"))
+        # light tier: imports of modules only the full tier has send the call there
+        self.finder = child.FullTierFinder(config["reroute_paths"], self.status_map) \
+            if config.get("reroute_paths") else None
         self.last_forked = 0
         self._trashed = 0
         self._skip_pids = frozenset({"1", str(self.pid)})
@@ -84,6 +87,8 @@ class Zygote:
             import sympy
             sympy.factorint(2**61 - 1)
             sympy.simplify(sympy.Symbol("x") ** 2 - 1)
+        if self.finder is not None:
+            sys.meta_path.append(self.finder)
         child._libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come back to us
         os.makedirs(self.scratch_root, exist_ok=True)
         self.environments = []
@@ -193,6 +198,8 @@ class Zygote:
         code, reason = 1, "runtime_error"
         try:
             uid = None if self.uid_base is None else self.uid_base + slot
+            if self.finder is not None:
+                self.finder.slot = slot
             _, out_w, _, err_w = self.pipes[slot]
             child.enter_call(out_w, err_w, self.devnull, self.scratch[slot], uid, rlimits)
             code, reason = child.execute(req["code"], req.get("stdin"), req.get("history"), cell)
@@ -282,7 +289,10 @@ class Zygote:
         self._drain(out_r, call, "out")  # every writer is dead: all it wrote is there
         self._drain(err_r, call, "err")
         self._unwatch(call.pidfd)
-        exit_code, reason, note = _outcome(status, child.OUTCOMES[self.status_map[call.slot] % 4], call)
+        outcome = child.OUTCOMES[self.status_map[call.slot] % len(child.OUTCOMES)]
+        if outcome == "reroute" and self.finder is None:  # only a light zygote's finder writes it
+            outcome = ""
+        exit_code, reason, note = _outcome(status, outcome, call)
         cap = call.cap
         out = bytes(call.out[:cap])
         err = bytes(call.err[:max(0, cap - len(out))])
@@ -311,6 +321,8 @@ class Zygote:
 def _outcome(status: int, child_reason: str, call: Call) -> tuple[int | None, str, str]:
     """(exit_code, reason, note for stderr) from how the child ended."""
     limits = call.req["limits"]
+    if child_reason == "reroute" and call.reason is None:
+        return None, "reroute", ""
     if call.reason == "timeout":
         return None, "timeout", f"Timeout: the code ran longer than {limits['timeout']:g} s and was stopped."
     if call.reason == "output_limit":

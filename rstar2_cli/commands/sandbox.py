@@ -82,12 +82,37 @@ def register(app: typer.Typer) -> None:
         workers: Optional[int] = typer.Option(None, help="Embedded pool size [default: CPU count]."),
         isolation: str = typer.Option("auto", help="Embedded pool: " + " | ".join(ISOLATIONS) + "."),
         unsafe_no_isolation: bool = typer.Option(False, "--unsafe-no-isolation", help="Allow an unconfined embedded pool."),
+        client: str = typer.Option("plain", help="plain | codejudge (also wrapped and over HTTP long-batch, as the "
+                                                 "rStar release's client sends them) | redis (Redis mode with 1 "
+                                                 "and 2 worker hosts against local mode)."),
+        batch_size: int = typer.Option(8, help="--client codejudge: submissions per long-batch request."),
+        port: int = typer.Option(18088, help="--client codejudge: port of the server subprocess it starts."),
     ) -> None:
         """Measure tool-call throughput and latency against a naive subprocess baseline."""
         from rich.console import Console
 
         from sandbox.bench import BenchConfig, bench_main
         from sandbox.jail import SandboxUnavailable
+
+        if client not in ("plain", "codejudge", "redis"):
+            fail(f"--client {client!r}: choose plain, codejudge or redis")
+        if client != "plain":
+            from sandbox.bench_codejudge import client_bench_main
+            from sandbox.bench_redis import redis_bench_main
+
+            try:
+                level = int(concurrency.split(",")[-1])
+                kwargs = _sandbox_kwargs(workers, isolation, unsafe_no_isolation, 10.0, 1024, 65536)
+                names = [w.strip() for w in workloads.split(",") if w.strip()]
+                if client == "redis":
+                    redis_bench_main(kwargs, names, level, calls, json_path, Console())
+                else:
+                    client_bench_main(kwargs, names, level, calls, batch_size, port, json_path, Console())
+            except SandboxUnavailable as e:
+                fail(f"{e} [to benchmark anyway: --unsafe-no-isolation]")
+            except ValueError as e:
+                fail(str(e))
+            return
 
         try:
             levels = [int(c) for c in concurrency.split(",") if c.strip()]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import socket
-import subprocess
 import threading
 import time
 
@@ -50,26 +49,12 @@ def serve_in_thread(app, port: int | None = None):
 @contextlib.contextmanager
 def redis_server():
     """A throwaway redis-server on a free loopback port; yields its URL and stops it after."""
-    exe = shutil.which("redis-server")
-    if exe is None:
+    from sandbox.bench_redis import redis_server_process
+
+    if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
-    port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with redis_server_process() as url:
+        yield url
 
 
 def post_batch(url: str, submissions: list[dict], route: str = "/run/long-batch", **kw) -> httpx.Response:

@@ -9,13 +9,15 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 import redis
 from service_fixtures import post_batch, redis_server, serve_in_thread
 
-from sandbox.redis_mode import RedisConfig, RedisFrontend, worker_argv
+from sandbox.redis_mode import RedisConfig, RedisFrontend
+from sandbox.redis_worker import worker_argv
 from sandbox.server import ServiceConfig, create_app
 
 pytestmark = pytest.mark.redis
@@ -38,8 +40,8 @@ class Workers:
     def __init__(self):
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, cfg: RedisConfig) -> subprocess.Popen:
-        proc = subprocess.Popen(worker_argv(cfg, SANDBOX, 2), start_new_session=True,
+    def start(self, cfg: RedisConfig, concurrency: int = 2) -> subprocess.Popen:
+        proc = subprocess.Popen(worker_argv(cfg, SANDBOX, concurrency), start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs.append(proc)
         return proc
@@ -154,3 +156,38 @@ def test_supervisor_replaces_a_dead_worker_process(redis_url):
         with contextlib.suppress(ProcessLookupError):  # leftovers of the killed worker's pool
             os.killpg(sup.pid, signal.SIGKILL)
     assert b"replaced" in sup.stderr.read()
+
+
+@pytest.mark.slow
+def test_rl_sized_long_batch_survives_a_host_dying(redis_url, workers):
+    """5,000 calls in one long-batch, two worker hosts, one killed (whole process group) a third
+    of the way through: every call is answered once and correctly, none as internal_error, and
+    the front end's Redis connections stay bounded (the old one-connection-per-call design failed
+    past ~100 in flight)."""
+    cfg = RedisConfig(redis_url, namespace="t-rl", lease=2.0, max_attempts=3)
+    r = redis.Redis.from_url(redis_url)
+    hosts = [workers.start(cfg, 16), workers.start(cfg, 16)]
+    wait_for(lambda: len(live_workers(r, cfg)) == 2, "two worker heartbeats")
+    n = 5000
+    subs = [{"type": "python", "solution": f"import time\ntime.sleep(0.005)\nprint({i} * 3)"} for i in range(n)]
+    front = RedisFrontend(cfg)
+    with serve_in_thread(create_app(front, ServiceConfig(max_queue=1024, max_batch=n))) as url:
+        with httpx.Client(timeout=900) as client:
+            with ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(client.post, f"{url}/run/long-batch", json={"type": "batch", "submissions": subs})
+                wait_for(lambda: front.stats()["completed"] >= n // 3 or answer.done(), "a third of the calls",
+                         limit=600)
+                clients = int(r.info("clients")["connected_clients"])
+                workers.kill(hosts[0].pid)
+                response = answer.result(900)
+        assert response.status_code == 200, response.text[:300]
+        results = response.json()["results"]
+        stats = front.stats()
+    assert len(results) == n
+    wrong = [(i, res["reason"], res["stdout"], res["stderr"][-100:]) for i, res in enumerate(results)
+             if not res["run_success"] or res["stdout"] != f"{i * 3}\n"]
+    assert wrong == []
+    assert stats["completed"] == n and stats["errors"] == 0 and stats["reaped"] >= 1
+    assert stats["pushes"] < n // 2  # calls admitted in one round share one LPUSH
+    # 3 processes x max_connections, plus this test's own client
+    assert clients <= 3 * cfg.max_connections + 1

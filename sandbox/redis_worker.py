@@ -1,0 +1,214 @@
+"""Redis worker hosts: pull calls from the shared queue and run them on an embedded Sandbox.
+
+The queue's design (leases, heartbeats, requeue on a dead worker) is described in
+sandbox.redis_mode; this module is the worker's side of it and the `--worker --procs N`
+supervisor. `python -m sandbox.redis_worker SPEC_JSON` runs one worker process.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+
+import redis.asyncio as aioredis
+
+from sandbox.redis_mode import (REPLY_TTL_S, RedisConfig, _finish, _process_id, _result_message, connect)
+from sandbox.result import RunResult
+
+log = logging.getLogger(__name__)
+
+
+class RedisWorker:
+    """Pulls calls from Redis and runs them on an embedded Sandbox, `concurrency` at a time."""
+
+    def __init__(self, cfg: RedisConfig, sandbox, concurrency: int):
+        if concurrency <= 0:
+            raise ValueError(f"RedisWorker concurrency must be > 0, got {concurrency!r}")
+        self.cfg, self.sandbox, self.concurrency = cfg, sandbox, concurrency
+        self.worker_id = _process_id()
+        self._protections = "{}"
+
+    async def run_forever(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        r = connect(self.cfg)
+        await r.ping()
+        await self.sandbox.start()
+        self._protections = json.dumps(await asyncio.to_thread(self.sandbox.protections))
+        await self._beat(r)
+        done = asyncio.Event()  # the heartbeat outlives the fetch loops' last calls
+        beat = asyncio.create_task(self._heartbeat(r, done))
+        fetchers = [asyncio.create_task(self._fetch_loop(r, stop))]
+        log.info("sandbox worker %s serving %s", self.worker_id, self.cfg.url)
+        try:
+            await stop.wait()
+        finally:
+            # calls in flight finish (within their timeout); whatever is still held after the
+            # grace is handed back: the heartbeat goes and a front end's reaper requeues it
+            limits = getattr(self.sandbox, "limits", None)
+            await _finish(fetchers, grace=(limits.timeout if limits else 10.0) + 5.0)
+            done.set()
+            await _finish([beat], grace=self.cfg.lease)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(r.delete(self.cfg.heartbeat(self.worker_id)), 2)
+            await self.sandbox.close()
+            await r.aclose()
+
+    async def _beat(self, r: aioredis.Redis) -> None:
+        # the heartbeat value tells front ends (GET /protections) how this worker is confined
+        await r.set(self.cfg.heartbeat(self.worker_id), self._protections, px=int(self.cfg.lease * 1000))
+
+    async def _heartbeat(self, r: aioredis.Redis, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self._beat(r)
+            except aioredis.RedisError as e:
+                log.warning("heartbeat failed: %r", e)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.cfg.lease / 3)
+
+    async def _fetch_loop(self, r: aioredis.Redis, stop: asyncio.Event) -> None:
+        """Move calls from the queue into our processing list, as many per round as we have room
+        for (one blocking move, then the rest in one pipeline), and run each as its own task."""
+        processing = self.cfg.processing(self.worker_id)
+        running: set[asyncio.Task] = set()
+        mine: set[bytes] = set()  # work items being run by this process
+        self._answers: list[tuple[str, str, bytes]] = []  # (reply list, message, raw work item)
+        self._answering: asyncio.Task | None = None
+        try:
+            while not stop.is_set():
+                if len(running) >= self.concurrency:
+                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    first = await r.blmove(self.cfg.queue, processing, timeout=1, src="RIGHT", dest="LEFT")
+                    items = [first] if first is not None else []
+                    room = self.concurrency - len(running) - 1
+                    if first is not None and room > 0:
+                        async with r.pipeline(transaction=False) as p:
+                            for _ in range(room):
+                                p.lmove(self.cfg.queue, processing, "RIGHT", "LEFT")
+                            items += [raw for raw in await p.execute() if raw is not None]
+                except aioredis.RedisError as e:
+                    # the move may have happened with its answer lost on the way (a socket
+                    # timeout): such calls sit in our processing list, where no reaper looks
+                    # while we live, so pick them up from there
+                    log.warning("fetch failed: %r", e)
+                    await asyncio.sleep(0.5)
+                    try:
+                        items = [raw for raw in await r.lrange(processing, 0, -1) if raw not in mine]
+                    except aioredis.RedisError:
+                        continue
+                for raw in items:
+                    mine.add(raw)
+                    task = asyncio.create_task(self._run_one(r, processing, raw))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                    task.add_done_callback(lambda _, raw=raw: mine.discard(raw))
+        finally:
+            if running:  # calls in flight finish (the caller bounds this with a grace period)
+                await asyncio.gather(*running, return_exceptions=True)
+            if self._answering is not None:
+                await self._answering
+
+    async def _run_one(self, r: aioredis.Redis, processing: str, raw: bytes) -> None:
+        try:
+            work = json.loads(raw)
+            work_id, reply_to, deadline = work["id"], work["reply_to"], float(work["deadline"])
+        except (ValueError, KeyError, TypeError) as e:  # nobody to answer: log and drop
+            log.error("dropping malformed work item %r: %r", raw[:200], e)
+            await r.lrem(processing, 1, raw)
+            return
+        if time.time() > deadline:  # its front end has already given up
+            await r.lrem(processing, 1, raw)
+            return
+        try:
+            result = await self.sandbox.run(work.get("code"), stdin=work.get("stdin"), timeout=work.get("timeout"))
+        except Exception as e:  # misuse errors (bad fields) still get an answer
+            result = RunResult.internal_error(f"worker {self.worker_id} could not run this call: {e}")
+        self._answers.append((reply_to, _result_message(work_id, result), raw))
+        if self._answering is None or self._answering.done():
+            self._answering = asyncio.create_task(self._answer(r, processing))
+
+    async def _answer(self, r: aioredis.Redis, processing: str) -> None:
+        """Send the answers of this round in one transaction: each reply is pushed and its work
+        item leaves our processing list together, so a call is never both answered and requeued."""
+        await asyncio.sleep(0)
+        while self._answers:
+            batch, self._answers = self._answers, []
+            while True:
+                try:
+                    async with r.pipeline(transaction=True) as p:
+                        for reply_to, message, raw in batch:
+                            p.lpush(reply_to, message)
+                            p.expire(reply_to, REPLY_TTL_S)
+                            p.lrem(processing, 1, raw)
+                        await p.execute()
+                    break
+                except aioredis.RedisError as e:  # the items stay ours: retried, or requeued if we die
+                    log.warning("sending %d answers failed: %r; retrying", len(batch), e)
+                    await asyncio.sleep(0.5)
+
+
+def run_worker(cfg: RedisConfig, sandbox, concurrency: int) -> None:
+    """Blocking worker entry point; SIGTERM/SIGINT stop it cleanly."""
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await RedisWorker(cfg, sandbox, concurrency).run_forever(stop)
+
+    asyncio.run(main())
+
+
+def worker_argv(cfg: RedisConfig, sandbox_kwargs: dict, concurrency: int) -> list[str]:
+    """The command line of one worker process (see `main`), for `supervise`."""
+    spec = {"redis": asdict(cfg), "sandbox": sandbox_kwargs, "concurrency": concurrency}
+    return [sys.executable, "-m", "sandbox.redis_worker", json.dumps(spec)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m sandbox.redis_worker SPEC_JSON`: one worker process hosting one Sandbox."""
+    from sandbox.launch import sandbox_from_kwargs
+
+    spec = json.loads((argv or sys.argv[1:])[0])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_worker(RedisConfig(**spec["redis"]), sandbox_from_kwargs(spec["sandbox"]), int(spec["concurrency"]))
+
+
+def _raise_interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def supervise(argv: list[str], procs: int, poll: float = 1.0) -> None:
+    """Keep `procs` worker processes (`argv`) alive, replacing any that die, until interrupted."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    children: list[subprocess.Popen] = [subprocess.Popen(argv) for _ in range(procs)]
+    try:
+        while True:
+            time.sleep(poll)
+            for i, child in enumerate(children):
+                if child.poll() is not None:
+                    log.warning("sandbox worker pid %s exited with %s; starting a replacement", child.pid, child.returncode)
+                    print(f"sandbox worker pid {child.pid} exited ({child.returncode}); replaced", file=sys.stderr)
+                    children[i] = subprocess.Popen(argv)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""The server driven by a client written to the rStar release's wire format: every call wrapped
+in the executor template, posted to /run/long-batch, queue_timeout answers resent."""
+from __future__ import annotations
+
+import httpx
+from service_fixtures import serve_in_thread
+
+from sandbox.codejudge_client import call_long_batch, submission, tool_response
+from sandbox.server import ServiceConfig, create_app
+
+
+class SharedPool:
+    """The session's sandbox pool as a server backend that the app must not start or close."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+
+async def _post(url: str, subs: list[dict]) -> list[dict]:
+    async with httpx.AsyncClient(timeout=120) as client:
+        return await call_long_batch(client, f"{url}/run/long-batch", subs, backoff=0.2)
+
+
+async def test_release_client_gets_right_answers(sandbox_pool):
+    subs = [submission("print(6*7)"),
+            submission("a, b = map(int, input().split())\nprint(a + b)", stdin="3 4"),
+            submission("x = 5\nprint('x is', x)\nx * 2"),  # the template echoes even after a print
+            submission("x = 1\ny = x / 0\nprint(y)"),
+            submission("while True:\n    pass"),
+            submission("import sympy\nsympy.factorint(2**61-1)"),
+            submission("import numpy as np\nint(np.arange(10).sum())"),
+            submission("print(y)", history=["y = 11", "raise ValueError('ignored in replay')"])]
+    with serve_in_thread(create_app(SharedPool(sandbox_pool), ServiceConfig(timeout=1.0))) as url:
+        results = await _post(url, subs)
+        status = httpx.get(f"{url}/status").json()
+    out = [(r["run_success"], r["reason"], r["stdout"]) for r in results]
+    assert out[0] == (True, "", "42\n")
+    assert out[1] == (True, "", "7\n")
+    assert out[2] == (True, "", "x is 5\n10\n")
+    assert out[3][:2] == (False, "") and results[3]["stderr"] == "ZeroDivisionError at line 2: division by zero\n  y = x / 0\n"
+    assert out[4][:2] == (False, "worker_timeout")
+    assert out[5] == (True, "", "{2305843009213693951: 1}\n")
+    assert out[6] == (True, "", "45\n")
+    assert out[7] == (True, "", "11\n")
+    assert tool_response(results[0]).startswith("Tool call success\nstdout: 42\n")
+    assert tool_response(results[4]).startswith("Tool call failure\nreason: worker_timeout")
+    assert status["counters"]["internal_error"] == 0
+
+
+async def test_release_client_resends_queue_timeouts(sandbox_pool):
+    subs = [submission(f"import time\ntime.sleep(0.4)\nprint({i})") for i in range(6)]
+    config = ServiceConfig(max_queue=2, long_batch_wait=0.15)  # room for 2: the rest time out in the queue
+    with serve_in_thread(create_app(SharedPool(sandbox_pool), config)) as url:
+        results = await _post(url, subs)
+        status = httpx.get(f"{url}/status").json()
+    assert [r["stdout"] for r in results] == [f"{i}\n" for i in range(6)]
+    assert status["counters"]["queue_timeout"] >= 4  # the client got them back and resent them
