@@ -28,16 +28,27 @@ from typing import Any, Callable
 
 TOOL_NAME = "python_code_with_standard_io"
 _TOOLS_BLOCK = "{%- if tools %}"
+# After an assistant turn our template writes "\n" unless a tool turn follows (the release's RL
+# layout). TRL requires a prefix-preserving template for tool use, else it swaps in its own (and the
+# prompt ids would change); so under TRL a conversation's last assistant turn ends at <|im_end|>.
+# Prompts hold no assistant turn, and TRL cuts tool suffixes at the EOS, so no id changes.
+_AFTER_ASSISTANT = "{%- if loop.last or loop_messages[loop.index0 + 1].role != 'tool' %}\n            {{- '\\n' }}"
+_AFTER_ASSISTANT_TRL = "{%- if not loop.last and loop_messages[loop.index0 + 1].role != 'tool' %}\n            {{- '\\n' }}"
 
 
 def prompt_template() -> str:
-    """Our chat template without the `<tools>` block: the toy recipe's prompt layout under TRL."""
+    """Our chat template without the `<tools>` block and with the toy protocol's `force_reason`
+    fixed (TRL renders without our template variables): the toy recipe's prompt layout under TRL."""
     from rstar2_cli.protocol.template import chat_template
+    from rstar2_cli.quickstart.settings import TOY_PROTOCOL
 
     text = chat_template()
-    if text.count(_TOOLS_BLOCK) != 1:
-        raise RuntimeError(f"chat_template.jinja: expected one {_TOOLS_BLOCK!r} block, found {text.count(_TOOLS_BLOCK)}")
-    return text.replace(_TOOLS_BLOCK, "{%- if false %}")
+    for part in (_TOOLS_BLOCK, _AFTER_ASSISTANT):
+        if text.count(part) != 1:
+            raise RuntimeError(f"chat_template.jinja: expected one {part!r}, found {text.count(part)}")
+    force = "true" if TOY_PROTOCOL["force_reason"] else "false"
+    text = text.replace(_TOOLS_BLOCK, "{%- if false %}").replace(_AFTER_ASSISTANT, _AFTER_ASSISTANT_TRL)
+    return "{%- set force_reason = " + force + " %}" + text
 
 
 def trl_tokenizer(model_path: str):
@@ -67,8 +78,8 @@ class ToolClock:
 class _Result:
     """The fields of a sandbox RunResult that `format_run_result` reads."""
 
-    def __init__(self, stdout: str, stderr: str, reason: str) -> None:
-        self.stdout, self.stderr, self.reason = stdout, stderr, reason
+    def __init__(self, stdout: str, stderr: str, reason: str, wall_time: float = 0.0) -> None:
+        self.stdout, self.stderr, self.reason, self.wall_time = stdout, stderr, reason, wall_time
 
 
 def as_trl_tool(run: Callable[[str, str], Any], clock: ToolClock, timeout: float,
@@ -76,6 +87,7 @@ def as_trl_tool(run: Callable[[str, str], Any], clock: ToolClock, timeout: float
     """The tool as TRL wants it (a typed function with a docstring TRL turns into a schema); `run`
     executes (code, stdin) and returns a RunResult-like object, formatted as the agent loop does."""
     from rstar2_cli.protocol.responses import response_text
+    from rstar2_cli.quickstart.settings import TOY_PROTOCOL
 
     def python_code_with_standard_io(code: str, input: str = "") -> str:
         """Execute Python code with standard input and capture standard output.
@@ -86,7 +98,7 @@ def as_trl_tool(run: Callable[[str, str], Any], clock: ToolClock, timeout: float
         """
         t = time.perf_counter()
         try:
-            return response_text(run(code, input), max_chars, timeout)
+            return response_text(run(code, input), max_chars, timeout, style=TOY_PROTOCOL["response_format"])
         finally:
             clock.add(time.perf_counter() - t)
 
@@ -111,7 +123,7 @@ def run_in_subprocess(code: str, stdin: str, timeout: float) -> _Result:
         except subprocess.TimeoutExpired as e:
             out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             return _Result(out, "", "timeout")
-    return _Result(p.stdout, p.stderr, "ok" if p.returncode == 0 else "error")
+    return _Result(p.stdout, p.stderr, "ok" if p.returncode == 0 else "runtime_error")
 
 
 def subprocess_tool(clock: ToolClock, timeout: float, max_chars: int) -> Callable[..., str]:
@@ -131,7 +143,7 @@ def toy_dataset(train_file: str | Path, system_prompt: str):
                               for r in rows])
 
 
-def outcome_reward(tokenizer, mode: str = "paper", timeout: float = 5.0) -> Callable[..., list[float]]:
+def outcome_reward(tokenizer, mode: str = "outcome", timeout: float = 5.0) -> Callable[..., list[float]]:
     """A TRL reward function: our binary outcome grader on the decoded completion tokens."""
     from rstar2_cli.reward import grade_batch
 

@@ -22,13 +22,15 @@ def test_trl_prompt_tokens_equal_the_agent_loop_prompt(tiny_model):
     from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
 
     from rstar2_cli.protocol.template import encode_messages, problem_messages
+    from rstar2_cli.quickstart.settings import TOY_PROTOCOL
 
     tok = tb.trl_tokenizer(str(tiny_model))
     msgs = problem_messages("Compute 482*37+95.", SYSTEM)
     tool = tb.subprocess_tool(tb.ToolClock(), 5.0, 512)
     trl_ids = tok.apply_chat_template(msgs, tools=[tool], add_generation_prompt=True, tokenize=True,
                                       return_dict=True)["input_ids"]
-    assert trl_ids == encode_messages(tok, msgs, None, add_generation_prompt=True)
+    assert trl_ids == encode_messages(tok, msgs, None, add_generation_prompt=True,
+                                      force_reason=TOY_PROTOCOL["force_reason"])
     assert supports_tool_calling(tok) and is_chat_template_prefix_preserving(tok)
 
 
