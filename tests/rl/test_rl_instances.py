@@ -17,7 +17,9 @@ ANSWER = "<reason>It is 42.</reason>\n<answer>The answer is $\\boxed{42}$.</answ
 
 def call(code: str) -> str:
     args = {"code": code, "input": ""}
-    return f"<reason>Let me compute.</reason>\n<tool_call>\n{format_tool_call('python_code_with_standard_io', args)}\n</tool_call>"
+    # the release's protocol: a turn with a call ends at end-of-turn, like any other
+    return (f"<reason>Let me compute.</reason>\n<tool_call>\n{format_tool_call('python_code_with_standard_io', args)}"
+            "\n</tool_call><|im_end|>")
 
 
 class Engine:
@@ -59,7 +61,7 @@ def tok():
 
 
 def rollout(tok, problems, engine, samples=2, **kw):
-    cfg = RolloutConfig(max_turns=4, max_response_tokens=2048)
+    cfg = RolloutConfig(max_turns=4, max_response_tokens=2048, code_runner="plain")   # Runner reads the raw code
     return asyncio.run(run_agent_loop(problems, samples, engine, Runner(), tok, cfg, seed=5, progress=False, **kw))
 
 
