@@ -18,14 +18,19 @@ from rstar2_cli.config import PROTOCOL_FIELDS, RolloutConfig
 from rstar2_cli.data.problems import EVAL_SET_NAMES as BENCHMARKS
 
 
-def protocol_of_recipe(path: str) -> dict[str, Any]:
-    """`system_prompt`, `tools_in_prompt` and `protocol` as the RL recipe at `path` sets them
-    (ConfigError naming the file if it is not a valid recipe)."""
-    from rstar2_cli.config import load_recipe
-
-    rollout = load_recipe(path).rollout
+def protocol_of_rollout(rollout: RolloutConfig) -> dict[str, Any]:
+    """`system_prompt`, `tools_in_prompt` and `protocol` (EvalSettings fields) as a recipe's
+    rollout section sets them: an eval then sends what that RL run's policy was trained on."""
     return {"system_prompt": rollout.system_prompt, "tools_in_prompt": rollout.tools_in_prompt,
             "protocol": {f: getattr(rollout, f) for f in PROTOCOL_FIELDS}}
+
+
+def protocol_of_recipe(path: str) -> dict[str, Any]:
+    """`protocol_of_rollout` of the RL recipe at `path` (ConfigError naming the file if it is not
+    a valid recipe)."""
+    from rstar2_cli.config import load_recipe
+
+    return protocol_of_rollout(load_recipe(path).rollout)
 
 
 class EvalSettings(BaseModel):

@@ -5,7 +5,8 @@ Why inside the run and on the trainer's own engine and sandbox: a held-out curve
 to see overfitting or a collapse while it happens, and starting a second engine would double the
 memory of a colocated run. So, as the quickstart does, `run_eval` is given the rollout host's
 first engine (right after the weight sync, so it samples the policy just trained) and its
-sandbox, and grades with the recipe's reward mode. Generation follows `rstar2 eval`'s protocol
+sandbox, and grades with the recipe's reward mode and renders with its rollout protocol (prompt,
+tool texts and limits: what the policy is trained on). Generation follows `rstar2 eval`'s protocol
 (temperature and top-p of EvalSettings) with the stage's response budget and turn limit, so a
 point costs about one rollout of `eval_samples` x the set's size.
 
@@ -58,7 +59,7 @@ def run_validation(cfg: RecipeConfig, engine, tools, step: int, out_dir: Path, *
     from rich.console import Console
 
     from rstar2_cli.eval.runner import run_eval
-    from rstar2_cli.eval.settings import EvalSettings
+    from rstar2_cli.eval.settings import EvalSettings, protocol_of_rollout
 
     metrics: dict[str, float] = {}
     for entry in cfg.train.eval_sets:
@@ -68,8 +69,7 @@ def run_validation(cfg: RecipeConfig, engine, tools, step: int, out_dir: Path, *
                                 out_dir=str(out_dir / "eval" / f"step_{step:06d}" / name),
                                 samples=cfg.train.eval_samples, max_tokens=cfg.rollout.max_response_tokens,
                                 max_turns=cfg.rollout.max_turns, seed=cfg.train.seed, answer_mode=cfg.reward.mode,
-                                system_prompt=cfg.rollout.system_prompt, tools_in_prompt=cfg.rollout.tools_in_prompt,
-                                grade_timeout=cfg.reward.timeout, max_model_len=cfg.engine.max_model_len,
+                                **protocol_of_rollout(cfg.rollout), grade_timeout=cfg.reward.timeout, max_model_len=cfg.engine.max_model_len,
                                 progress=progress)
         results = run_eval(settings, engine=engine, tools=tools, console=Console(file=io.StringIO()))
         metrics.update(_summary(name, results))
