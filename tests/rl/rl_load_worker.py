@@ -51,6 +51,7 @@ def main(out_dir: str, model_dirs: list[str]) -> None:
     if rank == 0:
         torch.save(saved, out / "saved.pt")
         torch.save(got, out / "resumed.pt")
+    torch.distributed.barrier()           # rank 1 must not tear gloo down while rank 0 still writes
     torch.distributed.destroy_process_group()
 
 
