@@ -57,10 +57,10 @@ class QuickstartSettings(BaseModel):
     sft_steps: int = Field(300, ge=1)              # copying operands emerges after ~150-250 steps
     sft_lr: float = Field(3e-3, gt=0)
     sft_batch_size: int = Field(16, ge=1)
-    mix_guess: float = Field(0.45, ge=0)
+    mix_guess: float = Field(0.5, ge=0)
     mix_buggy_repair: float = Field(0.2, ge=0)
     mix_sloppy: float = Field(0.15, ge=0)
-    mix_correct: float = Field(0.2, ge=0)
+    mix_correct: float = Field(0.15, ge=0)
     # RL
     rl_steps: int = Field(24, ge=1)
     prompts_per_step: int = Field(32, ge=1)

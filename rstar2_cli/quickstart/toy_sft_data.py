@@ -1,21 +1,15 @@
 """SFT conversations for the toy task, with deliberately imperfect behaviour.
 
 The SFT start must leave room for RL: if SFT taught perfect tool use there would be nothing to
-learn. So the data mixes four behaviours, in fixed proportions (`BehaviourMix`):
+learn. So the data mixes three behaviours, in fixed proportions:
   * guess: answer straight away with a plausible but (almost always) wrong number;
-  * buggy then repair: a first call with a bug a programmer makes (a wrong variable name, a
-    missing import, reading stdin that was never sent, an unclosed bracket), the sandbox's real
-    error message, then the clean call and the right answer;
+  * buggy then repair: a first call with a bug (syntax error, misspelt name), the sandbox's real
+    error message, then a corrected call and the right answer;
   * sloppy: one call that prints the result and then crashes (NameError), the answer copied
     from the output: correct, but with a tool error (what RoC is meant to filter out);
   * correct tool use: one call, its output, the answer.
 RL should learn to stop guessing (accuracy rises) and, with RoC, to stop making the errors that
-the buggy-then-repair and sloppy positives carry (tool-error ratio in positives falls). Both
-erring routes end right about as often as the clean one (the repair, and the sloppy call's
-printed result, are the clean call's copy of the expression), which is the paper's Fig. 4
-setting: under plain GRPO, whose reward sees only the outcome, the errors persist in positives.
-In RL every error is the model's own: it samples the buggy code, and the sandbox runs whatever
-it wrote (nothing is injected).
+the buggy-then-repair positives carry (tool-error ratio in positives falls).
 
 Tool responses are produced by running the code in the real sandbox and formatting the result
 with the same function the agent loop uses, so SFT text matches RL rollouts byte for byte.
@@ -64,23 +58,15 @@ def _wrong_guess(p: ToyProblem, rng: random.Random) -> int:
     return guess if guess != true else true + rng.randint(1, 9)
 
 
-# The recoverable bugs: (name, first call) pairs. Each first call fails with a real Python error
-# that names the problem, before printing anything, and the repair is the clean call, which copies
-# the expression from the problem exactly as a clean trajectory does. So a trajectory that errs and
-# repairs is about as likely to end right as a clean one: plain GRPO has no reason to remove the
-# error (it only sees the outcome), RoC does (it prefers positives with fewer failed calls).
-BUG_KINDS: tuple[tuple[str, str], ...] = (
-    ("wrong_name", "ans = {e}\nprint(answer)"),            # NameError: name 'answer' is not defined
-    ("missing_import", "print(math.floor({e}))"),           # NameError: name 'math' is not defined
-    ("input_parsing", "n = int(input())\nprint({e})"),      # EOFError: the call sends no stdin
-    ("unclosed_paren", "print({e}"),                         # SyntaxError: '(' was never closed
-)
-
-
 def _buggy_code(p: ToyProblem, rng: random.Random) -> str:
-    """A first call with one of BUG_KINDS' bugs, written by the model (the sandbox runs it as is)."""
-    _, template = BUG_KINDS[rng.randrange(len(BUG_KINDS))]
-    return template.format(e=p.expression)
+    """A call that fails. The sandbox echoes the failing line, so the repair can copy the
+    expression from the error message right above it (a short copy a tiny model learns)."""
+    kind = rng.randrange(3)
+    if kind == 0:
+        return f"print({p.expression}"                 # SyntaxError: '(' was never closed
+    if kind == 1:
+        return f"pritn({p.expression})"                # NameError: name 'pritn' is not defined
+    return f"print({p.expression}))"                   # SyntaxError: unmatched ')'
 
 
 def plan_conversation(p: ToyProblem, behaviour: str, rng: random.Random,
