@@ -13,6 +13,10 @@ line); if the last top-level statement is an expression, the source lines before
 body and its lines are evaluated on their own; a failing evaluation is retried as a statement;
 an error's line is the innermost traceback frame's (plus the body's line count for the final
 expression, which then usually falls outside it and leaves the message without a source line).
+
+`sandbox/codejudge_client.py` writes the same executor a second time, shaped like the release's own
+template (base64 payload, notebook class), because it benchmarks the sandbox with what the release's
+client sends; this compact runner is the one RL pays for on every call. A test pins the two together.
 """
 from __future__ import annotations
 
