@@ -79,6 +79,11 @@ _REASON_MAP = {
 }
 
 
+def codejudge_reason(reason: str) -> str:
+    """code-judge's reason text for a RunResult.reason (what its client prints after "reason: ")."""
+    return _REASON_MAP.get(reason, ResultReason.INTERNAL_ERROR).value
+
+
 def outputs_match(stdout: str, expected: str) -> bool:
     """code-judge's comparison: surrounding whitespace is ignored."""
     return stdout.strip() == expected.strip()

@@ -21,14 +21,14 @@ from typing import Any
 
 from rstar2_cli.protocol.parser import ParseError
 from rstar2_cli.protocol.template import IM_END, IM_START, render_messages
+from sandbox.codejudge import codejudge_reason
 
 NO_OUTPUT = "(no output; use print() to show results)"
 RELEASE_CUT = "...(truncated)..."          # verl tool_agent_loop, tool_response_truncate_side "middle"
-# Our sandbox's reasons as code-judge's ResultReason values (0xWJ/code-judge app/model.py): a
-# snippet that raises or hits a resource limit is a plain failure (''), a time-out is
-# 'worker_timeout', a failure of the machinery 'internal_error'.
-CODE_JUDGE_REASONS = {"runtime_error": "", "memory": "", "output_limit": "", "timeout": "worker_timeout",
-                      "internal_error": "internal_error", "queue_timeout": "queue_timeout"}
+# Our sandbox's reasons become code-judge's ResultReason values through the one map the sandbox's
+# code-judge API uses (sandbox.codejudge.codejudge_reason): a snippet that raises or hits a
+# resource limit is a plain failure (''), a time-out 'worker_timeout', the machinery 'internal_error'.
+
 
 
 def truncate_middle(text: str, max_chars: int) -> str:
@@ -60,7 +60,7 @@ def release_run_text(result: Any) -> str:
     if result.reason == "ok":
         parts = ["Tool call success"]
     else:
-        parts = ["Tool call failure", f"reason: {CODE_JUDGE_REASONS.get(result.reason, '')}"]
+        parts = ["Tool call failure", f"reason: {codejudge_reason(result.reason)}"]
     if result.stdout:
         parts.append(f"stdout: {result.stdout}")
     if result.stderr:
