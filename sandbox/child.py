@@ -237,10 +237,12 @@ def precompile(source: str):
 
 
 def execute(source: str, stdin: str | None = None, history: list | None = None,
-            compiled=None) -> tuple[int, str]:
+            compiled=None, namespace: dict | None = None) -> tuple[int, str]:
     """Run one cell; returns (exit code, reason). Prints the echo or the short error itself.
-    `compiled` is `precompile(source)` done before the fork, when available."""
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    `compiled` is `precompile(source)` done before the fork, when available; `namespace` the
+    globals to run it in (a fresh `__main__` unless given: see sandbox.template_run)."""
+    if namespace is None:
+        namespace = {"__name__": "__main__", "__builtins__": builtins}
     if history:
         failure = _replay(history, namespace)
         if failure:

@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 
-from sandbox import child
+from sandbox import child, template_run
 from sandbox.proctable import descends, processes, reap
 from sandbox.protocol import FrameBuffer, encode_answer, encode_ready
 
@@ -72,6 +72,7 @@ class Zygote:
         # light tier: imports of modules only the full tier has send the call there
         self.finder = child.FullTierFinder(config["reroute_paths"], self.status_map) \
             if config.get("reroute_paths") else None
+        self.preludes: dict[str, template_run.Prelude | None] = {}  # by digest; None: failed to run
         self.last_forked = 0
         self._trashed = 0
         self._skip_pids = frozenset({"1", str(self.pid)})
@@ -166,7 +167,9 @@ class Zygote:
         for req in batch:
             slot = self.free.pop(0)
             self.status_map[slot] = 0
-            cell = None if req.get("history") else child.precompile(req["code"])
+            cell = self._template_cell(req) if req.get("template") else None
+            if cell is None and not req.get("history"):
+                cell = child.precompile(req["code"])
             rlimits = child.call_rlimits(req["limits"], self.base_vm, self.uid_base is not None)
             starts.append((req, slot, cell, rlimits))
         if self.own_pid_ns and self._last_pid() != self.last_forked:
@@ -189,6 +192,20 @@ class Zygote:
         if others_forked:
             self._mark_dirty()
 
+    def _template_cell(self, req: dict):
+        """A call whose text starts with a prelude the host recognised (sandbox.template_run):
+        (prelude, compiled cells, memo table), or None to run its text as is."""
+        digest, length = req["template"]
+        if digest not in self.preludes:  # first sight: run the prelude here, once
+            try:
+                self.preludes[digest] = template_run.Prelude(req["code"][:length])
+            except BaseException:  # noqa: BLE001 - cannot happen for a known prelude; run calls as text
+                self.preludes[digest] = None
+            gc.freeze()  # its objects join the rest of the zygote's, out of the children's collections
+        prelude = self.preludes[digest]
+        prepared = prelude.prepare(req["code"], length) if prelude is not None else None
+        return None if prepared is None else (prelude, *prepared)
+
     def _mark_dirty(self) -> None:
         for running in self.calls.values():
             running.dirty = True
@@ -202,7 +219,12 @@ class Zygote:
                 self.finder.slot = slot
             _, out_w, _, err_w = self.pipes[slot]
             child.enter_call(out_w, err_w, self.devnull, self.scratch[slot], uid, rlimits)
-            code, reason = child.execute(req["code"], req.get("stdin"), req.get("history"), cell)
+            history, namespace = req.get("history"), None
+            if isinstance(cell, tuple) and len(cell) == 3:  # a recognised template (see _template_cell)
+                prelude, cell, prelude.memo.table = cell
+                history, namespace = None, prelude.namespace
+            # one call site for both: a stack the snippet prints is the same either way
+            code, reason = child.execute(req["code"], req.get("stdin"), history, cell, namespace)
         except BaseException as exc:  # noqa: BLE001 - never let a child return into the zygote
             try:
                 os.write(2, f"Sandbox internal error: {type(exc).__name__}: {exc}".encode())
