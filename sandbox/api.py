@@ -39,11 +39,17 @@ class Sandbox:
     """A pool of `workers` zygotes with the full preload, plus as many stdlib-only "light" ones
     for calls that cannot need the heavy modules (see sandbox.tiers). Each zygote runs up to
     `slots_per_worker` calls at once (default 8 as root, where each slot has its own uid; 1
-    otherwise), each in a fresh forked child."""
+    otherwise), each in a fresh forked child.
+
+    The pool's pipes live on an event loop of its own, on a daemon thread, so that callers on
+    any loop (or none) can share it. `own_thread=False` puts them on the loop that starts the
+    pool instead, for a service whose calls all come from that loop (`serve-sandbox`): no thread
+    hand-off per call, and no two threads taking turns at the GIL. Callers on other loops then
+    still work (through the same hand-off), but not `run_sync` from the pool's own loop."""
 
     def __init__(self, workers: int | None = None, limits: Limits | None = None, isolation: str = "auto",
                  preload: tuple[str, ...] = DEFAULT_PRELOAD, unsafe_no_isolation: bool = False,
-                 slots_per_worker: int | None = None) -> None:
+                 slots_per_worker: int | None = None, own_thread: bool = True) -> None:
         if workers is not None and (not isinstance(workers, int) or workers < 1):
             raise ValueError(f"workers: must be a positive integer, got {workers!r}")
         if slots_per_worker is not None and (not isinstance(slots_per_worker, int) or slots_per_worker < 1):
@@ -55,6 +61,7 @@ class Sandbox:
         self.isolation, self.preload = isolation, tuple(preload)
         self.unsafe_no_isolation = unsafe_no_isolation
         self._slots_hint = slots_per_worker
+        self.own_thread = own_thread
         self._plan: JailPlan | None = None
         self._workers: list[Worker] = []
         self._sessions = SessionStore()
@@ -80,10 +87,17 @@ class Sandbox:
         with self._start_lock:
             if self._started is None:
                 self._plan = plan(self.isolation, self.unsafe_no_isolation, self.n_workers, self._slots_hint)
-                self._loop = asyncio.new_event_loop()
+                if self.own_thread:
+                    self._loop = asyncio.new_event_loop()
+                    self._thread = threading.Thread(target=self._loop.run_forever, name="sandbox-pool", daemon=True)
+                    self._thread.start()
+                else:
+                    try:
+                        self._loop = asyncio.get_running_loop()
+                    except RuntimeError:
+                        raise RuntimeError("Sandbox(own_thread=False) must be started from a running event "
+                                           "loop (await sandbox.start())") from None
                 self._bridge = Bridge(self._loop)
-                self._thread = threading.Thread(target=self._loop.run_forever, name="sandbox-pool", daemon=True)
-                self._thread.start()
                 self._started = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
             return self._started
 
@@ -112,13 +126,24 @@ class Sandbox:
             return
         loop, thread = self._loop, self._thread
         try:
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._stop(), loop))
+            if self._on_pool_loop():
+                await self._stop()
+            else:
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._stop(), loop))
         finally:
-            loop.call_soon_threadsafe(loop.stop)
-            await asyncio.get_running_loop().run_in_executor(None, thread.join, 10)
-            loop.close()
+            if thread is not None:
+                loop.call_soon_threadsafe(loop.stop)
+                await asyncio.get_running_loop().run_in_executor(None, thread.join, 10)
+                loop.close()
             self._plan.cleanup()
             self._started = None
+            self._thread = None
+
+    def _on_pool_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
 
     async def _stop(self) -> None:
         for task in self._supervisors:
@@ -140,6 +165,8 @@ class Sandbox:
         if self._started is None or not self._started.done():
             await self.start()
         self._started.result()  # raises if the pool failed to start
+        if self._thread is None and self._on_pool_loop():
+            return await self._run(code, stdin, timeout, session)
         return await self._bridge.call(self._run, code, stdin, timeout, session)
 
     async def run_batch(self, items: list[dict], timeout: float | None = None) -> list[RunResult]:
@@ -152,6 +179,8 @@ class Sandbox:
     def run_sync(self, code: str, stdin: str | None = None, timeout: float | None = None,
                  session: str | None = None) -> RunResult:
         self._check_call(code, stdin, session)
+        if self._on_pool_loop():
+            raise RuntimeError("Sandbox.run_sync called from the pool's own event loop; await run() there")
         self._ensure_started().result()
         return asyncio.run_coroutine_threadsafe(self._run(code, stdin, timeout, session), self._loop).result()
 

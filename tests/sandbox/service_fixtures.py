@@ -23,8 +23,9 @@ def make_sandbox(workers: int = 2, timeout: float = 5.0):
     from sandbox.api import Sandbox
     from sandbox.limits import Limits
 
+    # fast start (the service tests need no numpy/sympy); on the server's own loop, as serve-sandbox runs it
     return Sandbox(workers=workers, limits=Limits(timeout=timeout, cpu_time=timeout), unsafe_no_isolation=True,
-                   preload=("math",))  # fast start; the service tests need no numpy/sympy
+                   preload=("math",), own_thread=False)
 
 
 @contextlib.contextmanager

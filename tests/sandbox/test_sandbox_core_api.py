@@ -75,3 +75,40 @@ def test_unavailable_isolation_is_a_clear_error(monkeypatch):
         Sandbox(isolation="chroot").run_sync("1")
     with pytest.raises(ValueError, match="workers"):
         Sandbox(workers=0)
+
+
+
+def test_a_pool_on_its_starters_loop_serves_that_loop_and_others():
+    """own_thread=False (what serve-sandbox uses): the pool lives on the loop that starts it, with
+    no thread of its own, still answers callers on other threads' loops, and refuses a blocking
+    run_sync on its own loop."""
+    import asyncio
+    import threading
+
+    from sandbox import Limits
+
+    async def main():
+        before = set(threading.enumerate())
+        pool = Sandbox(workers=1, preload=("math",), own_thread=False, limits=Limits(timeout=5.0, cpu_time=5.0))
+        await pool.start()
+        try:
+            new_threads = [t.name for t in set(threading.enumerate()) - before  # asyncio's own child watchers aside
+                           if not t.name.startswith("asyncio-waitpid")]
+            here = await pool.run("print(6*7)")
+            there: list = []
+            thread = threading.Thread(target=lambda: there.append(asyncio.run(pool.run("print(7*6)"))))
+            thread.start()
+            await asyncio.get_running_loop().run_in_executor(None, thread.join)
+            with pytest.raises(RuntimeError, match="own event loop"):
+                pool.run_sync("print(1)")
+            return new_threads, here, there[0]
+        finally:
+            await pool.close()
+
+    new_threads, here, there = asyncio.run(main())
+    assert (new_threads, here.stdout, there.stdout) == ([], "42\n", "42\n")
+
+
+def test_a_pool_on_its_starters_loop_needs_one():
+    with pytest.raises(RuntimeError, match="running event loop"):
+        Sandbox(workers=1, preload=("math",), own_thread=False).run_sync("print(1)")
