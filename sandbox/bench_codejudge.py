@@ -11,7 +11,7 @@ official rStar run gets. For each workload, in one run and at one concurrency, t
                            request and queue_timeout retries, as the release's client sends them;
 
 and reports each row's ratio to embedded/plain, plus the calls the pool re-routed to its full
-tier. The server runs in its own process (as `rstar2 serve-sandbox` would), so the client's
+tier and the calls it ran through its executor-template fast path (sandbox.template_run). The server runs in its own process (as `rstar2 serve-sandbox` would), so the client's
 work does not share its interpreter.
 """
 from __future__ import annotations
@@ -49,7 +49,9 @@ class ClientRow:
     p99_ms: float
     failures: int      # wrong stdout or not run_success
     rerouted: int      # calls the pool re-ran in its full tier during this row
+    fast_template: int  # calls the pool recognised as the release's template (prelude run once per zygote)
     vs_embedded_plain: float | None = None
+    vs_embedded_same_code: float | None = None  # http rows: against the embedded row of the same text
     first_failure: str | None = None
 
 
@@ -71,13 +73,17 @@ async def _timed(n: int, concurrency: int, one) -> tuple[float, list[float], lis
     return time.perf_counter() - start, latencies, failures
 
 
-def _row(workload, path, client, c, seconds, latencies, failures, rerouted) -> ClientRow:
+_COUNTED = ("rerouted", "fast_template")  # pool counters reported per row
+
+
+def _row(workload, path, client, c, seconds, latencies, failures, before: dict, after: dict) -> ClientRow:
     return ClientRow(workload, path, client, c, len(latencies), round(len(latencies) / seconds, 1),
-                     percentile_ms(latencies, 50), percentile_ms(latencies, 99), len(failures), rerouted,
+                     percentile_ms(latencies, 50), percentile_ms(latencies, 99), len(failures),
+                     *(after[k] - before[k] for k in _COUNTED),
                      first_failure=failures[0][:200] if failures else None)
 
 
-async def _sandbox_rows(sb, name: str, c: int, n: int, path: str, rerouted) -> list[ClientRow]:
+async def _sandbox_rows(sb, name: str, c: int, n: int, path: str, counters) -> list[ClientRow]:
     """plain and wrapped rows through anything with the Sandbox API (embedded or RemoteSandbox)."""
     code, expect = CODEJUDGE_WORKLOADS[name]
     rows = []
@@ -86,18 +92,16 @@ async def _sandbox_rows(sb, name: str, c: int, n: int, path: str, rerouted) -> l
             res = await sb.run(text)
             return None if res.ok and res.stdout == expect else f"{res.reason}: {res.stdout!r} {res.stderr[-150:]!r}"
         await _timed(min(n, 2 * c), c, one)  # warm-up at this concurrency
-        before = await rerouted()
+        before = await counters()
         seconds, latencies, failures = await _timed(n, c, one)
-        rows.append(_row(name, path, client, c, seconds, latencies, failures, await rerouted() - before))
+        rows.append(_row(name, path, client, c, seconds, latencies, failures, before, await counters()))
     return rows
 
 
-async def _codejudge_row(url: str, name: str, c: int, n: int, batch_size: int, rerouted) -> ClientRow:
+async def _codejudge_row(url: str, name: str, c: int, n: int, batch_size: int, counters) -> ClientRow:
     """Wrapped calls in long-batch requests of `batch_size`, c calls in flight, as the release sends them."""
     code, expect = CODEJUDGE_WORKLOADS[name]
-    # the release's aiohttp connector uses force_close=True: a new connection per request
-    limits = httpx.Limits(max_connections=max(1, c // batch_size) + 1, max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    async with _release_like_client(max(1, c // batch_size) + 1) as client:
         async def batch() -> list[str]:
             results = await call_long_batch(client, f"{url}/run/long-batch", [submission(code)] * batch_size)
             return [f"{r and r['reason']}: {r and r['stderr'][-150:]!r}" for r in results
@@ -114,12 +118,24 @@ async def _codejudge_row(url: str, name: str, c: int, n: int, batch_size: int, r
             return seconds, latencies, notes
 
         await go(min(n, 2 * c))
-        before = await rerouted()
+        before = await counters()
         seconds, latencies, failures = await go(n)
-    row = _row(name, "http", "codejudge", c, seconds, latencies, failures, await rerouted() - before)
+    row = _row(name, "http", "codejudge", c, seconds, latencies, failures, before, await counters())
     row.calls = len(latencies) * batch_size
     row.calls_per_s = round(row.calls / seconds, 1)
     return row
+
+
+def _release_like_client(connections: int):
+    """The release's HTTP client: aiohttp, with a new connection per request (force_close=True);
+    httpx with keep-alive off where aiohttp is not installed (it costs the client ~2x the CPU)."""
+    try:
+        import aiohttp
+    except ImportError:
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=0)
+        return httpx.AsyncClient(timeout=600, limits=limits)
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections, force_close=True),
+                                 timeout=aiohttp.ClientTimeout(total=600))
 
 
 @contextlib.contextmanager
@@ -153,10 +169,10 @@ def server_process(sandbox_kwargs: dict, port: int, redis_url: str | None = None
             proc.kill()
 
 
-async def _http_rerouted(url: str) -> int:
+async def _http_counters(url: str) -> dict:
     async with httpx.AsyncClient(timeout=30) as client:
         backend = (await client.get(f"{url}/status")).json().get("backend", {})
-    return int(backend.get("rerouted", 0))
+    return {k: int(backend.get(k, 0)) for k in _COUNTED}
 
 
 async def run_client_bench(sandbox_kwargs: dict, workloads: list[str], concurrency: int, calls: int,
@@ -172,20 +188,23 @@ async def run_client_bench(sandbox_kwargs: dict, workloads: list[str], concurren
     rows: list[ClientRow] = []
     sb = build_sandbox(sandbox_kwargs)
     async with sb:
-        async def embedded_rerouted() -> int:
-            return sb.stats()["rerouted"]
+        async def embedded_counters() -> dict:
+            return {k: sb.stats()[k] for k in _COUNTED}
         for name in workloads:
-            rows += await _sandbox_rows(sb, name, concurrency, _calls(name, calls), "embedded", embedded_rerouted)
+            rows += await _sandbox_rows(sb, name, concurrency, _calls(name, calls), "embedded", embedded_counters)
     with server_process(sandbox_kwargs, port) as url:
-        async def http_rerouted() -> int:
-            return await _http_rerouted(url)
+        async def http_counters() -> dict:
+            return await _http_counters(url)
         async with RemoteSandbox(url) as remote:
             for name in workloads:
-                rows += (await _sandbox_rows(remote, name, concurrency, _calls(name, calls), "http", http_rerouted))[:1]
-                rows.append(await _codejudge_row(url, name, concurrency, _calls(name, calls), batch_size, http_rerouted))
+                rows += (await _sandbox_rows(remote, name, concurrency, _calls(name, calls), "http", http_counters))[:1]
+                rows.append(await _codejudge_row(url, name, concurrency, _calls(name, calls), batch_size, http_counters))
     for row in rows:
         base = next(r for r in rows if r.workload == row.workload and r.path == "embedded" and r.client == "plain")
         row.vs_embedded_plain = round(row.calls_per_s / base.calls_per_s, 2)
+        same = "plain" if row.client == "plain" else "wrapped"
+        twin = next(r for r in rows if r.workload == row.workload and r.path == "embedded" and r.client == same)
+        row.vs_embedded_same_code = round(row.calls_per_s / twin.calls_per_s, 2)
     return {"concurrency": concurrency, "batch_size": batch_size, "rows": [asdict(r) for r in rows]}
 
 
@@ -199,12 +218,13 @@ def render_client_table(report: dict):
     table = Table(title=f"bench-tools --client codejudge (concurrency {report['concurrency']}, "
                         f"long-batch of {report['batch_size']})")
     for col in ("workload", "path", "client", "calls", "calls/s", "p50 ms", "p99 ms", "failures", "rerouted",
-                "vs embedded plain"):
+                "fast template", "vs embedded plain", "vs embedded, same text"):
         table.add_column(col, justify="left" if col in ("workload", "path", "client") else "right")
     for r in report["rows"]:
         table.add_row(r["workload"], r["path"], r["client"], str(r["calls"]), f"{r['calls_per_s']:.1f}",
                       f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", str(r["failures"]), str(r["rerouted"]),
-                      f"{r['vs_embedded_plain']:.2f}x")
+                      str(r["fast_template"]), f"{r['vs_embedded_plain']:.2f}x",
+                      f"{r['vs_embedded_same_code']:.2f}x" if r["path"] == "http" else "")
     return table
 
 

@@ -22,24 +22,46 @@ def submission(code: str, stdin: str | None = None, history: list[str] | tuple[s
     return {"type": "python", "solution": wrap_code(code, history), "input": stdin}
 
 
-async def call_long_batch(client: httpx.AsyncClient, url: str, submissions: list[dict], max_retries: int = 4,
+async def _post_json(client, url: str, body: dict) -> dict:
+    """POST `body` as JSON with an httpx.AsyncClient or an aiohttp.ClientSession (the release's
+    client library: `bench-tools --client codejudge` uses it when installed); the answer's JSON."""
+    if isinstance(client, httpx.AsyncClient):
+        resp = await client.post(url, json=body)
+        resp.raise_for_status()
+        return resp.json()
+    async with client.post(url, json=body) as resp:
+        resp.raise_for_status()
+        return await resp.json()
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    errors: tuple[type[BaseException], ...] = (httpx.HTTPError, OSError, asyncio.TimeoutError, ValueError, KeyError)
+    try:
+        import aiohttp
+    except ImportError:
+        return errors
+    return (*errors, aiohttp.ClientError)
+
+
+async def call_long_batch(client, url: str, submissions: list[dict], max_retries: int = 4,
                           backoff: float = 0.5, sleep_after_every_attempt: bool = False) -> list[dict | None]:
     """POST `submissions` to `url` (…/run/long-batch) and resend only those answered
     `queue_timeout`, up to `max_retries` attempts in all, as the release's `call_long_batch` does.
-    Returns one result dict per submission (None where every attempt failed).
+    Returns one result dict per submission (None where every attempt failed). `client` is an
+    httpx.AsyncClient or an aiohttp.ClientSession.
 
     The release also sleeps `backoff * 2**(attempt-1)` after every attempt, a successful one
     included; that is client-side latency the server cannot change, so it is off unless asked for.
     """
     results: list[dict | None] = [None] * len(submissions)
     todo = list(range(len(submissions)))
+    errors = _transport_errors()
     for attempt in range(1, max_retries + 1):
         if not todo:
             break
         try:
-            resp = await client.post(url, json={"type": "batch", "submissions": [submissions[i] for i in todo]})
-            resp.raise_for_status()
-            answered = resp.json()["results"]
+            answered = (await _post_json(client, url, {"type": "batch",
+                                                       "submissions": [submissions[i] for i in todo]}))["results"]
             retry = []
             for i, result in zip(todo, answered):
                 if result["reason"] == "queue_timeout":
@@ -48,7 +70,7 @@ async def call_long_batch(client: httpx.AsyncClient, url: str, submissions: list
                     results[i] = result
             todo = retry
             failed = bool(todo)
-        except (httpx.HTTPError, ValueError, KeyError):
+        except errors:
             failed = True
         if failed or sleep_after_every_attempt:
             await asyncio.sleep(backoff * 2 ** (attempt - 1))

@@ -3,6 +3,7 @@ in the executor template, posted to /run/long-batch, queue_timeout answers resen
 from __future__ import annotations
 
 import httpx
+import pytest
 from service_fixtures import serve_in_thread
 
 from sandbox.codejudge_client import call_long_batch, submission, tool_response
@@ -25,12 +26,20 @@ class SharedPool:
         return getattr(self.pool, name)
 
 
-async def _post(url: str, subs: list[dict]) -> list[dict]:
+async def _post(url: str, subs: list[dict], library: str = "httpx") -> list[dict]:
+    if library == "aiohttp":  # the release's own client library, with its force_close connector
+        import aiohttp
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32, force_close=True))
+        async with session:
+            return await call_long_batch(session, f"{url}/run/long-batch", subs, backoff=0.2)
     async with httpx.AsyncClient(timeout=120) as client:
         return await call_long_batch(client, f"{url}/run/long-batch", subs, backoff=0.2)
 
 
-async def test_release_client_gets_right_answers(sandbox_pool):
+@pytest.mark.parametrize("library", ["httpx", "aiohttp"])
+async def test_release_client_gets_right_answers(sandbox_pool, library):
+    if library == "aiohttp":
+        pytest.importorskip("aiohttp")
     subs = [submission("print(6*7)"),
             submission("a, b = map(int, input().split())\nprint(a + b)", stdin="3 4"),
             submission("x = 5\nprint('x is', x)\nx * 2"),  # the template echoes even after a print
@@ -40,7 +49,8 @@ async def test_release_client_gets_right_answers(sandbox_pool):
             submission("import numpy as np\nint(np.arange(10).sum())"),
             submission("print(y)", history=["y = 11", "raise ValueError('ignored in replay')"])]
     with serve_in_thread(create_app(SharedPool(sandbox_pool), ServiceConfig(timeout=1.0))) as url:
-        results = await _post(url, subs)
+        before = httpx.get(f"{url}/status").json()["backend"]["fast_template"]
+        results = await _post(url, subs, library)
         status = httpx.get(f"{url}/status").json()
     out = [(r["run_success"], r["reason"], r["stdout"]) for r in results]
     assert out[0] == (True, "", "42\n")
@@ -54,6 +64,8 @@ async def test_release_client_gets_right_answers(sandbox_pool):
     assert tool_response(results[0]).startswith("Tool call success\nstdout: 42\n")
     assert tool_response(results[4]).startswith("Tool call failure\nreason: worker_timeout")
     assert status["counters"]["internal_error"] == 0
+    # every call (history cells included) went through the template fast path (sandbox.template_run)
+    assert status["backend"]["fast_template"] - before == len(subs)
 
 
 async def test_release_client_resends_queue_timeouts(sandbox_pool):
