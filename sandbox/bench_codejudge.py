@@ -83,47 +83,35 @@ def _row(workload, path, client, c, seconds, latencies, failures, before: dict, 
                      first_failure=failures[0][:200] if failures else None)
 
 
-async def _sandbox_rows(sb, name: str, c: int, n: int, path: str, counters) -> list[ClientRow]:
-    """plain and wrapped rows through anything with the Sandbox API (embedded or RemoteSandbox)."""
-    code, expect = CODEJUDGE_WORKLOADS[name]
-    rows = []
-    for client, text in (("plain", code), ("wrapped", wrap_code(code))):
-        async def one(text=text) -> str | None:
-            res = await sb.run(text)
-            return None if res.ok and res.stdout == expect else f"{res.reason}: {res.stdout!r} {res.stderr[-150:]!r}"
-        await _timed(min(n, 2 * c), c, one)  # warm-up at this concurrency
-        before = await counters()
-        seconds, latencies, failures = await _timed(n, c, one)
-        rows.append(_row(name, path, client, c, seconds, latencies, failures, before, await counters()))
-    return rows
+def _sandbox_runner(sb, name: str, text: str, c: int):
+    """measure(calls) for calls through anything with the Sandbox API (embedded or RemoteSandbox)."""
+    expect = CODEJUDGE_WORKLOADS[name][1]
+
+    async def one() -> str | None:
+        res = await sb.run(text)
+        return None if res.ok and res.stdout == expect else f"{res.reason}: {res.stdout!r} {res.stderr[-150:]!r}"
+
+    async def measure(calls: int) -> tuple[float, list[float], list[str], int]:
+        return (*await _timed(calls, c, one), calls)
+    return measure
 
 
-async def _codejudge_row(url: str, name: str, c: int, n: int, batch_size: int, counters) -> ClientRow:
-    """Wrapped calls in long-batch requests of `batch_size`, c calls in flight, as the release sends them."""
+def _codejudge_runner(client, url: str, name: str, c: int, batch_size: int):
+    """measure(calls) for wrapped calls in long-batch requests of `batch_size`, c calls in flight,
+    as the release's client sends them; latencies are per request."""
     code, expect = CODEJUDGE_WORKLOADS[name]
-    async with _release_like_client(max(1, c // batch_size) + 1) as client:
-        async def batch() -> list[str]:
+
+    async def measure(calls: int) -> tuple[float, list[float], list[str], int]:
+        notes: list[str] = []
+
+        async def one() -> None:
             results = await call_long_batch(client, f"{url}/run/long-batch", [submission(code)] * batch_size)
-            return [f"{r and r['reason']}: {r and r['stderr'][-150:]!r}" for r in results
-                    if not (r and r["run_success"] and r["stdout"] == expect)]
-
-        async def go(calls: int) -> tuple[float, list[float], list[str]]:
-            notes: list[str] = []
-
-            async def one() -> str | None:
-                bad = await batch()
-                notes.extend(bad)
-                return None
-            seconds, latencies, _ = await _timed(max(1, calls // batch_size), max(1, c // batch_size), one)
-            return seconds, latencies, notes
-
-        await go(min(n, 2 * c))
-        before = await counters()
-        seconds, latencies, failures = await go(n)
-    row = _row(name, "http", "codejudge", c, seconds, latencies, failures, before, await counters())
-    row.calls = len(latencies) * batch_size
-    row.calls_per_s = round(row.calls / seconds, 1)
-    return row
+            notes.extend(f"{r and r['reason']}: {r and r['stderr'][-150:]!r}" for r in results
+                         if not (r and r["run_success"] and r["stdout"] == expect))
+        requests = max(1, calls // batch_size)
+        seconds, latencies, _ = await _timed(requests, max(1, c // batch_size), one)
+        return seconds, latencies, notes, requests * batch_size
+    return measure
 
 
 def _release_like_client(connections: int):
@@ -176,36 +164,64 @@ async def _http_counters(url: str) -> dict:
 
 
 async def run_client_bench(sandbox_kwargs: dict, workloads: list[str], concurrency: int, calls: int,
-                           batch_size: int, port: int) -> dict:
+                           batch_size: int, port: int, rounds: int = 3) -> dict:
+    """Every row, interleaved: `rounds` rounds, each running every row for 1/rounds of its calls,
+    so that a change in the machine's load (it is shared) hits all rows alike."""
     from sandbox.client import RemoteSandbox
     from sandbox.launch import build_sandbox
 
     unknown = [w for w in workloads if w not in CODEJUDGE_WORKLOADS]
     if unknown:
         raise ValueError(f"--workloads: {unknown} have no codejudge form; choose from {list(CODEJUDGE_WORKLOADS)}")
-    if batch_size < 1 or concurrency < 1 or calls < 1:
-        raise ValueError(f"--batch-size, --concurrency and --calls must be >= 1, got {batch_size}, {concurrency}, {calls}")
-    rows: list[ClientRow] = []
+    if batch_size < 1 or concurrency < 1 or calls < 1 or rounds < 1:
+        raise ValueError(f"--batch-size, --concurrency, --calls and --rounds must be >= 1, got {batch_size}, "
+                         f"{concurrency}, {calls}, {rounds}")
     sb = build_sandbox(sandbox_kwargs)
-    async with sb:
+    async with sb, contextlib.AsyncExitStack() as stack:
+        url = stack.enter_context(server_process(sandbox_kwargs, port))
+        remote = await stack.enter_async_context(RemoteSandbox(url))
+        client = await stack.enter_async_context(_release_like_client(max(1, concurrency // batch_size) + 1))
+
         async def embedded_counters() -> dict:
             return {k: sb.stats()[k] for k in _COUNTED}
-        for name in workloads:
-            rows += await _sandbox_rows(sb, name, concurrency, _calls(name, calls), "embedded", embedded_counters)
-    with server_process(sandbox_kwargs, port) as url:
+
         async def http_counters() -> dict:
             return await _http_counters(url)
-        async with RemoteSandbox(url) as remote:
-            for name in workloads:
-                rows += (await _sandbox_rows(remote, name, concurrency, _calls(name, calls), "http", http_counters))[:1]
-                rows.append(await _codejudge_row(url, name, concurrency, _calls(name, calls), batch_size, http_counters))
+        specs = []  # (workload, path, client, measure, counters)
+        for name in workloads:
+            code = CODEJUDGE_WORKLOADS[name][0]
+            specs += [(name, "embedded", "plain", _sandbox_runner(sb, name, code, concurrency), embedded_counters),
+                      (name, "embedded", "wrapped", _sandbox_runner(sb, name, wrap_code(code), concurrency),
+                       embedded_counters),
+                      (name, "http", "plain", _sandbox_runner(remote, name, code, concurrency), http_counters),
+                      (name, "http", "codejudge", _codejudge_runner(client, url, name, concurrency, batch_size),
+                       http_counters)]
+        totals = [[0.0, [], [], 0, None] for _ in specs]  # seconds, latencies, failures, calls, counters
+        for spec in specs:
+            await spec[3](min(_calls(spec[0], calls), 2 * concurrency))  # warm-up at this concurrency
+        for _ in range(rounds):
+            for spec, total in zip(specs, totals):
+                before = await spec[4]()
+                seconds, latencies, failures, done = await spec[3](max(1, _calls(spec[0], calls) // rounds))
+                after = await spec[4]()
+                total[0] += seconds
+                total[1] += latencies
+                total[2] += failures
+                total[3] += done
+                total[4] = {k: (total[4] or {}).get(k, 0) + after[k] - before[k] for k in _COUNTED}
+    rows = []
+    for (name, path, kind, _, _), (seconds, latencies, failures, done, counted) in zip(specs, totals):
+        row = _row(name, path, kind, concurrency, seconds, latencies, failures, {k: 0 for k in _COUNTED}, counted)
+        row.calls, row.calls_per_s = done, round(done / seconds, 1)
+        rows.append(row)
     for row in rows:
         base = next(r for r in rows if r.workload == row.workload and r.path == "embedded" and r.client == "plain")
         row.vs_embedded_plain = round(row.calls_per_s / base.calls_per_s, 2)
         same = "plain" if row.client == "plain" else "wrapped"
         twin = next(r for r in rows if r.workload == row.workload and r.path == "embedded" and r.client == same)
         row.vs_embedded_same_code = round(row.calls_per_s / twin.calls_per_s, 2)
-    return {"concurrency": concurrency, "batch_size": batch_size, "rows": [asdict(r) for r in rows]}
+    return {"concurrency": concurrency, "batch_size": batch_size, "rounds": rounds, "load_average": os.getloadavg(),
+            "rows": [asdict(r) for r in rows]}
 
 
 def _calls(name: str, calls: int) -> int:
@@ -215,8 +231,9 @@ def _calls(name: str, calls: int) -> int:
 def render_client_table(report: dict):
     from rich.table import Table
 
-    table = Table(title=f"bench-tools --client codejudge (concurrency {report['concurrency']}, "
-                        f"long-batch of {report['batch_size']})")
+    load = ", ".join(f"{x:.1f}" for x in report["load_average"])
+    table = Table(title=f"bench-tools --client codejudge (concurrency {report['concurrency']}, long-batch of "
+                        f"{report['batch_size']}, {report['rounds']} interleaved rounds; load average after: {load})")
     for col in ("workload", "path", "client", "calls", "calls/s", "p50 ms", "p99 ms", "failures", "rerouted",
                 "fast template", "vs embedded plain", "vs embedded, same text"):
         table.add_column(col, justify="left" if col in ("workload", "path", "client") else "right")
@@ -229,12 +246,13 @@ def render_client_table(report: dict):
 
 
 def client_bench_main(sandbox_kwargs: dict, workloads: list[str], concurrency: int, calls: int, batch_size: int,
-                      port: int, json_path, console) -> dict:
+                      port: int, json_path, console, rounds: int = 3) -> dict:
     """Run the client benchmark, print its table, write JSON when asked."""
     from pathlib import Path
 
-    with console.status("bench-tools --client codejudge: embedded, then HTTP rows"):
-        report = asyncio.run(run_client_bench(sandbox_kwargs, workloads, concurrency, calls, batch_size, port))
+    with console.status(f"bench-tools --client codejudge: embedded and HTTP rows, {rounds} interleaved rounds"):
+        report = asyncio.run(run_client_bench(sandbox_kwargs, workloads, concurrency, calls, batch_size, port,
+                                              rounds))
     if not console.is_terminal:
         console.width = max(console.width, 140)
     console.print(render_client_table(report))

@@ -87,6 +87,8 @@ def register(app: typer.Typer) -> None:
                                                  "and 2 worker hosts against local mode)."),
         batch_size: int = typer.Option(8, help="--client codejudge: submissions per long-batch request."),
         port: int = typer.Option(18088, help="--client codejudge: port of the server subprocess it starts."),
+        rounds: int = typer.Option(3, help="--client codejudge: rounds the rows take turns in (a shared "
+                                           "machine's load then hits every row alike)."),
     ) -> None:
         """Measure tool-call throughput and latency against a naive subprocess baseline."""
         from rich.console import Console
@@ -107,7 +109,7 @@ def register(app: typer.Typer) -> None:
                 if client == "redis":
                     redis_bench_main(kwargs, names, level, calls, json_path, Console())
                 else:
-                    client_bench_main(kwargs, names, level, calls, batch_size, port, json_path, Console())
+                    client_bench_main(kwargs, names, level, calls, batch_size, port, json_path, Console(), rounds)
             except SandboxUnavailable as e:
                 fail(f"{e} [to benchmark anyway: --unsafe-no-isolation]")
             except ValueError as e:
