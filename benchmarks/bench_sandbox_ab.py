@@ -1,0 +1,166 @@
+"""A/B two checkouts of the sandbox on the same machine, in interleaved rounds.
+
+Why: the machine is shared, and its load can change several-fold within a minute, so figures from
+two runs of `bench-tools` minutes apart say little about a change. Here both checkouts are live
+at once: each gets an embedded pool (in a runner process importing that checkout's `sandbox`) and
+a `serve-sandbox` server; every round runs every row of both, in turn, and the report sums the
+rounds. Rows: embedded plain, embedded wrapped in the release's executor template, HTTP plain
+(`RemoteSandbox`), HTTP as the release's client sends it (long-batch of 8, a new connection per
+request). The HTTP clients run in this process, from this checkout, against both servers.
+
+Usage:  python benchmarks/bench_sandbox_ab.py --a /work/main --b . [--calls 600] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from sandbox.bench_codejudge import CODEJUDGE_WORKLOADS, _codejudge_runner, _release_like_client, _sandbox_runner
+from sandbox.client import RemoteSandbox
+
+CONCURRENCY = 64
+
+# Runs in a subprocess with PYTHONPATH=<checkout>: an embedded pool, driven over stdin/stdout.
+_RUNNER = r"""
+import asyncio, json, sys, time
+from sandbox import Sandbox
+from sandbox.codejudge_client import wrap_code
+async def main():
+    async with Sandbox() as sb:
+        gate = asyncio.Semaphore(int(sys.argv[1]))
+        print("ready", flush=True)
+        loop = asyncio.get_running_loop()
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line:
+                return
+            code, expect, wrapped, n = json.loads(line)
+            text = wrap_code(code) if wrapped else code
+            bad = 0
+            async def one():
+                nonlocal bad
+                async with gate:
+                    r = await sb.run(text)
+                    bad += not (r.ok and r.stdout == expect)
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one() for _ in range(n)))
+            print(json.dumps([time.perf_counter() - t0, n, bad]), flush=True)
+asyncio.run(main())
+"""
+
+_SERVER = ("import sys; from sandbox.launch import serve_http; from sandbox.server import ServiceConfig; "
+           "serve_http('127.0.0.1', int(sys.argv[1]), {}, ServiceConfig(max_queue=4096), None)")
+
+
+class Runner:
+    def __init__(self, tree: str) -> None:
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
+        self.proc = subprocess.Popen([sys.executable, "-c", _RUNNER, str(CONCURRENCY)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    async def measure(self, code: str, expect: str, wrapped: bool, n: int) -> tuple[float, list, list, int]:
+        self.proc.stdin.write(json.dumps([code, expect, wrapped, n]) + "\n")
+        self.proc.stdin.flush()
+        seconds, done, bad = json.loads(await asyncio.get_running_loop().run_in_executor(None, self.proc.stdout.readline))
+        return seconds, [], ["wrong"] * bad, done
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+def _server(tree: str, port: int) -> subprocess.Popen:
+    import httpx
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(port)], env=env, cwd=tree, start_new_session=True)
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError(f"server from {tree} did not answer")
+
+
+async def main(args) -> dict:
+    trees = {"A": args.a, "B": args.b}
+    runners, servers = {}, {}
+    try:
+        for key, tree in trees.items():
+            runners[key] = Runner(tree)
+            servers[key] = _server(tree, args.port + (key == "B"))
+        rows, totals = [], {}
+        async with _release_like_client(CONCURRENCY // 8 + 1) as client:
+            remotes = {k: RemoteSandbox(f"http://127.0.0.1:{args.port + (k == 'B')}") for k in trees}
+            for r in remotes.values():
+                await r.start()
+            for name in args.workloads.split(","):
+                code, expect = CODEJUDGE_WORKLOADS[name]
+                n = args.calls if name == "trivial" else max(64, args.calls // 3)
+                for key in trees:
+                    url = f"http://127.0.0.1:{args.port + (key == 'B')}"
+                    for row, measure in (
+                            ("embedded plain", lambda c, r=runners[key], t=code, e=expect: r.measure(t, e, False, c)),
+                            ("embedded wrapped", lambda c, r=runners[key], t=code, e=expect: r.measure(t, e, True, c)),
+                            ("http plain", _sandbox_runner(remotes[key], name, code, CONCURRENCY)),
+                            ("http codejudge", _codejudge_runner(client, url, name, CONCURRENCY, 8))):
+                        rows.append((name, row, key, measure, n))
+            for _, _, _, measure, n in rows:  # warm-up
+                await measure(min(n, 2 * CONCURRENCY))
+            for _ in range(args.rounds):
+                for name, row, key, measure, n in rows:
+                    seconds, _, failures, done = await measure(max(8, n // args.rounds))
+                    t = totals.setdefault((name, row, key), [0.0, 0, 0])
+                    t[0] += seconds
+                    t[1] += done
+                    t[2] += len(failures)
+            for r in remotes.values():
+                await r.close()
+    finally:
+        for r in runners.values():
+            r.close()
+        for s in servers.values():
+            s.terminate()
+            s.wait(30)
+    out = []
+    for (name, row, key), (seconds, done, bad) in totals.items():
+        if key == "A":
+            b = totals[(name, row, "B")]
+            out.append({"workload": name, "row": row, "a_calls_per_s": round(done / seconds, 1),
+                        "b_calls_per_s": round(b[1] / b[0], 1), "b_over_a": round((b[1] / b[0]) / (done / seconds), 2),
+                        "failures": bad + b[2]})
+    return {"a": args.a, "b": args.b, "rounds": args.rounds, "load_average": os.getloadavg(), "rows": out}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", required=True, help="checkout A (the baseline), e.g. /work/main")
+    parser.add_argument("--b", default=".", help="checkout B (the change)")
+    parser.add_argument("--calls", type=int, default=600)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workloads", default="trivial,sympy")
+    parser.add_argument("--port", type=int, default=18200)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    report = asyncio.run(main(args))
+    table = Table(title=f"A = {args.a}, B = {args.b}: {args.rounds} interleaved rounds, concurrency {CONCURRENCY}; "
+                        f"load average after: {', '.join(f'{x:.1f}' for x in report['load_average'])}")
+    for col in ("workload", "row", "A calls/s", "B calls/s", "B / A", "failures"):
+        table.add_column(col)
+    for r in report["rows"]:
+        table.add_row(r["workload"], r["row"], f"{r['a_calls_per_s']:.1f}", f"{r['b_calls_per_s']:.1f}",
+                      f"{r['b_over_a']:.2f}x", str(r["failures"]))
+    Console(width=140).print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
