@@ -22,13 +22,12 @@ as errors, and anything that warns or fails is left to the child, which reports 
 """
 from __future__ import annotations  # the same compile flags as sandbox.child's (the text-as-is path)
 
-import _warnings
 import base64
 import builtins
+import warnings
 
 from sandbox import child
 
-_ERROR_FILTER = ("error", None, Warning, None, 0)
 _B64_CALL = 'b64decode("'
 
 
@@ -78,14 +77,10 @@ class Prelude:
         cells = code[length:]
         if len(cells) > child.PRECOMPILE_MAX_CHARS:
             return None
-        _warnings.filters.insert(0, _ERROR_FILTER)
-        _warnings._filters_mutated()
-        try:
+        with warnings.catch_warnings():  # a warning is the child's to print: what warns is not precomputed
+            warnings.simplefilter("error")
             compiled = child.precompile("\n" * self.lines + cells)
             table = _table(cells, self.memo._ast) if compiled is not None else None
-        finally:
-            _warnings.filters.remove(_ERROR_FILTER)
-            _warnings._filters_mutated()
         return None if compiled is None else (compiled, table)
 
 
