@@ -24,7 +24,6 @@ from __future__ import annotations  # the same compile flags as sandbox.child's 
 
 import base64
 import builtins
-import warnings
 
 from sandbox import child
 
@@ -77,11 +76,11 @@ class Prelude:
         cells = code[length:]
         if len(cells) > child.PRECOMPILE_MAX_CHARS:
             return None
-        with warnings.catch_warnings():  # a warning is the child's to print: what warns is not precomputed
-            warnings.simplefilter("error")
-            compiled = child.precompile("\n" * self.lines + cells)
-            table = _table(cells, self.memo._ast) if compiled is not None else None
-        return None if compiled is None else (compiled, table)
+        compiled = child.precompile("\n" * self.lines + cells)
+        if compiled is None:
+            return None
+        # a warning is the child's to print: what warns is not precomputed
+        return compiled, child.warnings_as_errors(_table, cells, self.memo._ast)
 
 
 def _table(cells: str, ast) -> dict:

@@ -112,3 +112,11 @@ def test_a_pool_on_its_starters_loop_serves_that_loop_and_others():
 def test_a_pool_on_its_starters_loop_needs_one():
     with pytest.raises(RuntimeError, match="running event loop"):
         Sandbox(workers=1, preload=("math",), own_thread=False).run_sync("print(1)")
+
+
+async def test_a_compile_warning_reaches_the_calls_stderr(sandbox_pool):
+    """Short cells are compiled in the zygote before the fork; one that warns is compiled in the
+    child instead, so the warning is the call's output, as under `python -c`."""
+    r = await sandbox_pool.run("x = 1\nprint(x is 1)")
+    assert r.ok and r.stdout == "True\n"
+    assert 'SyntaxWarning: "is" with a literal' in r.stderr
