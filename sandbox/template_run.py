@@ -24,6 +24,7 @@ from __future__ import annotations  # the same compile flags as sandbox.child's 
 
 import base64
 import builtins
+import gc
 
 from sandbox import child
 
@@ -81,6 +82,27 @@ class Prelude:
             return None
         # a warning is the child's to print: what warns is not precomputed
         return compiled, child.warnings_as_errors(_table, cells, self.memo._ast)
+
+
+class Preludes:
+    """The preludes one zygote has run, by digest (None: it failed to, and its calls run as text)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, Prelude | None] = {}
+
+    def prepare(self, req: dict):
+        """(prelude, compiled cells, memo table) for a request the host marked `template`, or None
+        to run its text as is. The first request with a prelude runs that prelude here."""
+        digest, length = req["template"]
+        if digest not in self._known:
+            try:
+                self._known[digest] = Prelude(req["code"][:length])
+            except BaseException:  # noqa: BLE001 - cannot happen for a known prelude; run calls as text
+                self._known[digest] = None
+            gc.freeze()  # its objects join the rest of the zygote's, out of the children's collections
+        prelude = self._known[digest]
+        prepared = prelude.prepare(req["code"], length) if prelude is not None else None
+        return None if prepared is None else (prelude, *prepared)
 
 
 def _table(cells: str, ast) -> dict:

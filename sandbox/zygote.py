@@ -72,7 +72,7 @@ class Zygote:
         # light tier: imports of modules only the full tier has send the call there
         self.finder = child.FullTierFinder(config["reroute_paths"], self.status_map) \
             if config.get("reroute_paths") else None
-        self.preludes: dict[str, template_run.Prelude | None] = {}  # by digest; None: failed to run
+        self.preludes = template_run.Preludes()  # executor templates' preludes, run here once each
         self.last_forked = 0
         self._trashed = 0
         self._skip_pids = frozenset({"1", str(self.pid)})
@@ -167,7 +167,7 @@ class Zygote:
         for req in batch:
             slot = self.free.pop(0)
             self.status_map[slot] = 0
-            cell = self._template_cell(req) if req.get("template") else None
+            cell = self.preludes.prepare(req) if req.get("template") else None
             if cell is None and not req.get("history"):
                 cell = child.precompile(req["code"])
             rlimits = child.call_rlimits(req["limits"], self.base_vm, self.uid_base is not None)
@@ -192,20 +192,6 @@ class Zygote:
         if others_forked:
             self._mark_dirty()
 
-    def _template_cell(self, req: dict):
-        """A call whose text starts with a prelude the host recognised (sandbox.template_run):
-        (prelude, compiled cells, memo table), or None to run its text as is."""
-        digest, length = req["template"]
-        if digest not in self.preludes:  # first sight: run the prelude here, once
-            try:
-                self.preludes[digest] = template_run.Prelude(req["code"][:length])
-            except BaseException:  # noqa: BLE001 - cannot happen for a known prelude; run calls as text
-                self.preludes[digest] = None
-            gc.freeze()  # its objects join the rest of the zygote's, out of the children's collections
-        prelude = self.preludes[digest]
-        prepared = prelude.prepare(req["code"], length) if prelude is not None else None
-        return None if prepared is None else (prelude, *prepared)
-
     def _mark_dirty(self) -> None:
         for running in self.calls.values():
             running.dirty = True
@@ -220,7 +206,7 @@ class Zygote:
             _, out_w, _, err_w = self.pipes[slot]
             child.enter_call(out_w, err_w, self.devnull, self.scratch[slot], uid, rlimits)
             history, namespace = req.get("history"), None
-            if isinstance(cell, tuple) and len(cell) == 3:  # a recognised template (see _template_cell)
+            if isinstance(cell, tuple) and len(cell) == 3:  # a recognised template (Preludes.prepare)
                 prelude, cell, prelude.memo.table = cell
                 history, namespace = None, prelude.namespace
             # one call site for both: a stack the snippet prints is the same either way
