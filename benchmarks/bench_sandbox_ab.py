@@ -70,7 +70,8 @@ class Runner:
     async def measure(self, code: str, expect: str, wrapped: bool, n: int) -> tuple[float, list, list, int]:
         self.proc.stdin.write(json.dumps([code, expect, wrapped, n]) + "\n")
         self.proc.stdin.flush()
-        seconds, done, bad = json.loads(await asyncio.get_running_loop().run_in_executor(None, self.proc.stdout.readline))
+        line = await asyncio.get_running_loop().run_in_executor(None, self.proc.stdout.readline)
+        seconds, done, bad = json.loads(line)
         return seconds, [], ["wrong"] * bad, done
 
     def close(self) -> None:

@@ -10,9 +10,11 @@ official rStar run gets. For each workload, in one run and at one concurrency, t
   * http / codejudge    -- wrapped code, long-batch requests of `batch_size`, new connection per
                            request and queue_timeout retries, as the release's client sends them;
 
-and reports each row's ratio to embedded/plain, plus the calls the pool re-routed to its full
-tier and the calls it ran through its executor-template fast path (sandbox.template_run). The server runs in its own process (as `rstar2 serve-sandbox` would), so the client's
-work does not share its interpreter.
+and reports each row's ratio to embedded/plain (and, for HTTP rows, to the embedded row of the
+same text), plus the calls the pool re-routed to its full tier and the calls it ran through its
+executor-template fast path (sandbox.template_run). The server runs in its own process (as
+`rstar2 serve-sandbox` would), so the client's work does not share its interpreter; the rows
+take turns in interleaved rounds, so a change in the shared machine's load hits them alike.
 """
 from __future__ import annotations
 
