@@ -86,17 +86,17 @@ class Sandbox:
     def _ensure_started(self) -> concurrent.futures.Future:
         with self._start_lock:
             if self._started is None:
-                self._plan = plan(self.isolation, self.unsafe_no_isolation, self.n_workers, self._slots_hint)
-                if self.own_thread:
-                    self._loop = asyncio.new_event_loop()
-                    self._thread = threading.Thread(target=self._loop.run_forever, name="sandbox-pool", daemon=True)
-                    self._thread.start()
-                else:
+                if not self.own_thread:
                     try:
                         self._loop = asyncio.get_running_loop()
                     except RuntimeError:
                         raise RuntimeError("Sandbox(own_thread=False) must be started from a running event "
                                            "loop (await sandbox.start())") from None
+                self._plan = plan(self.isolation, self.unsafe_no_isolation, self.n_workers, self._slots_hint)
+                if self.own_thread:
+                    self._loop = asyncio.new_event_loop()
+                    self._thread = threading.Thread(target=self._loop.run_forever, name="sandbox-pool", daemon=True)
+                    self._thread.start()
                 self._bridge = Bridge(self._loop)
                 self._started = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
             return self._started
@@ -299,6 +299,8 @@ class Sandbox:
     # ---- reporting ----------------------------------------------------------------------
     def protections(self) -> dict:
         """Protections measured by a probe snippet when the pool started (starts it if needed)."""
+        if self._on_pool_loop() and not self._ensure_started().done():  # .result() would block that loop
+            raise RuntimeError("Sandbox.protections() on the pool's own loop before it started; await start() first")
         self._ensure_started().result()
         return dict(self._protections)
 
