@@ -158,6 +158,8 @@ class RLTrainer:
                                                seed=cfg.train.seed + first + i, gpu_ids=slot.gpu_ids,
                                                weight_transfer=self.weight_transfer)
                         for i, slot in enumerate(slots)]
+        for e in self.engines:       # resumed: the engines hold the checkpoint's weights, version `step`
+            e.weights_version = self.step   # (AReaL #1342: a restored engine left at version 0)
         self.scheduler = LoadBalancedScheduler(self.engines)
         if cfg.sandbox.url:
             from sandbox.client import RemoteSandbox
