@@ -142,8 +142,8 @@ def drop_stale_groups(trajs: Sequence[Trajectory], step: int, max_staleness: int
 
 def idle_metrics(step_s: float, trainer_wait_s: float, engine_busy_s: Sequence[float],
                  weight_pause_s: float) -> dict[str, float]:
-    """Where one asynchronous step's wall time went: the trainer waiting for its batch, each
-    engine with nothing in flight (mean over replicas), the weight update's pause."""
+    """Where `step_s` seconds of an asynchronous run went: the trainer waiting for its batch,
+    each engine with nothing in flight (mean over replicas), the weight update's pause."""
     step_s = max(step_s, 1e-9)
     busy = [min(b, step_s) for b in engine_busy_s]
     return {"async/trainer_idle_frac": min(1.0, trainer_wait_s / step_s),

@@ -367,8 +367,9 @@ class RLTrainer:
         groups dropped; the trainer's wait for it is its idle time."""
         from rstar2_cli.rl.async_rollouts import drop_stale_groups
 
+        if not hasattr(self, "_mark"):          # where the idle fractions count from
+            self._mark = (time.perf_counter(), [e.busy_seconds() for e in self.engines])
         self.pipeline.fill(self.step)
-        self._busy_at_start = [e.busy_seconds() for e in self.engines]
         t0 = time.perf_counter()
         pending = self.pipeline.take(self.step)
         trajs, timing, per_node = self._rollout_all_nodes(len(pending.problems), pending.wait)
@@ -384,11 +385,17 @@ class RLTrainer:
         return report.kept, timing, per_node, metrics
 
     def _idle_metrics(self, timing: dict[str, float], async_metrics: dict[str, float]) -> dict[str, float]:
+        """Idle fractions over the wall time since the previous step ended (so the held-out
+        evals and checkpoints between steps, which rollouts overlap too, are counted)."""
         from rstar2_cli.rl.async_rollouts import idle_metrics
 
-        busy = [e.busy_seconds() - b for e, b in zip(self.engines, self._busy_at_start)]
-        return idle_metrics(timing["time/step"], async_metrics["async/trainer_wait_s"], busy,
-                            timing.get("time/sync", 0.0))
+        since, busy_before = self._mark
+        now, busy_now = time.perf_counter(), [e.busy_seconds() for e in self.engines]
+        self._mark = (now, busy_now)
+        out = idle_metrics(now - since, async_metrics["async/trainer_wait_s"],
+                           [b - a for a, b in zip(busy_before, busy_now)], timing.get("time/sync", 0.0))
+        out["async/step_interval_s"] = now - since
+        return out
 
     def validate(self) -> dict[str, float]:
         """Held-out eval of the current policy on rank 0's engine and sandbox (`validation.py`);
