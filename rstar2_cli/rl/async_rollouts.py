@@ -48,25 +48,31 @@ class PendingBatch:
 
 
 class RolloutPipeline:
-    """The batches in flight, oldest first, admitted by the in-order rule.
+    """The batches in flight, oldest first, admitted by the in-order rule, and what a checkpoint
+    keeps of them.
 
-    `draw(index)` returns batch `index`'s problem indices (the run's DataSampler, called on every
-    rank in the same order); `start(index, problems)` starts this host's rollout of that batch on
-    the rollout thread and returns its future (None on ranks that roll nothing out)."""
+    `sampler` is the run's DataSampler (drawn on every rank in the same order); `start(index,
+    problems)` starts this host's rollout of batch `index` on the rollout thread and returns its
+    future (None on ranks that roll nothing out)."""
 
-    def __init__(self, max_staleness: int, total_steps: int, draw: Callable[[int], list[int]],
-                 start: Callable[[int, list[int]], concurrent.futures.Future | None]):
+    def __init__(self, max_staleness: int, total_steps: int, sampler: Any,
+                 start: Callable[[int, list[int]], concurrent.futures.Future | None], *, first_index: int = 0):
         if max_staleness < 1:
             raise ValueError(f"RolloutPipeline needs max_staleness >= 1, got {max_staleness}")
-        self.k, self.total_steps, self._draw, self._start = max_staleness, total_steps, draw, start
+        self.k, self.total_steps, self.sampler, self._start = max_staleness, total_steps, sampler, start
         self.pending: deque[PendingBatch] = deque()
-        self.next_index = 0
+        self.next_index = first_index
+        self.dropped_groups_total = 0
+        self._sampler_before: dict[int, dict] = {}   # batch index -> sampler state before its draw
 
     def fill(self, version: int) -> None:
         """Start every batch the rule admits at `version` (and that a step will train)."""
         while self.next_index < self.total_steps and self.next_index <= version + self.k:
-            problems = self._draw(self.next_index)
-            self.pending.append(PendingBatch(self.next_index, problems, self._start(self.next_index, problems)))
+            index = self.next_index
+            self._sampler_before = {i: st for i, st in self._sampler_before.items() if i >= version}
+            self._sampler_before[index] = self.sampler.state_dict()
+            problems = self.sampler.next_batch()
+            self.pending.append(PendingBatch(index, problems, self._start(index, problems)))
             self.next_index += 1
 
     def take(self, index: int) -> PendingBatch:
@@ -93,12 +99,48 @@ class RolloutPipeline:
         self.pending = deque(PendingBatch(i, list(p), None, piece) for i, p, piece in batches)
         self.next_index = next_index
 
+    def checkpoint_state(self, gather: Callable[[Any], list[Any]], is_host: bool) -> dict[str, Any]:
+        """The rollouts drawn ahead, for the checkpoint: finished first (a short stall), then kept
+        with their versions, so `--resume` trains exactly the batches the interrupted run would
+        have and counts their staleness from the versions that really sampled them. `gather`
+        collects every rollout host's part (all ranks call it: a collective)."""
+        self.drain()
+        snap = self.snapshot()
+        per_host = gather(pending_to_state(snap) if is_host else None)
+        first = snap[0][0] if snap else self.next_index
+        return {"batches": [(i, p) for i, p, _ in snap], "hosts": per_host, "next_index": self.next_index,
+                "sampler_before": self._sampler_before.get(first, self.sampler.state_dict()),
+                "dropped_groups_total": self.dropped_groups_total}
+
+    def load_checkpoint_state(self, saved: dict[str, Any], step: int, host_ordinal: int | None,
+                              num_hosts: int) -> bool:
+        """Put a checkpoint's rollouts back in flight (`host_ordinal`: this rank's place among
+        the rollout hosts, None if it is not one). If they cannot be used as saved (another
+        number of rollout hosts, or batches that do not start at `step`), rewind the sampler
+        to regenerate them and return False."""
+        batches, hosts = saved["batches"], saved["hosts"]
+        self.dropped_groups_total = int(saved.get("dropped_groups_total", 0))
+        if len(hosts) != num_hosts or [i for i, _ in batches] != list(range(step, step + len(batches))):
+            rewind_for_regeneration(self.sampler, saved)
+            self.next_index = step
+            return False
+        mine = (pending_from_state(hosts[host_ordinal]) if host_ordinal is not None
+                else [(i, list(p), None) for i, p in batches])
+        self.restore(mine, int(saved["next_index"]))
+        return True
+
     def cancel(self) -> None:
         """Stop waiting for anything in flight (closing down)."""
         for batch in self.pending:
             if batch.future is not None:
                 batch.future.cancel()
         self.pending.clear()
+
+
+def rewind_for_regeneration(sampler: Any, saved: dict[str, Any]) -> None:
+    """Move `sampler` back to where the saved rollouts-ahead were drawn, so they are drawn again
+    (and rolled out again by the resumed weights)."""
+    sampler.load_state_dict(saved["sampler_before"])
 
 
 @dataclass

@@ -14,15 +14,12 @@ from rstar2_cli.rl.async_rollouts import (
     pending_from_state,
     pending_to_state,
 )
+from rstar2_cli.rl.sampler import DataSampler
 from rstar2_cli.rollout.trajectory import Trajectory
 
 
 def _pipeline(k: int, steps: int = 10):
     started: list[int] = []
-    drawn = iter(range(1000))
-
-    def draw(index):
-        return [next(drawn), next(drawn)]
 
     def start(index, problems):
         started.append(index)
@@ -30,7 +27,7 @@ def _pipeline(k: int, steps: int = 10):
         f.set_result(([0], [Trajectory(prompt_id=f"b{index}", policy_versions=[index])], {"time/rollout": 1.0}))
         return f
 
-    return RolloutPipeline(k, steps, draw, start), started
+    return RolloutPipeline(k, steps, DataSampler(1000, 2, shuffle=False), start), started
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -104,10 +101,30 @@ def test_pending_rollouts_survive_a_checkpoint_round_trip_with_their_versions():
 
 
 def test_snapshot_refuses_rollouts_still_running():
-    pipe = RolloutPipeline(1, 4, lambda i: [i], lambda i, p: concurrent.futures.Future())
+    pipe = RolloutPipeline(1, 4, DataSampler(8, 2), lambda i, p: concurrent.futures.Future())
     pipe.fill(0)
     with pytest.raises(RuntimeError, match="drain"):
         pipe.snapshot()
+
+
+def test_checkpoint_state_resumes_as_saved_or_rewinds_the_sampler_to_regenerate():
+    pipe, _ = _pipeline(1)
+    pipe.fill(0)
+    pipe.take(0)
+    pipe.fill(1)                                     # batches 1 and 2 in flight after step 0
+    pipe.dropped_groups_total = 3
+    saved = pipe.checkpoint_state(lambda mine: [mine], is_host=True)
+    assert saved["batches"] == [(1, [2, 3]), (2, [4, 5])] and saved["next_index"] == 3
+    resumed, started = _pipeline(1)
+    assert resumed.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=1)
+    assert [b.index for b in resumed.pending] == [1, 2] and resumed.dropped_groups_total == 3
+    assert resumed.take(1).wait()[1][0].policy_versions == [1] and started == []
+    # two rollout hosts now: the saved shards do not fit, the batches are drawn again
+    other, started = _pipeline(1)
+    other.sampler.next_batch(), other.sampler.next_batch(), other.sampler.next_batch()
+    assert not other.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=2)
+    other.fill(1)
+    assert started == [1, 2] and [b.problems for b in other.pending] == [[2, 3], [4, 5]]
 
 
 def _recipe(**train):
