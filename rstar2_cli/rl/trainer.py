@@ -27,6 +27,12 @@ update each host pushes the weights into its engines (`rollout/weight_transfer.p
 weight transfer on GPU, ipc or nccl; chunked safetensors on CPU), every rank joining the gathers.
 Checkpoints and metrics stay on rank 0. On one process (CPU quickstart, single GPU) rank 0 is the
 only host and nothing is sent anywhere.
+
+Asynchronous GRPO-RoC (`train.max_staleness` = k >= 1, docs/async-rl.md): steps 1-3 of batch
+s+1 .. s+k run on the rollout loop's own thread while step s trains (`rl/async_rollouts.py`:
+in-order admission, the staleness bound, the rollouts in flight in checkpoints); the update
+pauses the engines between requests (`WeightPusher(pause=True)`). k = 0 runs the loop above
+unchanged.
 """
 from __future__ import annotations
 
@@ -112,6 +118,7 @@ class RLTrainer:
         self.tools = None
         self.loop = asyncio.new_event_loop()
         self.pipeline = None
+        self._mark: tuple[float, list[float]] | None = None    # async: idle fractions count from here
         self._loop_thread: threading.Thread | None = None
         if self.max_staleness:     # rollouts of later steps run on this loop's own thread
             self._loop_thread = threading.Thread(target=self.loop.run_forever, name="rstar2-rollouts", daemon=True)
@@ -370,7 +377,7 @@ class RLTrainer:
         groups dropped; the trainer's wait for it is its idle time."""
         from rstar2_cli.rl.async_rollouts import drop_stale_groups
 
-        if not hasattr(self, "_mark"):          # where the idle fractions count from
+        if self._mark is None:
             self._mark = (time.perf_counter(), [e.busy_seconds() for e in self.engines])
         self.pipeline.fill(self.step)
         t0 = time.perf_counter()
