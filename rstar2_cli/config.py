@@ -131,8 +131,8 @@ class RocConfig(_Section):
 class LossConfig(_Section):
     eps_low: float = Field(0.2, ge=0.0)
     eps_high: float = Field(0.28, ge=0.0)             # Clip-Higher
-    tis: bool = False                                 # truncated importance sampling vLLM vs trainer
-    tis_cap: float = Field(2.0, gt=0.0)
+    tis: bool = False                                 # truncated importance sampling: engine (behaviour) vs trainer
+    tis_cap: float = Field(2.0, gt=0.0)               # weight min(pi_prox/pi_behaviour, cap) (verl tis_imp_ratio_cap)
     dual_clip: float | None = Field(None, gt=1.0)     # verl's dual-clip c (the release runs 3.0); None = off
 
 
@@ -151,6 +151,10 @@ class TrainConfig(_Section):
     group_size: int = Field(16, ge=1)                 # G kept per prompt (2G rolled out with RoC)
     micro_batch_tokens: int = Field(16384, ge=1)      # packing budget per micro-batch
     ppo_mini_batches: int = Field(1, ge=1)            # optimizer steps per batch (release: 1)
+    # Asynchronous GRPO-RoC (docs/async-rl.md): batches for steps s+1..s+k are rolled out while
+    # step s trains; no trajectory is trained more than k policy versions after it was sampled.
+    # 0 = the release's synchronous step (rStar2-Agent trains synchronously), bit-identical.
+    max_staleness: int = Field(0, ge=0, le=8)
     seed: int = 0
     save_every: int = Field(10, ge=1)
     out_dir: str = "runs/rl"
@@ -183,6 +187,11 @@ class RecipeConfig(_Section):
         if self.loss.eps_high < self.loss.eps_low:
             raise ValueError(
                 f"loss.eps_high ({self.loss.eps_high}) must be >= loss.eps_low ({self.loss.eps_low})"
+            )
+        if self.train.max_staleness > 0 and not self.loss.tis:
+            raise ValueError(
+                f"train.max_staleness={self.train.max_staleness} needs loss.tis: true: stale rollouts are "
+                "corrected by min(pi_prox/pi_behaviour, loss.tis_cap) (docs/async-rl.md)"
             )
         return self
 

@@ -20,6 +20,8 @@ def register(app: typer.Typer) -> None:
         sft_steps: Optional[int] = typer.Option(None, "--sft-steps", min=1, help="override the preset's SFT steps"),
         steps: Optional[int] = typer.Option(None, "--steps", min=1, help="override the preset's RL steps"),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=1, help="RL steps between held-out points"),
+        max_staleness: Optional[int] = typer.Option(None, "--max-staleness", min=0,
+                                                    help="asynchronous RL: roll out up to k steps ahead (0: synchronous)"),
     ) -> None:
         """Train a tiny model to use the Python tool, end to end on CPU, and write a report."""
         from pydantic import ValidationError
@@ -34,7 +36,8 @@ def register(app: typer.Typer) -> None:
             seed_list = parse_seeds(seeds) if seeds is not None else None
             settings = QuickstartSettings.for_preset(out, "smoke" if smoke else "full", seed=seed,
                                                      compare_grpo=compare_grpo, sft_steps=sft_steps,
-                                                     rl_steps=steps, eval_every=eval_every)
+                                                     rl_steps=steps, eval_every=eval_every,
+                                                     max_staleness=max_staleness)
         except (ValidationError, ValueError) as e:
             errs = getattr(e, "errors", None)
             msg = f"{'.'.join(map(str, errs()[0]['loc']))}: {errs()[0]['msg']}" if callable(errs) else str(e)

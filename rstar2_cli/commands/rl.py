@@ -1,6 +1,7 @@
 """`rstar2 rl`: resolve a stage recipe, plan the launch, and run (or print) it."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import List, Optional
@@ -27,6 +28,9 @@ def register(app: typer.Typer) -> None:
         master_addr: Optional[str] = typer.Option(None, "--master-addr",
                                                   help="head node address (default: SLURM's first host, else 127.0.0.1)"),
         master_port: int = typer.Option(29500, "--master-port"),
+        engine_gpus: Optional[int] = typer.Option(None, "--engine-gpus", min=1,
+                                                  help="GPUs (over all nodes) that hold only engines, with "
+                                                       "engine.colocate=false; the rest train"),
         redis_url: Optional[str] = typer.Option(None, "--redis", help="sandbox cluster queue for multi-node runs"),
         resume: bool = typer.Option(False, "--resume", help="continue from the latest checkpoint in train.out_dir"),
         dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and launch plan, run nothing"),
@@ -57,6 +61,7 @@ def register(app: typer.Typer) -> None:
                 gpus_per_node=sizes.gpus_per_node,
                 tp_size=cfg.engine.tensor_parallel_size if gpus else 1,
                 colocate=cfg.engine.colocate,
+                engine_gpus=engine_gpus,
                 weight_transfer=cfg.engine.weight_transfer,
                 redis_url=redis_url,
                 master_addr=sizes.master_addr,
@@ -67,6 +72,15 @@ def register(app: typer.Typer) -> None:
             )
         except PlanError as e:
             fail(str(e))
+        k = cfg.train.max_staleness
+        if k and gpus and cfg.engine.colocate:
+            fail(f"train.max_staleness={k} with engine.colocate: true: colocated engines sleep while the trainer "
+                 "runs, so rollouts cannot overlap training; set engine.colocate=false and --engine-gpus N")
+        if k:
+            where = ("their own GPUs" if gpus else "vLLM's engine-core process, beside the trainer on the same cores")
+            plan = dataclasses.replace(plan, notes=plan.notes + (
+                f"asynchronous: batches roll out up to {k} step(s) ahead on the engines ({where}); "
+                f"weight updates pause them between requests",))
 
         if dry_run:
             console.rule(f"resolved recipe: {cfg.name} (stage {cfg.stage})")

@@ -11,7 +11,10 @@ Bessel-corrected); a group of one gets mean 0 and std 1 as in verl.
 
 Optional truncated importance sampling (TIS) reweights each token by
 min(exp(old − rollout), cap) to correct the mismatch between the engine that sampled (vLLM) and
-the trainer's own old logprobs; off by default, detached (a weight, not a gradient path).
+the trainer's own old logprobs; off by default, detached (a weight, not a gradient path). With
+`train.max_staleness` >= 1 it is required and is the off-policy correction as well: `rollout` is
+then the behaviour policy (weights up to k steps old) and `old` the proximal policy (this step's
+weights), i.e. decoupled PPO (AReaL) with a truncated rather than masked behaviour weight.
 """
 from __future__ import annotations
 
@@ -61,6 +64,7 @@ class LossStats:
     ratio_sum: float = 0.0
     entropy_sum: float = 0.0
     tis_weight_sum: float = 0.0
+    tis_capped: float = 0.0     # tokens whose TIS weight hit the cap
 
     def __iadd__(self, other: "LossStats") -> "LossStats":
         for name in self.__dataclass_fields__:
@@ -72,17 +76,19 @@ class LossStats:
         return {"clip_frac_low": self.clipped_low / n, "clip_frac_high": self.clipped_high / n,
                 "clip_frac": (self.clipped_low + self.clipped_high) / n,
                 "ratio_mean": self.ratio_sum / n, "entropy": self.entropy_sum / n,
-                "tis_weight_mean": self.tis_weight_sum / n, "loss_tokens": self.tokens}
+                "tis_weight_mean": self.tis_weight_sum / n, "tis_capped_frac": self.tis_capped / n,
+                "loss_tokens": self.tokens}
 
 
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                 loss_mask: torch.Tensor, global_tokens: float, eps_low: float, eps_high: float,
                 tis: torch.Tensor | None = None, entropy: torch.Tensor | None = None,
-                dual_clip: float | None = None) -> tuple[torch.Tensor, LossStats]:
+                dual_clip: float | None = None, tis_cap: float | None = None) -> tuple[torch.Tensor, LossStats]:
     """Clip-Higher PPO loss, summed over masked tokens and divided by `global_tokens`.
 
     All tensors are per token and the same shape (advantages already broadcast per token).
     per-token loss = max(−A·ratio, −A·clip(ratio, 1 − eps_low, 1 + eps_high)) [· tis].
+    `tis_cap`: the cap `tis` was truncated at (only counted, in `LossStats.tis_capped`).
     `dual_clip` = c bounds the loss of A < 0 tokens by −A·c (verl's clip_ratio_c, 3.0 by default
     there, so active in the release run); None (the paper's description) leaves it out.
     """
@@ -108,5 +114,6 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
             ratio_sum=float((r * mask).sum()),
             entropy_sum=float((entropy * mask).sum()) if entropy is not None else 0.0,
             tis_weight_sum=float((tis * mask).sum()) if tis is not None else float(mask.sum()),
+            tis_capped=float(((tis >= tis_cap) * mask).sum()) if tis is not None and tis_cap is not None else 0.0,
         )
     return loss, stats

@@ -174,7 +174,8 @@ class PolicyTrainer:
                 if self.loss_cfg.tis and rollout is not None:
                     tis = tis_weights(old_lp, rollout, self.loss_cfg.tis_cap)
                 loss, st = policy_loss(logp, old_lp, adv, mask, global_tokens, self.loss_cfg.eps_low,
-                                       self.loss_cfg.eps_high, tis=tis, entropy=entropy, dual_clip=self.dual_clip)
+                                       self.loss_cfg.eps_high, tis=tis, entropy=entropy, dual_clip=self.dual_clip,
+                                       tis_cap=self.loss_cfg.tis_cap)
                 (loss * self.info.world_size).backward()
                 loss_sum += float(loss.detach())
                 stats += st

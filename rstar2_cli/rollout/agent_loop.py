@@ -114,6 +114,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             res = await generator.generate(req, key=key)
             if len(res.logprobs) != len(res.token_ids):
                 raise RuntimeError(f"engine returned {len(res.logprobs)} logprobs for {len(res.token_ids)} tokens")
+            traj.policy_versions.append(res.policy_version)
             ids.extend(res.token_ids)
             mask.extend([1] * len(res.token_ids))
             logprobs.extend(float(x) for x in res.logprobs)

@@ -16,7 +16,11 @@ up at construction with `weight_transfer=`). The chunked path, for CPU and as th
 trainer hands over its full state dict as (name, tensor) pairs; they travel to the engine-core
 process as safetensors bytes in bounded chunks and are loaded in place by a small worker
 extension (`VLLMWeightSyncExtension`, the same layerwise path as vLLM's `reload_weights`), then
-the prefix cache is reset so no KV computed with old weights is reused.
+the prefix cache is reset so no KV computed with old weights is reused. Every result carries
+the `weights_version` that generated it. Asynchronous RL (`train.max_staleness` >= 1) updates
+replicas while rollouts run: `pause_for_update` (vLLM's pause_generation, mode "wait") lets the
+running turns finish on the old weights and queues new ones until `resume_after_update`, so a
+weight update lands between requests, never inside a turn.
 
 GPU placement (`from_config(..., gpu_ids=...)`): vLLM V1 runs the model in an engine-core process
 that it spawns at construction, and that process (and its tensor-parallel workers) inherits the
@@ -30,6 +34,7 @@ import concurrent.futures
 import contextlib
 import os
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -77,6 +82,7 @@ class GenResult:
     logprobs: list[float]            # same length as token_ids ([] when the request had logprobs=False)
     finish_reason: str               # "stop" (stop token / eos) | "length"
     stop_token_id: int | None        # which stop token ended it, if any
+    policy_version: int = 0          # the weights that generated it (engine.weights_version)
 
 
 @runtime_checkable
@@ -111,11 +117,16 @@ def pack_weight_chunks(named_tensors: Iterable[tuple[str, "torch.Tensor"]],
         yield save(chunk)
 
 
-async def push_weights(engines: list["VLLMEngine"], named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+async def push_weights(engines: list["VLLMEngine"], named_tensors: Iterable[tuple[str, "torch.Tensor"]],
+                       *, paused: bool = False) -> None:
     """Load one full state dict into several replicas: each chunk is serialized once and sent to
-    all of them at once (a host with 8 replicas would otherwise pack the model 8 times)."""
+    all of them at once (a host with 8 replicas would otherwise pack the model 8 times).
+
+    `paused`: the replicas were paused for the update (`pause_for_update`, asynchronous RL), so
+    requests may be queued; otherwise (synchronous RL) a generation in flight is an error. Each
+    replica's `weights_version` goes up by one."""
     busy = [e._inflight for e in engines if e._inflight]
-    if busy:
+    if busy and not paused:
         raise RuntimeError(f"update_weights called with {busy[0]} generation(s) in flight; "
                            "finish the rollout first")
     await asyncio.gather(*(e._rpc("rstar2_begin_weight_update") for e in engines))
@@ -123,6 +134,8 @@ async def push_weights(engines: list["VLLMEngine"], named_tensors: Iterable[tupl
         await asyncio.gather(*(e._rpc("rstar2_load_weight_chunk", blob) for e in engines))
     await asyncio.gather(*(e._rpc("rstar2_finish_weight_update") for e in engines))
     await asyncio.gather(*(e.reset_prefix_cache() for e in engines))
+    for e in engines:
+        e.weights_version += 1
 
 
 class VLLMWeightSyncExtension:
@@ -151,7 +164,7 @@ class VLLMWeightSyncExtension:
         return len(self.rstar2_loaded_names)
 
 
-def _to_result(out: Any, want_logprobs: bool) -> GenResult:
+def _to_result(out: Any, want_logprobs: bool, version: int = 0) -> GenResult:
     """vLLM `CompletionOutput` -> GenResult (sampled-token logprobs, stop token identified)."""
     ids = list(out.token_ids)
     logprobs: list[float] = []
@@ -161,7 +174,8 @@ def _to_result(out: Any, want_logprobs: bool) -> GenResult:
     stop_id = out.stop_reason if isinstance(out.stop_reason, int) else None
     if finish == "stop" and stop_id is None and ids:
         stop_id = ids[-1]            # EOS: vLLM reports stop_reason=None, the id is the last token
-    return GenResult(token_ids=ids, logprobs=logprobs, finish_reason=finish, stop_token_id=stop_id)
+    return GenResult(token_ids=ids, logprobs=logprobs, finish_reason=finish, stop_token_id=stop_id,
+                     policy_version=version)
 
 
 @contextlib.contextmanager
@@ -204,6 +218,10 @@ class VLLMEngine:
         self._thread.start()
         self._kv_usage = 0.0
         self._inflight = 0
+        self.weights_version = 0              # optimizer steps behind the loaded weights
+        self._pending_version: int | None = None   # set while paused for an update
+        self._busy_since = 0.0
+        self._busy_total = 0.0
         self._weight_chunk_bytes = weight_chunk_bytes
         try:
             self._llm = self._call(self._start(engine_args))
@@ -332,6 +350,12 @@ class VLLMEngine:
 
         params = self._sampling_params(req)
         final = None
+        # A request sent while paused for an update queues and runs on the new weights. One sent
+        # just before a pause may still be queued by it: stamped with the old version, it can
+        # only overstate its staleness, never hide it.
+        version = self.weights_version if self._pending_version is None else self._pending_version
+        if self._inflight == 0:
+            self._busy_since = time.monotonic()
         self._inflight += 1
         try:
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(req.prompt_ids)),
@@ -339,9 +363,11 @@ class VLLMEngine:
                 final = out
         finally:
             self._inflight -= 1
+            if self._inflight == 0:
+                self._busy_total += time.monotonic() - self._busy_since
         if final is None or not final.outputs:
             raise RuntimeError("vLLM returned no output for a request")
-        return _to_result(final.outputs[0], req.logprobs)
+        return _to_result(final.outputs[0], req.logprobs, version)
 
     async def generate(self, req: GenRequest) -> GenResult:
         return await self._on_loop(self._generate_on_loop(req))
@@ -355,6 +381,29 @@ class VLLMEngine:
     @property
     def inflight(self) -> int:
         return self._inflight
+
+    def busy_seconds(self) -> float:
+        """Wall time so far with at least one request in flight (engine idle = the rest)."""
+        return self._busy_total + (time.monotonic() - self._busy_since if self._inflight else 0.0)
+
+    async def pause_for_update(self) -> None:
+        """vLLM's `pause_generation(mode="wait", clear_cache=True)`: new requests queue, running
+        ones finish on the current weights, then the KV and prefix caches are dropped, so no turn
+        mixes two versions and no KV of old weights is reused. Needs vLLM's engine-core process
+        ("wait" is refused in-process)."""
+        self._pending_version = self.weights_version + 1
+        try:
+            await self._on_loop(self._llm.pause_generation(mode="wait", clear_cache=True))
+        except BaseException:
+            self._pending_version = None
+            raise
+
+    async def resume_after_update(self) -> None:
+        """Release the requests queued by `pause_for_update` onto the new weights."""
+        try:
+            await self._on_loop(self._llm.resume_generation())
+        finally:
+            self._pending_version = None
 
     def submit_llm_call(self, method: str, *args: Any) -> "concurrent.futures.Future":
         """Start `AsyncLLM.<method>(*args)` on this replica's loop thread from any thread (vLLM's

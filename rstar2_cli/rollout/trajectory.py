@@ -39,8 +39,16 @@ class Trajectory:
                                         # internal error, worker crash, queue timeout, engine error);
                                         # such a trajectory leaves its group before advantages
     tool_time: float = 0.0              # seconds spent waiting on tools
+    # weights that sampled it (version v = the engines' weights after v optimizer steps): one per
+    # turn, since a weight update may land between two turns (never inside one)
+    policy_versions: list[int] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def response_length(self) -> int:
         return len(self.response_ids)
+
+    @property
+    def policy_version(self) -> int:
+        """The oldest weights among its turns: what its staleness is counted from."""
+        return min(self.policy_versions) if self.policy_versions else 0

@@ -114,6 +114,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+async def _each(engines: Sequence[Any], method: str) -> None:
+    await asyncio.gather(*(getattr(e, method)() for e in engines))
+
+
+def run_on_loop(loop: asyncio.AbstractEventLoop, coro) -> Any:
+    """Run `coro` on `loop` from this thread and return its result: directly when the loop is
+    idle, through `run_coroutine_threadsafe` when another thread runs it (asynchronous RL keeps
+    the rollout loop running in its own thread)."""
+    if loop.is_running():
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    return loop.run_until_complete(coro)
+
+
 class WeightPusher:
     """Pushes the policy's weights into this node's engines after each update (every rank).
 
@@ -124,10 +137,11 @@ class WeightPusher:
     def __init__(self, backend: str, *, model: "torch.nn.Module", engines: Sequence[Any], is_host: bool,
                  replicas_per_node: int, engine_dtype: "torch.dtype", rank: int,
                  loop: asyncio.AbstractEventLoop | None = None, trainer_factory: Any = None,
-                 port: Callable[[], int] = free_port):
+                 port: Callable[[], int] = free_port, pause: bool = False):
         if backend not in ("ipc", "nccl", "chunked"):
             raise ValueError(f"weight transfer backend {backend!r}: expected ipc, nccl or chunked")
         self.backend, self.engines, self.is_host, self.loop = backend, list(engines), is_host, loop
+        self.pause = pause          # asynchronous RL: rollouts run during the update (engines.pause_for_update)
         self.senders: list[Any] = []
         if backend == "chunked":
             return
@@ -156,16 +170,28 @@ class WeightPusher:
             self.senders.append(trainer_factory.trainer_init(info, client=client, source=source))
 
     def push(self, policy) -> None:
-        """New weights into every engine of this node; a collective over all trainer ranks."""
+        """New weights into every engine of this node; a collective over all trainer ranks.
+        With `pause`, each host engine is paused (running turns finish, new ones queue) for the
+        load and resumed after it; without, a generation in flight is an error."""
+        paused = self.pause and self.is_host and bool(self.engines)
+        if paused:
+            self._run(_each(self.engines, "pause_for_update"))
+        try:
+            self._transfer(policy, paused)
+        finally:
+            if paused:
+                self._run(_each(self.engines, "resume_after_update"))
+
+    def _transfer(self, policy, paused: bool) -> None:
         if self.backend == "chunked":
             named = policy.full_state_for_engines(keep=self.is_host)
             if self.is_host:
                 from rstar2_cli.rollout.engines import push_weights
 
-                self._run(push_weights(self.engines, named))
+                self._run(push_weights(self.engines, named, paused=paused))
             return
         busy = [e.inflight for e in self.engines if e.inflight]
-        if busy:
+        if busy and not paused:
             raise RuntimeError(f"weight sync with {busy[0]} generation(s) in flight; finish the rollout first")
         for sender in self.senders:
             sender.send_weights()
@@ -174,12 +200,14 @@ class WeightPusher:
                 await asyncio.gather(*(e.reset_prefix_cache() for e in self.engines))
 
             self._run(reset())
+            for e in self.engines:
+                e.weights_version += 1
 
     def _run(self, coro) -> None:
         if self.loop is None:
             asyncio.run(coro)
         else:
-            self.loop.run_until_complete(coro)
+            run_on_loop(self.loop, coro)
 
     def close(self) -> None:
         for sender in self.senders:

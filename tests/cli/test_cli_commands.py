@@ -46,3 +46,15 @@ def test_rl_bad_sizes_and_bad_config_fail_early():
     assert out.exit_code == 2 and "not divisible by nodes" in out.output
     out = runner.invoke(app, ["rl", "--stage", "1", "--set", "optim.lrr=1", "--dry-run"])
     assert out.exit_code == 2 and "optim.lrr: unknown field" in out.output
+
+
+def test_rl_dry_run_asynchronous_says_where_it_overlaps_and_refuses_colocation():
+    k1 = ["--set", "train.max_staleness=1", "--set", "loss.tis=true", "--dry-run"]
+    out = runner.invoke(app, ["rl", "--stage", "1", "--gpus", "8", *k1], terminal_width=200)
+    assert out.exit_code == 2 and "engine.colocate: true" in out.output and "--engine-gpus" in out.output
+    out = runner.invoke(app, ["rl", "--stage", "1", "--gpus", "8", "--engine-gpus", "6",
+                              "--set", "engine.colocate=false", *k1], terminal_width=200)
+    assert out.exit_code == 0, out.output
+    assert "up to 1 step(s) ahead" in out.output and "their own GPUs" in out.output
+    out = runner.invoke(app, ["rl", "--stage", "1", "--set", "train.max_staleness=1", "--dry-run"])
+    assert out.exit_code == 2 and "needs loss.tis" in out.output

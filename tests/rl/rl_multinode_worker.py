@@ -53,6 +53,8 @@ def main(recipe_path: str, out_dir: str) -> None:
     for _ in range(2):
         trainer.train_step()
     after = probe()
+    if trainer.pipeline is not None:   # asynchronous: batch 3 is in flight; every host saves its shard of it
+        trainer.save()
     streamed = trainer.policy.full_state_for_engines(keep=trainer.host.is_host)
     full = dict(trainer.policy.full_state_dict())
     rank = trainer.info.rank

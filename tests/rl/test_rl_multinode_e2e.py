@@ -22,20 +22,24 @@ pytestmark = pytest.mark.slow
 WORKER = Path(__file__).with_name("rl_multinode_worker.py")
 
 
-def _recipe(tiny_model: Path, data: Path, out: Path) -> dict:
-    recipe = tiny_rl_recipe(tiny_model, data, out, steps=2, prompts_per_step=3, sandbox_workers=1,
+def _recipe(tiny_model: Path, data: Path, out: Path, max_staleness: int) -> dict:
+    recipe = tiny_rl_recipe(tiny_model, data, out, steps=2 + max_staleness, prompts_per_step=3, sandbox_workers=1,
                             name="tiny-two-nodes")
-    recipe["train"]["save_every"] = 100
+    recipe["train"].update(save_every=100, max_staleness=max_staleness)
+    if max_staleness:
+        recipe["loss"] = {"tis": True}
     return recipe
 
 
-def test_two_nodes_roll_out_their_own_shards_and_train_on_the_same_list(tiny_model, tmp_path, free_port):
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_two_nodes_roll_out_their_own_shards_and_train_on_the_same_list(tiny_model, tmp_path, free_port,
+                                                                        max_staleness):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}*7?", "answer": str(7 * i)}) + "\n"
                             for i in range(6)))
     out = tmp_path / "run"
     recipe = tmp_path / "recipe.json"
-    recipe.write_text(json.dumps(_recipe(tiny_model, data, out)))
+    recipe.write_text(json.dumps(_recipe(tiny_model, data, out, max_staleness)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "RSTAR2_ENGINE_GPU_IDS", "RSTAR2_ENGINE_TP"):
         env.pop(var, None)
@@ -74,7 +78,18 @@ def test_two_nodes_roll_out_their_own_shards_and_train_on_the_same_list(tiny_mod
     assert b0["tokens"] == b1["tokens"] and b0["logprobs"] == pytest.approx(b1["logprobs"], abs=1e-4)
     assert max(abs(x - y) for x, y in zip(b1["logprobs"], a1["logprobs"])) > 1e-3 or b1["tokens"] != a1["tokens"]
     assert a0["tokens"] == a1["tokens"] and a0["logprobs"] == pytest.approx(a1["logprobs"], abs=1e-4)
-    # The trainer's own view of those weights: step 2 rollouts (both nodes, synced engines) score
-    # like the trainer's logprobs.
-    assert rows[1]["train/logprob_abs_diff_vllm"] < 1e-3
     assert r0["streamed_matches_full"]
+    if not max_staleness:
+        # The trainer's own view of those weights: step 2 rollouts (both nodes, synced engines)
+        # score like the trainer's logprobs.
+        assert rows[1]["train/logprob_abs_diff_vllm"] < 1e-3
+        return
+    # Asynchronous: step 2 trained batch 1, sampled one version earlier, on both nodes alike; the
+    # checkpoint holds batch 2, in flight at the save, with each node's own shard of it.
+    assert rows[1]["async/staleness_max"] <= 1 and rows[1]["async/dropped_groups"] == 0
+    import torch
+
+    pending = torch.load(out / "step_000002" / "trainer_state.pt", weights_only=False)["extra"]["async_pending"]
+    assert [i for i, _ in pending["batches"]] == [2]
+    shards = [host[0]["piece"] for host in pending["hosts"]]
+    assert [s[0] for s in shards] == [[0, 2], [1]] and [len(s[1]) for s in shards] == [8, 4]

@@ -33,7 +33,7 @@ class FakeEngine:
 
     def __init__(self, tp_size: int = 1):
         self.calls: list[tuple] = []
-        self.tp_size, self.inflight = tp_size, 0
+        self.tp_size, self.inflight, self.weights_version = tp_size, 0, 0
 
     def submit_llm_call(self, method, *args):
         self.calls.append((method, *args))

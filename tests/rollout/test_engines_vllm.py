@@ -124,3 +124,32 @@ async def test_weight_update_refuses_while_generation_is_in_flight(engine, tiny_
 def test_prompt_that_fills_the_context_is_a_clear_error(engine):
     with pytest.raises(ValueError, match="max_model_len"):
         engine.generate_batch([GenRequest(list(range(5, 5 + 1024)), max_tokens=4)])
+
+
+async def test_a_paused_update_lands_between_requests_and_stamps_versions(engine, tiny_path, prompt):
+    """Asynchronous RL updates weights while rollouts run: the turn in flight finishes on the old
+    weights (its tokens are the old greedy ones), a turn sent during the pause waits and runs on
+    the new weights, and each result names the version that generated it."""
+    from rstar2_cli.rollout.engines import push_weights
+    from safetensors.torch import load_file
+    original = load_file(str(tiny_path / "model.safetensors"))
+    flipped = {k: (-v if k == "lm_head.weight" else v) for k, v in original.items()}
+    long = GenRequest(prompt, max_tokens=300, temperature=0.0, ignore_eos=True)
+    short = GenRequest(prompt, max_tokens=12, temperature=0.0, ignore_eos=True)
+    old_long = (await engine.generate(long)).token_ids
+    old_short = (await engine.generate(short)).token_ids
+    v0 = engine.weights_version
+    running = asyncio.create_task(engine.generate(long))
+    await asyncio.sleep(0.05)
+    await engine.pause_for_update()                     # waits for the running turn
+    assert running.done()
+    queued = asyncio.create_task(engine.generate(short))
+    await asyncio.sleep(0.1)
+    assert not queued.done()                            # nothing runs while paused
+    await push_weights([engine], flipped.items(), paused=True)
+    await engine.resume_after_update()
+    first, second = await running, await queued
+    assert first.token_ids == old_long and first.policy_version == v0
+    assert second.token_ids != old_short and second.policy_version == v0 + 1 == engine.weights_version
+    await engine.update_weights(original.items())        # restore for the other tests
+    assert (await engine.generate(short)).token_ids == old_short

@@ -12,6 +12,7 @@ class _Replica:
 
     def __init__(self, inflight: int = 0) -> None:
         self._inflight, self._weight_chunk_bytes, self.calls = inflight, 64, []
+        self.weights_version = 0
 
     async def _rpc(self, method, *args):
         self.calls.append((method, *args))
@@ -38,6 +39,7 @@ async def test_each_chunk_is_packed_once_and_every_replica_loads_it_in_order(mon
     expected = ([("rstar2_begin_weight_update",)] + [("rstar2_load_weight_chunk", b) for b in packed]
                 + [("rstar2_finish_weight_update",), ("reset_prefix_cache",)])
     assert all(r.calls == expected for r in replicas)
+    assert all(r.weights_version == 1 for r in replicas)
 
 
 async def test_a_replica_with_generations_in_flight_refuses_the_update():
@@ -45,3 +47,9 @@ async def test_a_replica_with_generations_in_flight_refuses_the_update():
     with pytest.raises(RuntimeError, match="2 generation"):
         await engines.push_weights(replicas, iter([("w", torch.zeros(2))]))
     assert all(r.calls == [] for r in replicas)
+
+
+async def test_a_paused_replica_takes_the_update_with_requests_queued():
+    replicas = [_Replica(), _Replica(inflight=2)]       # asynchronous RL: paused, turns waiting
+    await engines.push_weights(replicas, iter([("w", torch.zeros(2))]), paused=True)
+    assert all(r.calls[-1] == ("reset_prefix_cache",) and r.weights_version == 1 for r in replicas)

@@ -1,0 +1,139 @@
+"""Asynchronous GRPO-RoC bookkeeping: which batches run ahead, the staleness bound at training,
+what a checkpoint keeps of the rollouts in flight, and the config's guard rails."""
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+from rstar2_cli.config import ConfigError, load_recipe_dict
+from rstar2_cli.rl.async_rollouts import (
+    RolloutPipeline,
+    drop_stale_groups,
+    idle_metrics,
+    pending_from_state,
+    pending_to_state,
+)
+from rstar2_cli.rl.sampler import DataSampler
+from rstar2_cli.rollout.trajectory import Trajectory
+
+
+def _pipeline(k: int, steps: int = 10):
+    started: list[int] = []
+
+    def start(index, problems):
+        started.append(index)
+        f: concurrent.futures.Future = concurrent.futures.Future()
+        f.set_result(([0], [Trajectory(prompt_id=f"b{index}", policy_versions=[index])], {"time/rollout": 1.0}))
+        return f
+
+    return RolloutPipeline(k, steps, DataSampler(1000, 2, shuffle=False), start), started
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_batch_b_starts_once_version_b_minus_k_is_out_and_steps_train_them_in_order(k):
+    pipe, started = _pipeline(k, steps=6)
+    pipe.fill(version=0)
+    assert started == list(range(k + 1))          # version 0 may sample batches 0..k
+    for step in range(6):
+        pipe.fill(step)
+        batch = pipe.take(step)
+        assert batch.index == step and batch.wait()[1][0].prompt_id == f"b{step}"
+        assert max(started) == min(step + k, 5)    # never more than k ahead, never past the last step
+    assert started == list(range(6)) and not pipe.pending
+
+
+def test_taking_a_batch_out_of_order_is_an_error():
+    pipe, _ = _pipeline(1)
+    pipe.fill(0)
+    with pytest.raises(RuntimeError, match="expects batch 1"):
+        pipe.take(1)
+
+
+def _group(group: int, versions: list[list[int]]) -> list[Trajectory]:
+    return [Trajectory(prompt_id=f"p{group}", sample_index=i, group_index=group, policy_versions=v)
+            for i, v in enumerate(versions)]
+
+
+def test_a_group_with_one_member_staler_than_k_is_dropped_whole_and_counted():
+    trajs = _group(0, [[4], [4]]) + _group(1, [[3, 4], [4]]) + _group(2, [[2], [4, 5]])
+    report = drop_stale_groups(trajs, step=5, max_staleness=2)
+    assert [t.group_index for t in report.kept] == [0, 0, 1, 1]
+    assert (report.dropped_groups, report.dropped_trajectories, report.mixed_versions) == (1, 2, 2)
+    m = report.metrics()
+    # staleness counts from each trajectory's OLDEST turn
+    assert [m[f"async/staleness_{j}"] for j in range(4)] == [0, 4, 1, 1]
+    assert m["async/staleness_max"] == 3 and m["async/dropped_groups"] == 1
+
+
+def test_a_trajectory_from_the_future_is_a_bookkeeping_error():
+    with pytest.raises(RuntimeError, match="newer than the policy"):
+        drop_stale_groups(_group(0, [[3]]), step=2, max_staleness=1)
+
+
+def test_idle_fractions():
+    m = idle_metrics(step_s=10.0, trainer_wait_s=2.0, engine_busy_s=[6.0, 8.0], weight_pause_s=0.5)
+    assert m["async/trainer_idle_frac"] == pytest.approx(0.2)
+    assert m["async/engine_idle_frac"] == pytest.approx(0.3)
+    assert m["async/weight_pause_s"] == 0.5
+
+
+def test_pending_rollouts_survive_a_checkpoint_round_trip_with_their_versions():
+    import io
+
+    import torch
+
+    pipe, _ = _pipeline(2)
+    pipe.fill(0)
+    pipe.take(0)
+    pipe.drain()
+    snap = pipe.snapshot()
+    buf = io.BytesIO()
+    torch.save({"pending": pending_to_state(snap)}, buf)
+    buf.seek(0)
+    restored = pending_from_state(torch.load(buf, weights_only=False)["pending"])
+    assert [(i, p) for i, p, _ in restored] == [(i, p) for i, p, _ in snap] == [(1, [2, 3]), (2, [4, 5])]
+    assert [piece[1][0].policy_versions for _, _, piece in restored] == [[1], [2]]
+    again, started = _pipeline(2)
+    again.restore(restored, next_index=3)
+    again.fill(1)                                    # version 1 admits batch 3 only
+    assert started == [3] and again.take(1).wait()[1][0].prompt_id == "b1"
+
+
+def test_snapshot_refuses_rollouts_still_running():
+    pipe = RolloutPipeline(1, 4, DataSampler(8, 2), lambda i, p: concurrent.futures.Future())
+    pipe.fill(0)
+    with pytest.raises(RuntimeError, match="drain"):
+        pipe.snapshot()
+
+
+def test_checkpoint_state_resumes_as_saved_or_rewinds_the_sampler_to_regenerate():
+    pipe, _ = _pipeline(1)
+    pipe.fill(0)
+    pipe.take(0)
+    pipe.fill(1)                                     # batches 1 and 2 in flight after step 0
+    pipe.dropped_groups_total = 3
+    saved = pipe.checkpoint_state(lambda mine: [mine], is_host=True)
+    assert saved["batches"] == [(1, [2, 3]), (2, [4, 5])] and saved["next_index"] == 3
+    resumed, started = _pipeline(1)
+    assert resumed.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=1)
+    assert [b.index for b in resumed.pending] == [1, 2] and resumed.dropped_groups_total == 3
+    assert resumed.take(1).wait()[1][0].policy_versions == [1] and started == []
+    # two rollout hosts now: the saved shards do not fit, the batches are drawn again
+    other, started = _pipeline(1)
+    other.sampler.next_batch(), other.sampler.next_batch(), other.sampler.next_batch()
+    assert not other.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=2)
+    other.fill(1)
+    assert started == [1, 2] and [b.problems for b in other.pending] == [[2, 3], [4, 5]]
+
+
+def _recipe(**train):
+    return {"model": {"path": "m"}, "data": {"train": "t.jsonl"}, "train": train}
+
+
+def test_staleness_needs_the_off_policy_correction():
+    with pytest.raises(ConfigError, match=r"train.max_staleness=1 needs loss.tis"):
+        load_recipe_dict(_recipe(max_staleness=1))
+    cfg = load_recipe_dict({**_recipe(max_staleness=1), "loss": {"tis": True, "tis_cap": 2.0}})
+    assert cfg.train.max_staleness == 1
+    assert load_recipe_dict(_recipe()).train.max_staleness == 0     # the release's synchronous step
