@@ -87,8 +87,9 @@ def serve_http(host: str, port: int, sandbox_kwargs: dict, config: ServiceConfig
                redis: RedisConfig | None, log_level: str = "warning") -> None:
     """Serve the code-judge API on an embedded Sandbox, or in front of Redis workers."""
     # Redis front ends run no code; each worker applies the isolation gate itself.
-    # The pool shares the front end's event loop: every call comes from it (Sandbox, own_thread).
-    backend = RedisFrontend(redis) if redis is not None else build_sandbox({"own_thread": False, **sandbox_kwargs})
+    # The pool keeps its own thread: started on uvicorn's uvloop loop (Sandbox(own_thread=False)) its
+    # zygote spawns hung in a multithreaded process (docs/sandbox.md, "HTTP path").
+    backend = RedisFrontend(redis) if redis is not None else build_sandbox(sandbox_kwargs)
     print(f"rstar2 sandbox service on http://{host}:{port} "
           f"({'redis ' + redis.url if redis else 'embedded pool'})", file=sys.stderr, flush=True)
     serve(backend, config, host=host, port=port, log_level=log_level)

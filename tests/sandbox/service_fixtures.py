@@ -23,9 +23,9 @@ def make_sandbox(workers: int = 2, timeout: float = 5.0):
     from sandbox.api import Sandbox
     from sandbox.limits import Limits
 
-    # fast start (the service tests need no numpy/sympy); on the server's own loop, as serve-sandbox runs it
+    # fast start (the service tests need no numpy/sympy); the pool on its own thread, as serve-sandbox runs it
     return Sandbox(workers=workers, limits=Limits(timeout=timeout, cpu_time=timeout), unsafe_no_isolation=True,
-                   preload=("math",), own_thread=False)
+                   preload=("math",))
 
 
 @contextlib.contextmanager
