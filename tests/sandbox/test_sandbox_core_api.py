@@ -79,7 +79,7 @@ def test_unavailable_isolation_is_a_clear_error(monkeypatch):
 
 
 def test_a_pool_on_its_starters_loop_serves_that_loop_and_others():
-    """own_thread=False (what serve-sandbox uses): the pool lives on the loop that starts it, with
+    """own_thread=False: the pool lives on the loop that starts it, with
     no thread of its own, still answers callers on other threads' loops, and refuses a blocking
     run_sync on its own loop."""
     import asyncio
