@@ -104,3 +104,12 @@ def test_smoke_comparison_runs_both_trainers_and_reports(tmp_path):
     assert "step_time_ratio" in cmp["trl_sandbox"] and "accuracy_at_rstar2_budget" in cmp["trl_subprocess"]
     assert json.loads((tmp_path / "r.json").read_text())["config"]["rl_steps"] == 2
     assert (out / "accuracy_vs_minutes.png").stat().st_size > 5_000
+
+
+def test_accuracy_at_a_budget_is_the_last_point_reached_or_the_start():
+    import bench_vs_trl
+
+    row = {"heldout": [{"seconds": 31.0, "accuracy": 0.1}, {"seconds": 60.0, "accuracy": 0.5},
+                       {"seconds": 90.0, "accuracy": 0.7}]}
+    # the start point's clock includes set-up: a budget that ends before it still means "the start"
+    assert [bench_vs_trl.accuracy_at(row, s) for s in (28.0, 61.0, 100.0)] == [0.1, 0.5, 0.7]
