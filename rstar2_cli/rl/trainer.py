@@ -57,6 +57,11 @@ from rstar2_cli.rollout.weight_transfer import run_on_loop
 log = logging.getLogger(__name__)
 
 
+def _empty_piece(positions: list[int]):
+    """What a host with no prompts in this batch contributes to the exchange."""
+    return positions, [], {"time/rollout": 0.0, "time/reward": 0.0}
+
+
 class RLTrainer:
     """Owns the policy, the engines, the sandbox and the data order of one RL run."""
 
@@ -256,7 +261,7 @@ class RLTrainer:
     def _rollout_and_grade_sync(self, batch: list):
         positions, mine, drawn = self._shard(batch)
         if not positions:
-            return positions, [], {"time/rollout": 0.0, "time/reward": 0.0}
+            return _empty_piece(positions)
         trajs, t_rollout = self._run(self._rollout(self.step, mine, positions, drawn))
         return positions, trajs, {"time/rollout": t_rollout, "time/reward": self._grade(trajs)}
 
@@ -269,7 +274,7 @@ class RLTrainer:
 
         async def produce():
             if not positions:
-                return positions, [], {"time/rollout": 0.0, "time/reward": 0.0}
+                return _empty_piece(positions)
             trajs, t_rollout = await self._rollout(index, mine, positions, drawn)
             t_reward = await asyncio.to_thread(self._grade, trajs)
             return positions, trajs, {"time/rollout": t_rollout, "time/reward": t_reward}
