@@ -8,9 +8,10 @@ two `compile`s of the payload. The pool recognises a known prelude exactly (by l
 of the text before the cells, so a near-miss simply runs as text) and runs the prelude once per
 zygote instead (sandbox.template_run); the output is the same bytes.
 
-Known preludes: the one `wrap_code` writes (tests and `bench-tools --client codejudge` use it) and
+Known preludes: the one `wrap_code` writes (tests and `bench-tools --client codejudge` use it),
 the release's `code_template_setup` itself, known here only by its length and digest (taken from
-that file at microsoft/rStar 73b21b5, which matches the release's `ecbfb94` tool code).
+that file at microsoft/rStar 73b21b5, which matches the release's `ecbfb94` tool code), and the
+compact runner RL wraps every call in (`rstar2_cli/protocol/code_runner.py`), also by digest.
 
 The script here is written from the release's documented behaviour, not copied from it:
 
@@ -134,6 +135,9 @@ KNOWN_PRELUDES = (
     (len(_PRELUDE), _digest(_PRELUDE)),  # wrap_code's
     # the release's code_template_setup (rstar2_agent/tools/code_judge_utils.py, microsoft/rStar)
     (6176, "4f815061cbcf4e09c894e85eb0dc4095d7aed348d8644b1a4c55cad5496ab976"),
+    # rstar2's compact RL runner (rstar2_cli/protocol/code_runner.py, rollout.code_runner "release"),
+    # known here by digest only since the sandbox imports nothing from the core; a test pins it
+    (1800, "fe421036730046d2fec3224808f6771e58d3411eaf2dacbfd5a06cce8db4d450"),
 )
 
 

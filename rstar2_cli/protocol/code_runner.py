@@ -17,15 +17,23 @@ expression, which then usually falls outside it and leaves the message without a
 `sandbox/codejudge_client.py` writes the same executor a second time, shaped like the release's own
 template (base64 payload, notebook class), because it benchmarks the sandbox with what the release's
 client sends; this compact runner is the one RL pays for on every call. A test pins the two together.
+
+The sandbox knows this runner's text (everything before the call line) by its SHA-256
+(`sandbox.executor_template.KNOWN_PRELUDES`) and runs it through its template fast path: the
+runner is defined once per zygote and each call's parse and compiles are done before the fork. Any
+edit to `_RUNNER` must update that digest; `tests/protocol/test_protocol_code_runner.py` fails
+until it does, and until then calls simply run as text.
 """
 from __future__ import annotations
 
 import base64
 
 _RUNNER = r'''
-def _rstar2_release_runner(code):
-    import ast, sys
+import ast
+import sys
 
+
+def _rstar2_release_runner(code):
     def fail(error, source, offset=0):
         if hasattr(error, "lineno"):
             lineno = -1 if error.lineno is None else error.lineno
@@ -69,7 +77,7 @@ def _rstar2_release_runner(code):
                 exec(compile(last, "<string>", "exec"), scope)
             except Exception as error:
                 fail(error, last, len(body.splitlines()) if body else 0)
-'''.lstrip()
+'''
 
 
 def release_runner_source(code: str) -> str:

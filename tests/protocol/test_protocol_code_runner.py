@@ -59,3 +59,35 @@ def test_the_rl_runner_and_the_codejudge_clients_template_agree(sandbox_pool, co
     [theirs] = asyncio.run(sandbox_pool.run_batch([{"code": wrap_code(code), "stdin": "7\n", "session": None}],
                                                   timeout=4.0))
     assert (ours.stdout, ours.stderr) == (theirs.stdout, theirs.stderr)
+
+
+def test_the_sandbox_recognises_the_rl_runner():
+    """RL's runner rides the sandbox's template fast path (sandbox.template_run): the pool knows
+    its text by digest. Editing `_RUNNER` without updating `KNOWN_PRELUDES` fails here."""
+    from rstar2_cli.protocol.code_runner import _RUNNER
+    from sandbox.executor_template import recognise
+
+    code = release_runner_source("print(6 * 7)")
+    assert recognise(code) is not None and recognise(code)[1] == len(_RUNNER)
+    assert recognise("#" + code) is None
+
+
+FAST_PATH_SNIPPETS = [
+    "print(6 * 7)", "x = 3\nx * 2", "print('a')\n'b'", "print(input())", "undefined_name",
+    "def f():\n    return undefined_name\nf()\ny = 1", "def f(:\n pass", "import sys\nsys.exit(3)",
+    "print(1 is 1)\n2", "compile('1 +', '<string>', 'eval')", "import ast\nast.dump(ast.parse('1'))",
+    "while True:\n    pass", "", "import sympy\nsympy.factorint(2**61-1)",
+    "m = __import__('sym' + 'py')\nm.Integer(7) * 6",
+]
+
+
+@pytest.mark.parametrize("code", FAST_PATH_SNIPPETS)
+def test_the_rl_runner_prints_the_same_on_the_fast_path(sandbox_pool, code):
+    """Fast path against the same text run as is (a leading '#' changes the digest, nothing else)."""
+    text = release_runner_source(code)
+    before = sandbox_pool.stats()["fast_template"]
+    fast, as_text = asyncio.run(sandbox_pool.run_batch(
+        [{"code": c, "stdin": "7\n", "session": None} for c in (text, "#" + text)], timeout=1.5))
+    assert sandbox_pool.stats()["fast_template"] == before + 1
+    assert (fast.stdout, fast.stderr, fast.reason, fast.exit_code) == \
+        (as_text.stdout, as_text.stderr, as_text.reason, as_text.exit_code)
