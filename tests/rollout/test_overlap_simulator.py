@@ -65,6 +65,25 @@ def _long_tail_batches(n_batches: int) -> list[list[TrajectoryPlan]]:
     return out
 
 
+def _chain_floor_s(plan: TrajectoryPlan, model: ReplicaModel) -> float:
+    """The least time a trajectory can take: every token at batch-1 speed, plus its tool waits."""
+    return sum(t.gen_tokens * model.step_time(1) + t.tool_latency_s for t in plan.turns)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_in_order_admission_gives_each_batch_k_steps_for_its_longest_chain(k):
+    """The bound behind docs/async-rl.md S3.3: batch b is submitted when step b-k-1 ends and
+    trained when step b starts, so that window must hold its slowest trajectory's chain of turns.
+    In the steady state the window is (k+1) periods minus one training step: P >= (C + T) / (k+1)."""
+    batches = _long_tail_batches(6)
+    fast = PhaseTimes(reward_s=0.1, train_s=1.0, sync_s=0.1)
+    res = simulate_overlap(batches, 2, MODEL, LoadBalancedPolicy(), Placement(4, engine_gpus=2), fast,
+                           OverlapConfig(max_staleness=k), steps=5)
+    for b in range(k + 1, 5):
+        window = res.steps[b].start_s - res.steps[b - k - 1].end_s
+        assert window >= max(_chain_floor_s(p, MODEL) for p in batches[b])
+
+
 def test_completion_order_drops_stale_groups_and_counts_them():
     batches = _long_tail_batches(10)
     fast = PhaseTimes(reward_s=0.0, train_s=0.5, sync_s=0.0)
