@@ -9,6 +9,7 @@ rounds. Rows: embedded plain, embedded wrapped in the release's executor templat
 request). The HTTP clients run in this process, from this checkout, against both servers.
 
 Usage:  python benchmarks/bench_sandbox_ab.py --a /work/main --b . [--calls 600] [--rounds 3]
+        [--b-server '{"own_thread": false}']   (the servers' Sandbox kwargs, JSON; A and B may be one tree)
 """
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ async def main():
 asyncio.run(main())
 """
 
-_SERVER = ("import sys; from sandbox.launch import serve_http; from sandbox.server import ServiceConfig; "
-           "serve_http('127.0.0.1', int(sys.argv[1]), {}, ServiceConfig(max_queue=4096), None)")
+_SERVER = ("import json, sys; from sandbox.launch import serve_http; from sandbox.server import ServiceConfig; "
+           "serve_http('127.0.0.1', int(sys.argv[1]), json.loads(sys.argv[2]), ServiceConfig(max_queue=4096), None)")
 
 
 class Runner:
@@ -79,10 +80,11 @@ class Runner:
         self.proc.wait(30)
 
 
-def _server(tree: str, port: int) -> subprocess.Popen:
+def _server(tree: str, port: int, kwargs: str = "{}") -> subprocess.Popen:
     import httpx
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
-    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(port)], env=env, cwd=tree, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(port), kwargs], env=env, cwd=tree,
+                            start_new_session=True)
     for _ in range(600):
         try:
             if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=1).status_code == 200:
@@ -99,7 +101,7 @@ async def main(args) -> dict:
     try:
         for key, tree in trees.items():
             runners[key] = Runner(tree)
-            servers[key] = _server(tree, args.port + (key == "B"))
+            servers[key] = _server(tree, args.port + (key == "B"), args.a_server if key == "A" else args.b_server)
         rows, totals = [], {}
         async with _release_like_client(CONCURRENCY // 8 + 1) as client:
             remotes = {k: RemoteSandbox(f"http://127.0.0.1:{args.port + (k == 'B')}") for k in trees}
@@ -151,6 +153,8 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workloads", default="trivial,sympy")
     parser.add_argument("--port", type=int, default=18200)
+    parser.add_argument("--a-server", default="{}", help='JSON Sandbox kwargs of A\'s server, e.g. {"own_thread": false}')
+    parser.add_argument("--b-server", default="{}", help="JSON Sandbox kwargs of B's server")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     report = asyncio.run(main(args))

@@ -87,12 +87,13 @@ def serve_http(host: str, port: int, sandbox_kwargs: dict, config: ServiceConfig
                redis: RedisConfig | None, log_level: str = "warning") -> None:
     """Serve the code-judge API on an embedded Sandbox, or in front of Redis workers."""
     # Redis front ends run no code; each worker applies the isolation gate itself.
-    # The pool keeps its own thread: started on uvicorn's uvloop loop (Sandbox(own_thread=False)) its
-    # zygote spawns hung in a multithreaded process (docs/sandbox.md, "HTTP path").
+    # A pool on the server's loop (own_thread False) gets asyncio's loop, not uvloop: uvloop's spawn
+    # runs Python in the forked child, and a zygote spawn hung there (docs/sandbox.md, "HTTP path").
+    on_loop = redis is None and sandbox_kwargs.get("own_thread", True) is False
     backend = RedisFrontend(redis) if redis is not None else build_sandbox(sandbox_kwargs)
     print(f"rstar2 sandbox service on http://{host}:{port} "
           f"({'redis ' + redis.url if redis else 'embedded pool'})", file=sys.stderr, flush=True)
-    serve(backend, config, host=host, port=port, log_level=log_level)
+    serve(backend, config, host=host, port=port, log_level=log_level, loop="asyncio" if on_loop else "auto")
 
 
 def serve_workers(redis: RedisConfig, sandbox_kwargs: dict, concurrency: int, procs: int) -> None:

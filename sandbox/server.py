@@ -350,9 +350,9 @@ def create_app(backend: Backend, config: ServiceConfig | None = None) -> FastAPI
 
 
 def serve(backend: Backend, config: ServiceConfig, host: str = "127.0.0.1", port: int = 8088,
-          log_level: str = "warning") -> None:
-    """Serve until interrupted (blocking)."""
+          log_level: str = "warning", loop: str = "auto") -> None:
+    """Serve until interrupted (blocking). `loop`: uvicorn's event loop ("auto" picks uvloop)."""
     import uvicorn
 
     uvicorn.run(create_app(backend, config), host=host, port=port, log_level=log_level,
-                lifespan="on", timeout_keep_alive=30)
+                lifespan="on", timeout_keep_alive=30, loop=loop)
