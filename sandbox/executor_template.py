@@ -137,7 +137,7 @@ KNOWN_PRELUDES = (
     (6176, "4f815061cbcf4e09c894e85eb0dc4095d7aed348d8644b1a4c55cad5496ab976"),
     # rstar2's compact RL runner (rstar2_cli/protocol/code_runner.py, rollout.code_runner "release"),
     # known here by digest only since the sandbox imports nothing from the core; a test pins it
-    (1800, "fe421036730046d2fec3224808f6771e58d3411eaf2dacbfd5a06cce8db4d450"),
+    (1814, "0e420e55c36c5c38a4af2fbcb12f3b329c06d0e0d85fbc2b8194ea721977475c"),
 )
 
 

@@ -18,6 +18,8 @@ expression, which then usually falls outside it and leaves the message without a
 template (base64 payload, notebook class), because it benchmarks the sandbox with what the release's
 client sends; this compact runner is the one RL pays for on every call. A test pins the two together.
 
+The runner imports base64 by name, never through `__import__`: the sandbox's static scan sends any
+`__import__` to its heavy (sympy-loaded) tier, whose forks cost more, and every RL call would pay it.
 The sandbox knows this runner's text (everything before the call line) by its SHA-256
 (`sandbox.executor_template.KNOWN_PRELUDES`) and runs it through its template fast path: the
 runner is defined once per zygote and each call's parse and compiles are done before the fork. Any
@@ -30,6 +32,7 @@ import base64
 
 _RUNNER = r'''
 import ast
+import base64
 import sys
 
 
@@ -83,4 +86,4 @@ def _rstar2_release_runner(code):
 def release_runner_source(code: str) -> str:
     """A program that runs `code` as the release's executor does (module docstring)."""
     payload = base64.b64encode(code.encode()).decode()
-    return _RUNNER + f'_rstar2_release_runner(__import__("base64").b64decode("{payload}").decode())\n'
+    return _RUNNER + f'_rstar2_release_runner(base64.b64decode("{payload}").decode())\n'

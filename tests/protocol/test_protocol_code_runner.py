@@ -91,3 +91,14 @@ def test_the_rl_runner_prints_the_same_on_the_fast_path(sandbox_pool, code):
     assert sandbox_pool.stats()["fast_template"] == before + 1
     assert (fast.stdout, fast.stderr, fast.reason, fast.exit_code) == \
         (as_text.stdout, as_text.stderr, as_text.reason, as_text.exit_code)
+
+
+def test_the_rl_runner_keeps_stdlib_snippets_on_the_light_tier():
+    """The wrapper itself must not look like a hidden import (`__import__` sends a call to the
+    sympy-loaded tier, whose forks cost more): only the snippet's own imports choose the tier."""
+    from sandbox.tiers import fits_light
+
+    heavy = ("sympy", "numpy")
+    assert fits_light(release_runner_source("print(6 * 7)"), heavy)
+    assert fits_light(release_runner_source("import math\nmath.comb(5, 2)"), heavy)
+    assert not fits_light(release_runner_source("import sympy\nsympy.factorint(12)"), heavy)
