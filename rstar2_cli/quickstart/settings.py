@@ -58,9 +58,8 @@ class QuickstartSettings(BaseModel):
     sft_lr: float = Field(3e-3, gt=0)
     sft_batch_size: int = Field(16, ge=1)
     mix_guess: float = Field(0.5, ge=0)
-    mix_buggy_repair: float = Field(0.2, ge=0)
-    mix_sloppy: float = Field(0.15, ge=0)
-    mix_correct: float = Field(0.15, ge=0)
+    mix_buggy_repair: float = Field(0.25, ge=0)
+    mix_correct: float = Field(0.25, ge=0)
     # RL
     rl_steps: int = Field(24, ge=1)
     prompts_per_step: int = Field(32, ge=1)
@@ -76,7 +75,7 @@ class QuickstartSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "QuickstartSettings":
-        if self.mix_guess + self.mix_buggy_repair + self.mix_sloppy + self.mix_correct <= 0:
+        if self.mix_guess + self.mix_buggy_repair + self.mix_correct <= 0:
             raise ValueError("the SFT behaviour mix (mix_*) must not be all zero")
         if self.sft_examples > self.n_train:
             raise ValueError(f"sft_examples ({self.sft_examples}) must be <= n_train ({self.n_train})")
