@@ -33,8 +33,8 @@ TOOL = "python_code_with_standard_io"
 @dataclass(frozen=True)
 class BehaviourMix:
     guess: float = 0.5
-    buggy_repair: float = 0.25
-    correct: float = 0.25
+    buggy_repair: float = 0.35
+    correct: float = 0.15
 
     def pick(self, rng: random.Random) -> str:
         weights = [("guess", self.guess), ("buggy_repair", self.buggy_repair), ("correct", self.correct)]
