@@ -36,7 +36,7 @@ SMOKE = dict(n_train=64, n_heldout=8, sft_examples=64, sft_steps=20, sft_batch_s
 # What the SFT checkpoint depends on: a cached one is reused only if all of these match.
 SFT_KEYS = ("seed", "n_train", "n_heldout", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
             "head_dim", "sft_examples", "sft_steps", "sft_lr", "sft_batch_size", "mix_guess", "mix_buggy_repair",
-            "mix_sloppy", "mix_correct")
+            "mix_correct")
 
 
 def make_settings(args: argparse.Namespace):

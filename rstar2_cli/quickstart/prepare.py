@@ -61,7 +61,7 @@ def prepare_toy(s: QuickstartSettings, root: Path) -> PreparedToy:
     async def sft_rows() -> list[dict[str, Any]]:
         async with Sandbox(workers=2, limits=Limits(timeout=5.0, cpu_time=5.0, memory_mb=512)) as box:
             return await make_sft_rows(train[: s.sft_examples], s.seed, box,
-                                       mix=BehaviourMix(s.mix_guess, s.mix_buggy_repair, s.mix_correct, s.mix_sloppy),
+                                       mix=BehaviourMix(s.mix_guess, s.mix_buggy_repair, s.mix_correct),
                                        max_chars=512, system_prompt=TOY_SYSTEM_PROMPT, tools_in_prompt=False)
 
     rows = asyncio.run(sft_rows())

@@ -27,7 +27,9 @@ TOY_PROTOCOL: dict[str, Any] = {"max_calls_per_turn": 1, "tool_timeout": 5.0, "t
 
 # Each preset: problems, model size, SFT and RL lengths. `full` is the default quickstart.
 PRESETS: dict[str, dict[str, Any]] = {
-    "full": dict(n_train=2000, n_heldout=100, sft_examples=1500, sft_steps=300, rl_steps=24,
+    # 450 SFT steps: a sharper copier repairs as reliably as it calls cleanly at the RL temperature
+    # (seed 1 at T = 1: the repair route 93 % right against 93 % for a clean call; 70 % / 71 % at 300)
+    "full": dict(n_train=2000, n_heldout=100, sft_examples=1500, sft_steps=450, rl_steps=24,
                  prompts_per_step=32, eval_every=4, eval_samples=1),
     "smoke": dict(n_train=1500, n_heldout=64, sft_examples=1500, sft_steps=300, rl_steps=6,
                   prompts_per_step=32, eval_every=3, eval_samples=1),
@@ -57,9 +59,9 @@ class QuickstartSettings(BaseModel):
     sft_steps: int = Field(300, ge=1)              # copying operands emerges after ~150-250 steps
     sft_lr: float = Field(3e-3, gt=0)
     sft_batch_size: int = Field(16, ge=1)
+    # the typo in most tool calls: more post-error examples, fewer give-ups after an error (toy_sft_data)
     mix_guess: float = Field(0.5, ge=0)
-    mix_buggy_repair: float = Field(0.2, ge=0)
-    mix_sloppy: float = Field(0.15, ge=0)
+    mix_buggy_repair: float = Field(0.35, ge=0)
     mix_correct: float = Field(0.15, ge=0)
     # RL
     rl_steps: int = Field(24, ge=1)
@@ -76,7 +78,7 @@ class QuickstartSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "QuickstartSettings":
-        if self.mix_guess + self.mix_buggy_repair + self.mix_sloppy + self.mix_correct <= 0:
+        if self.mix_guess + self.mix_buggy_repair + self.mix_correct <= 0:
             raise ValueError("the SFT behaviour mix (mix_*) must not be all zero")
         if self.sft_examples > self.n_train:
             raise ValueError(f"sft_examples ({self.sft_examples}) must be <= n_train ({self.n_train})")

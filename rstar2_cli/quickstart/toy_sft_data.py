@@ -1,15 +1,19 @@
 """SFT conversations for the toy task, with deliberately imperfect behaviour.
 
 The SFT start must leave room for RL: if SFT taught perfect tool use there would be nothing to
-learn. So the data mixes three behaviours, in fixed proportions:
+learn. So the data mixes three behaviours, in fixed proportions (`BehaviourMix`):
   * guess: answer straight away with a plausible but (almost always) wrong number;
-  * buggy then repair: a first call with a bug (syntax error, misspelt name), the sandbox's real
-    error message, then a corrected call and the right answer;
-  * sloppy: one call that prints the result and then crashes (NameError), the answer copied
-    from the output: correct, but with a tool error (what RoC is meant to filter out);
+  * buggy then repair: a first call with a typo (an unclosed bracket), the sandbox's real
+    SyntaxError, then the repaired call and the right answer;
   * correct tool use: one call, its output, the answer.
-RL should learn to stop guessing (accuracy rises) and, with RoC, to stop making the errors that
-the buggy-then-repair positives carry (tool-error ratio in positives falls).
+RL should learn to stop guessing (accuracy rises) and, with RoC, to stop making the typo that the
+buggy-then-repair positives carry (tool-error ratio in positives falls). The repair route ends
+right about as often as the clean one (see `_buggy_code`), so under plain GRPO, whose reward sees
+only the outcome, the errors persist in positives: the paper's Fig. 4 setting.
+
+Why no "right output, then a crash" route: the toy model copies the answer from a fixed distance
+before `\\boxed{`, and an error text printed after the result moves it, so that route almost never
+ended right at the SFT start (0 of 40 samples on seed 0) and plain GRPO removed it at once.
 
 Tool responses are produced by running the code in the real sandbox and formatting the result
 with the same function the agent loop uses, so SFT text matches RL rollouts byte for byte.
@@ -29,13 +33,11 @@ TOOL = "python_code_with_standard_io"
 @dataclass(frozen=True)
 class BehaviourMix:
     guess: float = 0.5
-    buggy_repair: float = 0.2
-    correct: float = 0.3
-    sloppy: float = 0.0
+    buggy_repair: float = 0.35
+    correct: float = 0.15
 
     def pick(self, rng: random.Random) -> str:
-        weights = [("guess", self.guess), ("buggy_repair", self.buggy_repair), ("sloppy", self.sloppy),
-                   ("correct", self.correct)]
+        weights = [("guess", self.guess), ("buggy_repair", self.buggy_repair), ("correct", self.correct)]
         x = rng.random() * sum(w for _, w in weights)
         for name, w in weights:
             if x < w:
@@ -58,15 +60,17 @@ def _wrong_guess(p: ToyProblem, rng: random.Random) -> int:
     return guess if guess != true else true + rng.randint(1, 9)
 
 
-def _buggy_code(p: ToyProblem, rng: random.Random) -> str:
-    """A call that fails. The sandbox echoes the failing line, so the repair can copy the
-    expression from the error message right above it (a short copy a tiny model learns)."""
-    kind = rng.randrange(3)
-    if kind == 0:
-        return f"print({p.expression}"                 # SyntaxError: '(' was never closed
-    if kind == 1:
-        return f"pritn({p.expression})"                # NameError: name 'pritn' is not defined
-    return f"print({p.expression}))"                   # SyntaxError: unmatched ')'
+def _buggy_code(p: ToyProblem) -> str:
+    """The recoverable bug: the call forgets its closing bracket, a typo a programmer makes. The
+    sandbox's real SyntaxError ends by echoing the line, so the repair copies the expression from
+    the line right above it and closes the bracket; the repaired call's output is then laid out
+    exactly like a clean call's. A tiny model copies by position, so every copy in this route (the
+    expression from the problem, the repair from the echo, the answer from the output) is a copy
+    at a fixed distance, and the route ends right about as often as a clean call does: plain
+    GRPO, whose reward sees only the outcome, has little reason to drop the error; RoC, which
+    prefers positives with fewer failed calls, does (the paper's Fig. 4 setting). In RL the model
+    samples the typo itself; the sandbox runs whatever it wrote."""
+    return f"print({p.expression}"                     # SyntaxError: '(' was never closed
 
 
 def plan_conversation(p: ToyProblem, behaviour: str, rng: random.Random,
@@ -84,12 +88,9 @@ def plan_conversation(p: ToyProblem, behaviour: str, rng: random.Random,
         msgs.append({"role": "assistant",
                      "content": f"<reason>I can do this in my head.</reason>\n<answer>\\boxed{{{g}}}</answer>"})
         return msgs
-    if behaviour == "sloppy":                          # right output, then a crash: a messy positive
+    if behaviour == "buggy_repair":
         msgs.append({"role": "assistant", "content": "<reason>Let me compute it with Python.</reason>",
-                     "tool_calls": [_call(f"{good}\nprint(ans)")]})
-    elif behaviour == "buggy_repair":
-        msgs.append({"role": "assistant", "content": "<reason>Let me compute it with Python.</reason>",
-                     "tool_calls": [_call(_buggy_code(p, rng))]})
+                     "tool_calls": [_call(_buggy_code(p))]})
         msgs.append({"role": "tool", "content": None})
         msgs.append({"role": "assistant", "content": "<reason>The code had a bug; fix it.</reason>",
                      "tool_calls": [_call(good)]})

@@ -68,22 +68,29 @@ class _EchoSandbox:
 
 def test_sft_rows_mix_behaviours_and_carry_real_tool_outputs():
     train, _ = make_toy_split(0, 300, 10)
-    rows = asyncio.run(make_sft_rows(train, 0, _EchoSandbox(), mix=BehaviourMix(0.3, 0.2, 0.2, 0.3),
+    rows = asyncio.run(make_sft_rows(train, 0, _EchoSandbox(), mix=BehaviourMix(0.3, 0.3, 0.4),
                                      system_prompt=TOY_SYSTEM_PROMPT, tools_in_prompt=False))
     kinds = {r["behaviour"] for r in rows}
-    assert kinds == {"guess", "buggy_repair", "sloppy", "correct"}
+    assert kinds == {"guess", "buggy_repair", "correct"}
     for p, r in zip(train, rows):
         msgs = r["messages"]
         assert r["tools"] is None
         assert msgs[0] == {"role": "system", "content": TOY_SYSTEM_PROMPT}
         final = msgs[-1]["content"]
         tool_texts = [m["content"] for m in msgs if m["role"] == "tool"]
+        codes = [m["tool_calls"][0]["arguments"]["code"] for m in msgs if m.get("tool_calls")]
         if r["behaviour"] == "guess":
             assert not tool_texts and f"\\boxed{{{p.answer}}}" not in final
+            continue
+        # every tool-using route ends on the clean call and its one-line output, then the answer
+        assert codes[-1] == f"print({p.expression})" and tool_texts[-1] == p.answer
+        assert f"\\boxed{{{p.answer}}}" in final
+        if r["behaviour"] == "buggy_repair":
+            # the model's own typo, the interpreter's real error, which echoes the line the repair copies
+            assert len(codes) == 2 and codes[0] == f"print({p.expression}"
+            assert "SyntaxError" in tool_texts[0] and codes[0] in tool_texts[0]
         else:
-            assert tool_texts[-1].splitlines()[0] == p.answer and f"\\boxed{{{p.answer}}}" in final
-        if r["behaviour"] in ("buggy_repair", "sloppy"):
-            assert "Error" in tool_texts[0]
+            assert len(codes) == 1
 
 
 def test_sft_prompt_tokens_equal_agent_loop_prompt(tiny_model):
