@@ -24,17 +24,21 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from rstar2_cli.quickstart.settings import TOY_PROTOCOL
+from rstar2_cli.quickstart.settings import TOY_PROTOCOL, QuickstartSettings
 from rstar2_cli.quickstart.toy_task import ToyProblem
 
 TOOL = "python_code_with_standard_io"
 
 
+_DEFAULT = {name: QuickstartSettings.model_fields[f"mix_{name}"].default for name in ("guess", "buggy_repair", "correct")}
+
+
 @dataclass(frozen=True)
 class BehaviourMix:
-    guess: float = 0.5
-    buggy_repair: float = 0.35
-    correct: float = 0.15
+    """Route weights; the defaults are the quickstart settings' `mix_*` (one place, with its reason)."""
+    guess: float = _DEFAULT["guess"]
+    buggy_repair: float = _DEFAULT["buggy_repair"]
+    correct: float = _DEFAULT["correct"]
 
     def pick(self, rng: random.Random) -> str:
         weights = [("guess", self.guess), ("buggy_repair", self.buggy_repair), ("correct", self.correct)]
