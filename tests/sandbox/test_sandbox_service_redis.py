@@ -128,6 +128,26 @@ async def test_killed_worker_call_is_requeued_to_a_live_worker(redis_url, worker
     assert killed in [p.pid for p in procs]
 
 
+async def test_calls_admitted_in_one_round_share_one_lpush(redis_url):
+    """The front end enqueues every call of one event-loop round with a single LPUSH (one round
+    trip, one connection, however many calls); how many rounds a long batch takes is a timing,
+    measured by `rstar2 bench-tools --client redis`, not asserted here."""
+    cfg = RedisConfig(redis_url, namespace="t-push", lease=2.0)
+    r = redis.Redis.from_url(redis_url)
+    front = RedisFrontend(cfg)
+    await front.start()
+    try:
+        calls = [asyncio.ensure_future(front.run(f"print({i})")) for i in range(200)]  # no worker: they wait
+        await asyncio.to_thread(wait_for, lambda: r.llen(cfg.queue) == 200, "200 queued calls", 10)
+        assert front.stats()["pushes"] == 1
+        for c in calls:
+            c.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        await front.close()
+        r.delete(cfg.queue)
+
+
 async def test_killed_worker_call_gets_an_error_result(redis_url, workers):
     cfg = RedisConfig(redis_url, namespace="t-fail", lease=2.0, max_attempts=1)
     r = redis.Redis.from_url(redis_url)
@@ -188,6 +208,5 @@ def test_rl_sized_long_batch_survives_a_host_dying(redis_url, workers):
              if not res["run_success"] or res["stdout"] != f"{i * 3}\n"]
     assert wrong == []
     assert stats["completed"] == n and stats["errors"] == 0 and stats["reaped"] >= 1
-    assert stats["pushes"] < n // 2  # calls admitted in one round share one LPUSH
     # 3 processes x max_connections, plus this test's own client
     assert clients <= 3 * cfg.max_connections + 1
