@@ -194,13 +194,39 @@ def grpo_config(spec: TrlRunSpec, out_dir: str | Path):
     )
 
 
+def reload_weights_in_place(generation) -> None:
+    """TRL's colocated weight sync through vLLM's own in-place reload.
+
+    TRL's `VLLMGeneration.sync_weights` calls `model.load_weights` on the engine's model. On a CPU
+    with oneDNN (AVX-512, e.g. AMD EPYC), vLLM 0.32 packs every linear layer's weight after loading
+    and replaces `layer.weight` with an empty Parameter that has no `weight_loader`
+    (`dispatch_cpu_unquantized_gemm(layer, remove_weight=True)` in
+    vllm/model_executor/layers/utils.py), so the second load raises AttributeError. The model
+    runner's `reload_weights(weights_iterator=...)` restores the layers, loads, and re-packs
+    (vllm/model_executor/model_loader/reload/), the same layerwise path rstar2's engines use. The
+    tensors and their names are TRL's own (`_iter_named_params`), so nothing else changes."""
+    if generation.enable_sleep_mode:   # as TRL's own sync: weights must be mapped before loading
+        generation.llm.wake_up(tags=["weights"])
+        generation._llm_weights_sleeping = False
+    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+    runner.reload_weights(weights_iterator=generation._iter_named_params())
+    generation.llm.reset_prefix_cache()
+
+
 def timed_trainer_class():
-    """GRPOTrainer with generation and reward timers (tools are timed by their ToolClock)."""
+    """GRPOTrainer with generation and reward timers (tools are timed by their ToolClock), and
+    colocated vLLM weight sync through vLLM's in-place reload (`reload_weights_in_place`)."""
     from trl import GRPOTrainer
 
     class TimedGRPOTrainer(GRPOTrainer):
         generation_seconds = 0.0
         reward_seconds = 0.0
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            generation = getattr(self, "vllm_generation", None)
+            if generation is not None and generation.mode == "colocate":
+                generation.sync_weights = lambda: reload_weights_in_place(generation)
 
         def _generate_single_turn(self, *args, **kwargs):
             t = time.perf_counter()
