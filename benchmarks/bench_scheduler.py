@@ -6,7 +6,7 @@
     this process on the same engines, static first then balanced, `--reps` times each.
 (b) simulator: 64-GPU settings (`--sim-preset`: 16 replicas x TP4 on H100, or the paper's 64 x
     MI300X with one replica per GPU; 512 prompts x 32 rollouts) through the same policy code
-    (`rstar2_cli.rollout.simulator`), for several seeds.
+    (`benchmarks/sim/rollout.py`), for several seeds.
 
 Reports makespan ratios (balanced / static; target <= 0.8) in a rich table and, with --json, a file.
 
@@ -30,7 +30,7 @@ from rich.table import Table
 
 from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPolicy, LoadBalancedScheduler,
                                           RoundRobinPolicy, RoundRobinScheduler)
-from rstar2_cli.rollout.simulator import ReplicaModel, TrajectoryPlan, WorkloadSpec, make_workload, simulate
+from sim.rollout import ReplicaModel, TrajectoryPlan, WorkloadSpec, make_workload, simulate
 
 REAL_SPEC = WorkloadSpec(num_prompts=5, rollouts_per_prompt=4, prompt_tokens=(16, 32), long_fraction=0.2,
                          prompt_correlation=0.0, long_turns=(6, 10), long_turn_tokens=(24, 48),

@@ -10,9 +10,9 @@ within 5 minutes on one GPU; it has NOT been run yet (no GPU was at hand when it
     python benchmarks/gpu_smoke.py --tiny --device cpu  # wiring check on a laptop
 
 Needs only torch + transformers and this source tree (no `pip install`): it puts the repo root
-on sys.path. The baseline, measured in the same process, is a plain bf16 forward/backward +
+and benchmarks/ on sys.path. The baseline, measured in the same process, is a plain bf16 forward/backward +
 AdamW step on the same packed micro-batches; the policy update is reported as a ratio to it.
-FLOP convention and peak table: rstar2_cli/launch/smoke_model.py. Sharded load: the model is
+FLOP convention and peak table: benchmarks/smoke_model.py. Sharded load: the model is
 saved as a bf16 HF checkpoint and built again as the trainer builds it under torchrun
 (rl/model_load.py: meta device, fully_shard, local shards from safetensors slices; a 1-rank
 process group when not under torchrun); load time, GPU peak and host RSS growth are reported.
@@ -29,10 +29,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from rstar2_cli.launch import smoke_model as sm  # noqa: E402
+import smoke_model as sm  # noqa: E402
 
 
 def plain_step(model, optimizer, batches) -> None:

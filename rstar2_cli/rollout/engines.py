@@ -11,35 +11,32 @@ interleaves them. The engine runs on its own event-loop thread so callers may us
 event loop (several `asyncio.run` calls, pytest loops) and through the synchronous
 `generate_batch`.
 
-Weight sync: on GPU through vLLM's weight-transfer API (`weight_transfer.py`: ipc or nccl, set
-up at construction with `weight_transfer=`). The chunked path, for CPU and as the fallback: the
-trainer hands over its full state dict as (name, tensor) pairs; they travel to the engine-core
-process as safetensors bytes in bounded chunks and are loaded in place by a small worker
-extension (`VLLMWeightSyncExtension`, the same layerwise path as vLLM's `reload_weights`), then
-the prefix cache is reset so no KV computed with old weights is reused. Every result carries
-the `weights_version` that generated it. Asynchronous RL (`train.max_staleness` >= 1) updates
-replicas while rollouts run: `pause_for_update` (vLLM's pause_generation, mode "wait") lets the
-running turns finish on the old weights and queues new ones until `resume_after_update`, so a
-weight update lands between requests, never inside a turn.
+Weight sync lives in `weight_transfer.py` (ipc, nccl or chunked, set up at construction with
+`weight_transfer=`); the engine gives it `collective_rpc`, `submit_llm_call`, `inflight`,
+`weight_chunk_bytes` and `weights_version`. `update_weights` is the chunked path for this replica
+alone. Every result carries the `weights_version` that generated it. Asynchronous RL
+(`train.max_staleness` >= 1) updates replicas while rollouts run: `pause_for_update` (vLLM's
+pause_generation, mode "wait") lets the running turns finish on the old weights and queues new
+ones until `resume_after_update`, so a weight update lands between requests, never inside a turn.
 
-GPU placement (`from_config(..., gpu_ids=...)`): vLLM V1 runs the model in an engine-core process
-that it spawns at construction, and that process (and its tensor-parallel workers) inherits the
-environment at spawn. So a replica is put on given GPUs by setting `CUDA_VISIBLE_DEVICES` to
-them while the engine is built, then restoring it; the trainer process keeps its own device.
+GPU placement (`from_config(..., gpu_ids=...)`): `gpu_visibility.visible_gpus` while the engine is
+built, so the engine-core process vLLM spawns gets those GPUs; the trainer keeps its own device.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import os
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from rstar2_cli.rollout.gpu_visibility import visible_gpus
+from rstar2_cli.rollout.weight_transfer import engine_weight_sync_args, push_weights
 
 if TYPE_CHECKING:
     import torch
@@ -99,71 +96,6 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
-def pack_weight_chunks(named_tensors: Iterable[tuple[str, "torch.Tensor"]],
-                       chunk_bytes: int) -> Iterator[bytes]:
-    """Serialize (name, tensor) pairs into safetensors blobs of about `chunk_bytes` each."""
-    from safetensors.torch import save
-
-    chunk: dict[str, Any] = {}
-    size = 0
-    for name, tensor in named_tensors:
-        t = tensor.detach().to("cpu").contiguous()
-        chunk[name] = t
-        size += t.numel() * t.element_size()
-        if size >= chunk_bytes:
-            yield save(chunk)
-            chunk, size = {}, 0
-    if chunk:
-        yield save(chunk)
-
-
-async def push_weights(engines: list["VLLMEngine"], named_tensors: Iterable[tuple[str, "torch.Tensor"]],
-                       *, paused: bool = False) -> None:
-    """Load one full state dict into several replicas: each chunk is serialized once and sent to
-    all of them at once (a host with 8 replicas would otherwise pack the model 8 times).
-
-    `paused`: the replicas were paused for the update (`pause_for_update`, asynchronous RL), so
-    requests may be queued; otherwise (synchronous RL) a generation in flight is an error. Each
-    replica's `weights_version` goes up by one."""
-    busy = [e._inflight for e in engines if e._inflight]
-    if busy and not paused:
-        raise RuntimeError(f"update_weights called with {busy[0]} generation(s) in flight; "
-                           "finish the rollout first")
-    await asyncio.gather(*(e._rpc("rstar2_begin_weight_update") for e in engines))
-    for blob in pack_weight_chunks(named_tensors, min(e._weight_chunk_bytes for e in engines)):
-        await asyncio.gather(*(e._rpc("rstar2_load_weight_chunk", blob) for e in engines))
-    await asyncio.gather(*(e._rpc("rstar2_finish_weight_update") for e in engines))
-    await asyncio.gather(*(e.reset_prefix_cache() for e in engines))
-    for e in engines:
-        e.weights_version += 1
-
-
-class VLLMWeightSyncExtension:
-    """Mixed into every vLLM worker (`worker_extension_cls`) so `collective_rpc` can load weights
-    sent as bytes; tensors themselves do not survive vLLM's RPC serialization."""
-
-    def rstar2_begin_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model_runner.get_model())  # type: ignore[attr-defined]
-        self.rstar2_loaded_names = set()
-
-    def rstar2_load_weight_chunk(self, blob: bytes) -> int:
-        from safetensors.torch import load
-
-        tensors = load(blob)
-        self.model_runner.get_model().load_weights(iter(tensors.items()))  # type: ignore[attr-defined]
-        self.rstar2_loaded_names.update(tensors)
-        return len(tensors)
-
-    def rstar2_finish_weight_update(self) -> int:
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
-
-        runner = self.model_runner  # type: ignore[attr-defined]
-        finalize_layerwise_reload(runner.get_model(), runner.vllm_config.model_config)
-        return len(self.rstar2_loaded_names)
-
-
 def _to_result(out: Any, want_logprobs: bool, version: int = 0) -> GenResult:
     """vLLM `CompletionOutput` -> GenResult (sampled-token logprobs, stop token identified)."""
     ids = list(out.token_ids)
@@ -176,31 +108,6 @@ def _to_result(out: Any, want_logprobs: bool, version: int = 0) -> GenResult:
         stop_id = ids[-1]            # EOS: vLLM reports stop_reason=None, the id is the last token
     return GenResult(token_ids=ids, logprobs=logprobs, finish_reason=finish, stop_token_id=stop_id,
                      policy_version=version)
-
-
-@contextlib.contextmanager
-def visible_gpus(gpu_ids: Sequence[int]) -> Iterator[str]:
-    """Set CUDA_VISIBLE_DEVICES to `gpu_ids` for processes spawned inside the block, then restore
-    it. Ids index the process's current CUDA_VISIBLE_DEVICES when set (`4,5,6,7` and ids 0,1 give
-    `4,5`), else they are physical ids. Yields the value set."""
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = [d.strip() for d in before.split(",") if d.strip()] if before else None
-    chosen = []
-    for g in gpu_ids:
-        if g < 0:
-            raise ValueError(f"gpu id {g}: must be >= 0")
-        if visible is not None and g >= len(visible):
-            raise ValueError(f"gpu id {g} is not one of the {len(visible)} devices in "
-                             f"CUDA_VISIBLE_DEVICES={before!r}")
-        chosen.append(visible[g] if visible is not None else str(g))
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
-    try:
-        yield os.environ["CUDA_VISIBLE_DEVICES"]
-    finally:
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 class VLLMEngine:
@@ -222,7 +129,7 @@ class VLLMEngine:
         self._pending_version: int | None = None   # set while paused for an update
         self._busy_since = 0.0
         self._busy_total = 0.0
-        self._weight_chunk_bytes = weight_chunk_bytes
+        self.weight_chunk_bytes = weight_chunk_bytes   # the chunked path's safetensors blob size
         try:
             self._llm = self._call(self._start(engine_args))
         except BaseException:
@@ -260,13 +167,6 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        transfer = None
-        if weight_transfer in ("ipc", "nccl"):
-            from vllm.config import WeightTransferConfig
-
-            transfer = WeightTransferConfig(backend=weight_transfer)
-            if weight_transfer == "ipc":   # IPC handles travel pickled (weight_transfer.EngineSyncClient)
-                os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
         blocks = block = None
         if kv_cache_tokens is not None:
@@ -284,7 +184,7 @@ class VLLMEngine:
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
             max_num_seqs=cfg.max_num_seqs, num_gpu_blocks_override=blocks, block_size=block,
-            worker_extension_cls=f"{__name__}.VLLMWeightSyncExtension", weight_transfer_config=transfer,
+            **engine_weight_sync_args(weight_transfer),
             enable_sleep_mode=bool(cfg.colocate and not on_cpu),   # training shares the GPUs
             disable_log_stats=True,   # no periodic log lines; our stat logger still gets stats
         )
@@ -410,8 +310,9 @@ class VLLMEngine:
         weight-transfer calls); the caller waits on the returned future."""
         return asyncio.run_coroutine_threadsafe(getattr(self._llm, method)(*args), self._loop)
 
-    async def _rpc(self, method: str, *args: Any) -> list:
-        """collective_rpc to this replica's workers, from any event loop."""
+    async def collective_rpc(self, method: str, *args: Any) -> list:
+        """`AsyncLLM.collective_rpc` to this replica's workers (the weight-sync extension's
+        methods), from any event loop; one result per worker."""
         return await self._on_loop(self._llm.collective_rpc(method, args=args))
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:

@@ -28,7 +28,8 @@ turn goes to the least-loaded replica (same measure as above) and every later tu
 whatever its load (it holds the prefix). SkyRL pins a trajectory to `hash(id) mod N`; this is the
 same stickiness with a load-aware placement of new trajectories.
 
-The policies are pure (no asyncio), so the discrete-event simulator uses exactly the same code.
+The policies are pure (no asyncio), so the discrete-event simulator (`benchmarks/sim/`) uses
+exactly the same code.
 """
 from __future__ import annotations
 

@@ -3,15 +3,10 @@ the smoke-sized comparison runs both trainers end to end and reports their curve
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import trl_baseline as tb  # noqa: E402
+import trl_baseline as tb
 
 SYSTEM = "You may call the python tool. Put the final answer in \\boxed{}."
 

@@ -113,7 +113,7 @@ def test_visible_gpus_maps_through_the_process_visibility_and_restores_it(monkey
     """An engine's GPU group becomes CUDA_VISIBLE_DEVICES of the engine-core process it spawns."""
     import os
 
-    from rstar2_cli.rollout.engines import visible_gpus
+    from rstar2_cli.rollout.gpu_visibility import visible_gpus
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with visible_gpus((2, 3)) as value:

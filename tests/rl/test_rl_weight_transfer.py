@@ -2,12 +2,14 @@
 with fakes for the GPU-only parts (vLLM's trainer engines, the replicas)."""
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future
 
 import pytest
 import torch
 
-from rstar2_cli.rollout.weight_transfer import EngineSyncClient, WeightPusher, choose_backend, policy_weight_source
+from rstar2_cli.rollout.weight_transfer import (EngineSyncClient, WeightPusher, choose_backend, engine_weight_sync_args,
+                                                policy_weight_source)
 
 
 @pytest.mark.parametrize("requested, on_gpu, colocate, expected", [
@@ -149,3 +151,17 @@ def test_client_fans_each_call_out_to_every_replica():
         request = e.calls[1][1]
         assert "ipc_handles" not in request.update_info            # pickled for vLLM's msgpack RPC
         assert request.update_info["ipc_handles_pickled"]
+
+
+@pytest.mark.parametrize("backend", ["chunked", "ipc", "nccl"])
+def test_engine_args_name_the_worker_extension_and_vllms_transfer_backend(backend, monkeypatch):
+    import importlib
+
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    args = engine_weight_sync_args(backend)
+    module, _, name = args["worker_extension_cls"].rpartition(".")
+    assert hasattr(getattr(importlib.import_module(module), name), "rstar2_load_weight_chunk")
+    transfer = args["weight_transfer_config"]
+    assert (transfer is None) if backend == "chunked" else (transfer.backend == backend)
+    # only ipc payloads travel pickled (EngineSyncClient), so only ipc engines accept them
+    assert (os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") == "1") == (backend == "ipc")

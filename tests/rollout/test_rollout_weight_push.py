@@ -1,55 +1,110 @@
-"""push_weights: one serialization of the weights, loaded by every replica of a host."""
+"""The chunked weight path: one serialization of the weights, loaded by every replica of a host,
+refused while generations are in flight unless the replicas were paused for it."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rstar2_cli.rollout import engines
+from rstar2_cli.rollout import weight_transfer
 
 
 class _Replica:
-    """Stands in for a VLLMEngine: records the worker RPCs it receives."""
+    """Stands in for a VLLMEngine: records the worker RPCs and engine calls it receives."""
 
     def __init__(self, inflight: int = 0) -> None:
-        self._inflight, self._weight_chunk_bytes, self.calls = inflight, 64, []
+        self.inflight, self.weight_chunk_bytes, self.calls = inflight, 64, []
         self.weights_version = 0
 
-    async def _rpc(self, method, *args):
+    async def collective_rpc(self, method, *args):
         self.calls.append((method, *args))
         return [0]
 
     async def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
 
+    async def pause_for_update(self):
+        self.calls.append(("pause_for_update",))
 
-async def test_each_chunk_is_packed_once_and_every_replica_loads_it_in_order(monkeypatch):
+    async def resume_after_update(self):
+        self.calls.append(("resume_after_update",))
+
+
+class _Policy:
+    """Stands in for PolicyTrainer: the full state it hands to host ranks, nothing elsewhere."""
+
+    def __init__(self, named) -> None:
+        self.named, self.keeps = named, []
+
+    def full_state_for_engines(self, keep: bool):
+        self.keeps.append(keep)
+        return list(self.named) if keep else []
+
+
+def _counting_pack(monkeypatch) -> list[bytes]:
     packed = []
-    real_pack = engines.pack_weight_chunks
+    real_pack = weight_transfer.pack_weight_chunks
 
     def counting_pack(named, chunk_bytes):
         for blob in real_pack(named, chunk_bytes):
             packed.append(blob)
             yield blob
 
-    monkeypatch.setattr(engines, "pack_weight_chunks", counting_pack)
+    monkeypatch.setattr(weight_transfer, "pack_weight_chunks", counting_pack)
+    return packed
+
+
+def _loaded(packed: list[bytes]) -> list[tuple]:
+    return ([("rstar2_begin_weight_update",)] + [("rstar2_load_weight_chunk", b) for b in packed]
+            + [("rstar2_finish_weight_update",), ("reset_prefix_cache",)])
+
+
+async def test_each_chunk_is_packed_once_and_every_replica_loads_it_in_order(monkeypatch):
+    packed = _counting_pack(monkeypatch)
     replicas = [_Replica() for _ in range(3)]
     named = [(f"w{i}", torch.full((16,), float(i))) for i in range(4)]  # 64 bytes each: one chunk each
-    await engines.push_weights(replicas, iter(named))
+    await weight_transfer.push_weights(replicas, iter(named))
     assert len(packed) == 4
-    expected = ([("rstar2_begin_weight_update",)] + [("rstar2_load_weight_chunk", b) for b in packed]
-                + [("rstar2_finish_weight_update",), ("reset_prefix_cache",)])
-    assert all(r.calls == expected for r in replicas)
+    assert all(r.calls == _loaded(packed) for r in replicas)
     assert all(r.weights_version == 1 for r in replicas)
 
 
 async def test_a_replica_with_generations_in_flight_refuses_the_update():
     replicas = [_Replica(), _Replica(inflight=2)]
     with pytest.raises(RuntimeError, match="2 generation"):
-        await engines.push_weights(replicas, iter([("w", torch.zeros(2))]))
+        await weight_transfer.push_weights(replicas, iter([("w", torch.zeros(2))]))
     assert all(r.calls == [] for r in replicas)
 
 
 async def test_a_paused_replica_takes_the_update_with_requests_queued():
     replicas = [_Replica(), _Replica(inflight=2)]       # asynchronous RL: paused, turns waiting
-    await engines.push_weights(replicas, iter([("w", torch.zeros(2))]), paused=True)
+    await weight_transfer.push_weights(replicas, iter([("w", torch.zeros(2))]), paused=True)
     assert all(r.calls[-1] == ("reset_prefix_cache",) and r.weights_version == 1 for r in replicas)
+
+
+def test_chunked_pusher_on_a_host_loads_its_replicas_between_pause_and_resume(monkeypatch):
+    packed = _counting_pack(monkeypatch)
+    replicas = [_Replica(), _Replica(inflight=1)]       # a turn queued while paused
+    policy = _Policy([(f"w{i}", torch.full((16,), float(i))) for i in range(2)])
+    pusher = weight_transfer.WeightPusher("chunked", model=None, engines=replicas, is_host=True,
+                                          replicas_per_node=2, engine_dtype=torch.float32, rank=0, pause=True)
+    pusher.push(policy)
+    assert policy.keeps == [True] and len(packed) == 2
+    assert all(r.calls == [("pause_for_update",)] + _loaded(packed) + [("resume_after_update",)] for r in replicas)
+    assert all(r.weights_version == 1 for r in replicas)
+
+
+def test_chunked_pusher_off_a_host_joins_the_gather_and_keeps_nothing():
+    policy = _Policy([("w", torch.zeros(2))])
+    pusher = weight_transfer.WeightPusher("chunked", model=None, engines=[], is_host=False, replicas_per_node=1,
+                                          engine_dtype=torch.float32, rank=3)
+    pusher.push(policy)
+    assert policy.keeps == [False]
+
+
+def test_chunked_pusher_refuses_while_generations_are_in_flight():
+    replica = _Replica(inflight=3)
+    pusher = weight_transfer.WeightPusher("chunked", model=None, engines=[replica], is_host=True,
+                                          replicas_per_node=1, engine_dtype=torch.float32, rank=0)
+    with pytest.raises(RuntimeError, match="3 generation"):
+        pusher.push(_Policy([("w", torch.zeros(2))]))
+    assert replica.calls == [] and replica.weights_version == 0

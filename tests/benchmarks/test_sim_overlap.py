@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rstar2_cli.rollout.overlap_simulator import OverlapConfig, PhaseTimes, Placement, simulate_overlap
 from rstar2_cli.rollout.scheduler import LoadBalancedPolicy, LoadTracker, ReplicaLoad, StickyLeastLoadedPolicy
-from rstar2_cli.rollout.simulator import (ReplicaCluster, ReplicaModel, TrajectoryPlan, Turn, WorkloadSpec,
-                                          make_workload, simulate)
+from sim.overlap import OverlapConfig, PhaseTimes, Placement, simulate_overlap
+from sim.rollout import ReplicaCluster, ReplicaModel, TrajectoryPlan, Turn, WorkloadSpec, make_workload, simulate
 
 G = 4
 SPEC = WorkloadSpec(num_prompts=8, rollouts_per_prompt=G, prompt_tokens=(50, 150), long_turn_tokens=(200, 600),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rstar2_cli.launch import smoke_model as sm
+import smoke_model as sm
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,19 +91,15 @@ def test_rollout_lengths_pack_into_8k_rows():
 
 
 def test_smoke_model_imports_without_rich_or_install():
-    code = "import sys; sys.modules['rich'] = None; sys.path.insert(0, sys.argv[1]); " \
-           "import rstar2_cli.launch.smoke_model as m; print(m.SMOKE_1B.total_params())"
-    out = subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True, cwd="/",
-                         timeout=120, check=True)
+    code = "import sys; sys.modules['rich'] = None; sys.path[:0] = sys.argv[1:]; " \
+           "import smoke_model as m; print(m.SMOKE_1B.total_params())"
+    out = subprocess.run([sys.executable, "-c", code, str(REPO), str(REPO / "benchmarks")], capture_output=True,
+                         text=True, cwd="/", timeout=120, check=True)
     assert out.stdout.strip() == "1015870976"
 
 
 def test_benchmark_script_writes_json_on_cpu(tmp_path):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import gpu_smoke
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    import gpu_smoke
     out = tmp_path / "smoke.json"
     result = gpu_smoke.main(["--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0",
                              "--peak-tflops", "1.0", "--out", str(out)])
@@ -132,11 +128,7 @@ def test_benchmark_runs_on_a_bare_node_without_the_clis_dependencies(tmp_path):
 
 
 def test_bare_node_settings_equal_the_recipe_defaults():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import gpu_smoke
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    import gpu_smoke
     from rstar2_cli.config import LossConfig, OptimConfig
 
     bare = gpu_smoke.BARE_NODE_CONFIGS

@@ -15,7 +15,7 @@ known turn lengths and tool latencies) through the SAME dispatch policies as
     `pause_generation` does, then loads the weights, drops its prefix cache and resumes. Mode
     "wait": new requests queue, running turns finish (no turn mixes two versions); mode "abort":
     running turns are aborted and regenerated from their start with the new weights.
-`simulate` runs one synchronous rollout step; `rstar2_cli.rollout.overlap_simulator` drives the
+`simulate` runs one synchronous rollout step; `sim.overlap` drives the
 same cluster through many steps with rollout/training overlap.
 Deterministic given the seed; every setting is an assumption documented in `ReplicaModel`.
 """

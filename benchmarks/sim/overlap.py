@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rstar2_cli.rollout.scheduler import LoadTracker, Policy
-from rstar2_cli.rollout.simulator import ReplicaCluster, ReplicaModel, TrajectoryPlan, UpdateMode
+from sim.rollout import ReplicaCluster, ReplicaModel, TrajectoryPlan, UpdateMode
 
 Consume = Literal["in_order", "completion"]
 
