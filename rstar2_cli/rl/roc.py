@@ -72,8 +72,8 @@ _ASSISTANT_TURN = re.compile(r"<\|im_start\|>assistant.*?<\|im_end\|>", re.DOTAL
 
 def error_penalty(t: Trajectory) -> float:
     """Fraction of the model's tool calls that failed; 0.5 when it made none (infrastructure
-    failures, `extra["infra_tool_calls"]`, are not the model's calls)."""
-    calls = t.num_tool_calls - int(t.extra.get("infra_tool_calls", 0))
+    failures, `num_infra_tool_calls`, are not the model's calls)."""
+    calls = t.num_tool_calls - t.num_infra_tool_calls
     if calls <= 0:
         return 0.5
     return min(1.0, t.num_tool_errors / calls)
