@@ -76,8 +76,8 @@ def test_paper_keeps_g_with_class_proportions():
 
 @pytest.mark.parametrize("mode", ["paper", "release"])
 @pytest.mark.parametrize("positives,negatives,kept_pos,kept_neg", [
-    (31, 1, 15, 1),      # the lone negative stays (paper used to floor it to 0 and drop the group)
-    (30, 2, 14, 2),      # at least two negatives where there are two (paper used to keep 1)
+    (31, 1, 15, 1),      # the lone negative stays (flooring 1*16/32 to 0 would drop the group)
+    (30, 2, 14, 2),      # at least two negatives where there are two (2*16/32 floors to 1)
     (1, 31, 1, 15),      # the lone positive stays
     (16, 16, 8, 8),
 ])
