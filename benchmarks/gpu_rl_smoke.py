@@ -1,6 +1,6 @@
 """GPU check of the weight sync through vLLM's weight-transfer API: two RL steps per backend.
 
-NOT RUN YET: written without a GPU at hand (issue 18); run it on the first GPU node and put the
+NOT RUN YET: written without a GPU at hand; run it on the first GPU node and put the
 figures in docs/scale-out.md. Needs one GPU (two for nccl), vLLM and this source tree; no network.
 
     python benchmarks/gpu_rl_smoke.py                          # ipc + chunked (+ nccl with 2 GPUs)

@@ -35,7 +35,7 @@ WORKLOADS: dict[str, Workload] = {
     "timeout": Workload("while True:\n    pass", "timeout", timeout=0.25),
 }
 
-# The targets the issue asks us to measure against (workload, concurrency, min calls/s, max p99 ms,
+# The targets each run is checked against (workload, concurrency, min calls/s, max p99 ms,
 # min ratio to baseline).
 TARGETS = [("trivial", 64, 1000.0, 50.0, None), ("sympy", 64, 150.0, None, 50.0)]
 

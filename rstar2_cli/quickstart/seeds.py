@@ -129,15 +129,16 @@ def markdown_seeds(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_seeds(reports: Sequence[dict[str, Any]], path: Path) -> None:
-    """Fig. 4 over seeds: the tool-error ratio in positives and held-out accuracy, both methods."""
+def seeds_figure(reports: Sequence[dict[str, Any]]):
+    """(figure, axes) of Fig. 4 over seeds: the tool-error ratio in positives and held-out
+    accuracy, both methods, mean with a min..max band; limits set once every series is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from rstar2_cli.quickstart.report import running_mean, save_figure
+    from rstar2_cli.quickstart.report import running_mean
 
     fig, (ax_err, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for label, name in (("roc", "GRPO-RoC"), ("grpo", "GRPO")):
@@ -160,7 +161,15 @@ def plot_seeds(reports: Sequence[dict[str, Any]], path: Path) -> None:
     ax_acc.set_title("held-out accuracy")
     ax_acc.set_ylabel("%")
     ax_acc.set_ylim(0, 100)
-    save_figure(fig, (ax_err, ax_acc), path)
+    return fig, [ax_err, ax_acc]
+
+
+def plot_seeds(reports: Sequence[dict[str, Any]], path: Path) -> None:
+    """`seeds_figure` written to `path` as one PNG."""
+    from rstar2_cli.quickstart.report import save_figure
+
+    fig, axes = seeds_figure(reports)
+    save_figure(fig, axes, path)
 
 
 def seeds_table(summary: dict[str, Any]):

@@ -13,7 +13,7 @@ text) has no `<answer>` requirement. Modes:
   `<answer>` block when that block holds one (a model that restates its answer is graded on its
   final statement), else the last top-level `\\boxed{}` anywhere. With no box at all the reason
   is ``no_boxed`` and the grader falls back to math-verify over the response text, in the pool.
-* ``strict_answer_tag`` (ablation; rstar2's reading before issue 15): requires the `<answer>`
+* ``strict_answer_tag`` (ablation, neither the paper's nor the release's): requires the `<answer>`
   block (``no_answer`` otherwise) and a box inside its last block (``no_boxed``): a hidden format
   reward on top of the outcome. A final `<answer>` never closed (cut at the length limit) counts.
 * ``last_boxed``: the last top-level `\\boxed{}` anywhere, no text fallback (for models not

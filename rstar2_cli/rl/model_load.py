@@ -68,8 +68,8 @@ def build_policy_model(path: str, *, sharded: bool, device: torch.device, mp_pol
     """The fp32 policy model on `device`, FSDP2-sharded when `sharded` (a process group exists).
 
     `method` (sharded only): "slices" or "broadcast" (meta device, local shards only) or "full"
-    (every rank loads the whole model with `from_pretrained`, then shards it: the old path, kept
-    for the benchmark). Unsharded runs always use `from_pretrained`."""
+    (every rank loads the whole model with `from_pretrained`, then shards it: the baseline
+    of benchmarks/bench_load_memory.py). Unsharded runs always use `from_pretrained`."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     if method not in LOAD_METHODS:

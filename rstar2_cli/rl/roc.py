@@ -17,7 +17,7 @@ Two selection modes:
 - ``release``: microsoft/rStar ``down_sample/roc.py`` after PR #50 (verl recipe rstar2_agent):
   per-class counts ``round(|class|·G/n)`` (Python's banker's rounding), raised to at least 2
   negatives and 2 positives where the class has them, positives sorted by penalty (stable),
-  negatives taken in rollout order (PR #50 removed their sort, issue #49); groups with fewer than
+  negatives taken in rollout order (PR #50 removed their sort, reported in microsoft/rStar#49); groups with fewer than
   G members are dropped, groups with exactly G are kept whole. Where the release would trip its
   ``assert len(choices) == G`` (odd G with two .5 roundings) we keep what the counts give.
 
@@ -44,7 +44,7 @@ a problem drawn twice in one batch is two groups of G, not one of 2G.
 
 Group filter (``reject_equal_reward``): groups whose rewards are all equal carry no GRPO signal
 and are dropped. As in the release it runs on the full oversampled group before selection, and
-again after selection (a safeguard; with the minimum of two per class it no longer fires when
+again after selection (a safeguard; with the minimum of two per class it does not fire when
 both classes are present).
 With RoC disabled: the first G samples of each group, then the same filter.
 """
@@ -72,8 +72,8 @@ _ASSISTANT_TURN = re.compile(r"<\|im_start\|>assistant.*?<\|im_end\|>", re.DOTAL
 
 def error_penalty(t: Trajectory) -> float:
     """Fraction of the model's tool calls that failed; 0.5 when it made none (infrastructure
-    failures, `extra["infra_tool_calls"]`, are not the model's calls)."""
-    calls = t.num_tool_calls - int(t.extra.get("infra_tool_calls", 0))
+    failures, `num_infra_tool_calls`, are not the model's calls)."""
+    calls = t.num_tool_calls - t.num_infra_tool_calls
     if calls <= 0:
         return 0.5
     return min(1.0, t.num_tool_errors / calls)

@@ -144,7 +144,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             infra = sum(r in INFRA_TOOL_REASONS for r in reasons[-len(outcomes):])
             traj.num_tool_errors += sum(r != "ok" for r in reasons[-len(outcomes):]) - infra
             if infra:
-                traj.extra["infra_tool_calls"] = traj.extra.get("infra_tool_calls", 0) + infra
+                traj.num_infra_tool_calls += infra
                 traj.infra_error = traj.infra_error or "sandbox_internal_error"
             texts = [response_text(o, cfg.tool_response_max_chars, cfg.tool_timeout, cfg.response_format)
                      for o in outcomes]

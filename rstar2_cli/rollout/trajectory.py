@@ -33,7 +33,9 @@ class Trajectory:
     num_turns: int = 0                  # assistant turns generated
     num_tool_calls: int = 0
     num_tool_errors: int = 0            # calls that failed by the model's doing: parse errors and non-ok
-                                        # sandbox runs, not sandbox internal errors (extra["infra_tool_calls"])
+                                        # sandbox runs, not sandbox internal errors (num_infra_tool_calls)
+    num_infra_tool_calls: int = 0       # calls lost to the infrastructure (sandbox internal error): part
+                                        # of num_tool_calls, not the model's calls, so RoC's p_err skips them
     finish_reason: str = ""             # "stop" (no tool call), "max_turns", "length", "error"
     infra_error: str = ""               # non-empty: a failure that was not the model's doing (sandbox
                                         # internal error, worker crash, queue timeout, engine error);

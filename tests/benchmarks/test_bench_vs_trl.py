@@ -80,6 +80,7 @@ def test_grpo_config_matches_the_recipe_where_trl_allows(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.vllm
 def test_smoke_comparison_runs_both_trainers_and_reports(tmp_path):
     import bench_vs_trl
 

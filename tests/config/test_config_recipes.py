@@ -95,7 +95,7 @@ def test_recipe_dict_defaults_are_the_paper():
 
 
 @pytest.mark.parametrize("override,fragment", [
-    ("reward.mode=paper", "reward.mode"),                 # the old name: now outcome or strict_answer_tag
+    ("reward.mode=paper", "reward.mode"),                 # not a mode: outcome, strict_answer_tag or last_boxed
     ("train.eval_sets=[]", "train.eval_sets"),
     ("train.eval_samples=0", "train.eval_samples"),
 ])

@@ -15,7 +15,7 @@ import pytest
 from rstar2_cli.eval.runner import TRAJ_FILE, run_eval
 from rstar2_cli.eval.settings import EvalSettings
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def _free_port() -> int:

@@ -82,7 +82,7 @@ def our_trajectory(tok):
     return t
 
 
-def test_release_prompt_bytes_hold_what_the_issue_quotes(tok):
+def test_release_prompt_bytes_hold_the_release_system_prompt_and_tools(tok):
     prompt, _, _ = release_sequence(tok)
     text = tok.decode(prompt, skip_special_tokens=False)
     assert text.startswith("<|im_start|>system\n" + SYSTEM_PROMPT + "\n\n# Tools\n")

@@ -7,6 +7,7 @@ import pytest
 
 
 @pytest.mark.slow
+@pytest.mark.vllm
 def test_smoke_quickstart_improves_heldout_accuracy(tmp_path):
     from typer.testing import CliRunner
 

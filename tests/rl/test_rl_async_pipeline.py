@@ -24,7 +24,8 @@ def _pipeline(k: int, steps: int = 10):
     def start(index, problems):
         started.append(index)
         f: concurrent.futures.Future = concurrent.futures.Future()
-        f.set_result(([0], [Trajectory(prompt_id=f"b{index}", policy_versions=[index])], {"time/rollout": 1.0}))
+        traj = Trajectory(prompt_id=f"b{index}", policy_versions=[index], num_tool_calls=2, num_infra_tool_calls=1)
+        f.set_result(([0], [traj], {"time/rollout": 1.0}))
         return f
 
     return RolloutPipeline(k, steps, DataSampler(1000, 2, shuffle=False), start), started
@@ -94,6 +95,8 @@ def test_pending_rollouts_survive_a_checkpoint_round_trip_with_their_versions():
     restored = pending_from_state(torch.load(buf, weights_only=False)["pending"])
     assert [(i, p) for i, p, _ in restored] == [(i, p) for i, p, _ in snap] == [(1, [2, 3]), (2, [4, 5])]
     assert [piece[1][0].policy_versions for _, _, piece in restored] == [[1], [2]]
+    assert [piece[1] for _, _, piece in restored] == [piece[1] for _, _, piece in snap]   # every field, typed
+    assert all(piece[1][0].num_infra_tool_calls == 1 for _, _, piece in restored)
     again, started = _pipeline(2)
     again.restore(restored, next_index=3)
     again.fill(1)                                    # version 1 admits batch 3 only

@@ -101,5 +101,5 @@ def test_only_failures_of_the_model_count_as_tool_errors(tok):
     by_id = {t.prompt_id: t for t in trajs}
     assert [(by_id[p].num_tool_calls, by_id[p].num_tool_errors, by_id[p].infra_error) for p in
             ("ok", "crash", "boom", "slow")] == [(1, 0, ""), (1, 0, "sandbox_internal_error"), (1, 1, ""), (1, 1, "")]
-    assert by_id["crash"].extra["infra_tool_calls"] == 1
+    assert by_id["crash"].num_infra_tool_calls == 1
     assert (by_id["down"].finish_reason, by_id["down"].infra_error) == ("error", "engine_error")

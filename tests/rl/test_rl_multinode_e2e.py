@@ -17,7 +17,7 @@ import pytest
 
 from rl_synthetic import tiny_rl_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 WORKER = Path(__file__).with_name("rl_multinode_worker.py")
 

@@ -76,8 +76,8 @@ def test_paper_keeps_g_with_class_proportions():
 
 @pytest.mark.parametrize("mode", ["paper", "release"])
 @pytest.mark.parametrize("positives,negatives,kept_pos,kept_neg", [
-    (31, 1, 15, 1),      # the lone negative stays (paper used to floor it to 0 and drop the group)
-    (30, 2, 14, 2),      # at least two negatives where there are two (paper used to keep 1)
+    (31, 1, 15, 1),      # the lone negative stays (flooring 1*16/32 to 0 would drop the group)
+    (30, 2, 14, 2),      # at least two negatives where there are two (2*16/32 floors to 1)
     (1, 31, 1, 15),      # the lone positive stays
     (16, 16, 8, 8),
 ])
@@ -227,10 +227,10 @@ def test_infrastructure_failures_leave_the_group_and_are_counted():
 
 def test_infrastructure_failed_calls_do_not_count_in_p_err():
     t = traj(0, 1.0, calls=4, errors=1)
-    t.extra["infra_tool_calls"] = 1      # one call lost to the sandbox: 1 model error in 3 calls
+    t.num_infra_tool_calls = 1      # one call lost to the sandbox: 1 model error in 3 calls
     assert error_penalty(t) == pytest.approx(1 / 3)
     t = traj(0, 1.0, calls=2, errors=0)
-    t.extra["infra_tool_calls"] = 2      # no call the model is accountable for
+    t.num_infra_tool_calls = 2      # no call the model is accountable for
     assert error_penalty(t) == 0.5
 
 

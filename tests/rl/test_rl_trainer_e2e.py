@@ -15,6 +15,7 @@ def _recipe(tiny_model, data, out, steps):
     return load_recipe_dict(tiny_rl_recipe(tiny_model, data, out, steps=steps))
 
 
+@pytest.mark.vllm
 def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 

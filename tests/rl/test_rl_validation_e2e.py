@@ -10,7 +10,7 @@ import pytest
 from rl_synthetic import tiny_rl_recipe
 from rstar2_cli.config import load_recipe_dict
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def test_validation_points_and_an_empty_step_in_a_tiny_run(tiny_model, tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 
 from rstar2_cli.rollout.engines import GenRequest, VLLMEngine
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 @pytest.fixture(scope="module")

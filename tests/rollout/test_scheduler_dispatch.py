@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from rstar2_cli.rollout.engines import Engine, GenRequest, GenResult
+from rstar2_cli.rollout.engines import GenRequest, GenResult
 from rstar2_cli.rollout.scheduler import (LoadBalancedPolicy, LoadBalancedScheduler, ReplicaLoad,
                                           RoundRobinScheduler)
 
@@ -46,8 +46,48 @@ def req(n: int = 10, max_tokens: int = 100) -> GenRequest:
     return GenRequest(prompt_ids=list(range(1, n + 1)), max_tokens=max_tokens)
 
 
-def test_fake_engine_satisfies_the_engine_protocol():
-    assert isinstance(FakeEngine(), Engine)
+async def test_each_trajectory_keeps_its_replica_for_every_turn_while_loads_are_even():
+    """The KV-cache promise: a later turn runs where the trajectory's earlier turns ran (its
+    prefix is cached there), while the trajectories themselves are spread over the replicas."""
+    engines = [FakeEngine(1.0), FakeEngine(1.0)]
+    gate = asyncio.Event()
+    for e in engines:
+        e.gate = gate
+    sched = LoadBalancedScheduler(engines)
+    turn0 = {k: req() for k in "abcd"}                                        # one step's first turns
+    first = [asyncio.create_task(sched.generate(r, key=k)) for k, r in turn0.items()]
+    await asyncio.sleep(0)
+    homes = {k: next(i for i, e in enumerate(engines) if any(c is r for c in e.calls)) for k, r in turn0.items()}
+    gate.set()
+    await asyncio.gather(*first)
+    assert sorted(homes.values()) == [0, 0, 1, 1]
+    for turn in range(1, 4):                       # each turn's prompt holds the previous turns
+        for k in "abcd":
+            before = [len(e.calls) for e in engines]
+            await sched.generate(req(10 + 20 * turn), key=k)
+            assert [len(e.calls) - n for e, n in zip(engines, before)] == [int(homes[k] == 0), int(homes[k] == 1)]
+    assert sched.stats()["moves"] == 0
+
+
+async def test_when_every_replica_is_nearly_full_a_turn_stays_home():
+    engines = [FakeEngine(0.9), FakeEngine(0.5)]
+    sched = LoadBalancedScheduler(engines, min_free=0.1)
+    await sched.generate(req(), key="t")                  # home = replica 0
+    engines[0].free, engines[1].free = 0.02, 0.08         # re-prefilling on 1 would only add work
+    await sched.generate(req(20), key="t")
+    assert [len(e.calls) for e in engines] == [2, 0]
+
+
+async def test_reset_between_steps_sends_first_turns_to_the_most_free_replica_again():
+    engines = [FakeEngine(0.9), FakeEngine(0.5)]
+    sched = LoadBalancedScheduler(engines)
+    await sched.generate(req(), key="t")                  # home = replica 0
+    engines[0].free, engines[1].free = 0.7, 0.9           # 0 is 0.2 behind: within the margin, t stays
+    await sched.generate(req(20), key="t")
+    assert [len(e.calls) for e in engines] == [2, 0]
+    sched.reset()                                         # new weights: the cached prefixes are stale
+    await sched.generate(req(), key="t")
+    assert [len(e.calls) for e in engines] == [2, 1]
 
 
 async def test_first_turn_goes_to_the_replica_with_most_free_kv():

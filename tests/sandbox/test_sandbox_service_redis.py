@@ -182,8 +182,8 @@ def test_supervisor_replaces_a_dead_worker_process(redis_url):
 def test_rl_sized_long_batch_survives_a_host_dying(redis_url, workers):
     """5,000 calls in one long-batch, two worker hosts, one killed (whole process group) a third
     of the way through: every call is answered once and correctly, none as internal_error, and
-    the front end's Redis connections stay bounded (the old one-connection-per-call design failed
-    past ~100 in flight)."""
+    the front end's Redis connections stay bounded (one connection per call in flight would fail
+    past ~100)."""
     cfg = RedisConfig(redis_url, namespace="t-rl", lease=2.0, max_attempts=3)
     r = redis.Redis.from_url(redis_url)
     hosts = [workers.start(cfg, 16), workers.start(cfg, 16)]
