@@ -183,3 +183,20 @@ def test_staleness_needs_the_off_policy_correction():
     cfg = load_recipe_dict({**_recipe(max_staleness=1), "loss": {"tis": True, "tis_cap": 2.0}})
     assert cfg.train.max_staleness == 1
     assert load_recipe_dict(_recipe()).train.max_staleness == 0     # the release's synchronous step
+
+
+def test_colocated_engines_on_gpus_refuse_staleness_once_the_run_knows_its_device():
+    from rstar2_cli.config import check_placement
+
+    raw = {**_recipe(max_staleness=1), "loss": {"tis": True}}
+    assert load_recipe_dict(raw).engine.colocate              # the device is not known yet: not checked
+    load_recipe_dict(raw, on_gpu=False)                        # CPU: the engine core runs beside the trainer
+    with pytest.raises(ConfigError) as e:
+        load_recipe_dict(raw, on_gpu=True)
+    assert "\n" not in str(e.value)
+    assert "train.max_staleness=1 with engine.colocate: true on GPUs" in str(e.value)
+    assert "engine.colocate: false" in str(e.value) and "--engine-gpus" in str(e.value)
+    with pytest.raises(ConfigError, match="engine.colocate: true on GPUs"):   # what each trainer process runs
+        check_placement(load_recipe_dict(raw), on_gpu=True)
+    check_placement(load_recipe_dict({**raw, "engine": {"colocate": False}}), on_gpu=True)
+    check_placement(load_recipe_dict(_recipe()), on_gpu=True)          # k = 0 colocated: the release's set-up
