@@ -151,7 +151,7 @@ class TrainConfig(_Section):
     group_size: int = Field(16, ge=1)                 # G kept per prompt (2G rolled out with RoC)
     micro_batch_tokens: int = Field(16384, ge=1)      # packing budget per micro-batch
     ppo_mini_batches: int = Field(1, ge=1)            # optimizer steps per batch (release: 1)
-    # Asynchronous GRPO-RoC (docs/async-rl.md): batches for steps s+1..s+k are rolled out while
+    # Asynchronous GRPO-RoC (rl/async_rollouts.py): batches for steps s+1..s+k are rolled out while
     # step s trains; no trajectory is trained more than k policy versions after it was sampled.
     # 0 = the release's synchronous step (rStar2-Agent trains synchronously), bit-identical.
     max_staleness: int = Field(0, ge=0, le=8)
