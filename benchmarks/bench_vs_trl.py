@@ -117,7 +117,8 @@ def run_rstar2(s, prepared: dict, opts: dict) -> dict[str, Any]:
     steps, heldout = [], []
 
     def point(step: int) -> None:
-        res = clock.pause_for(_heldout, s, prepared, "rstar2", step, trainer.engines[0], trainer.tools)
+        res = clock.pause_for(_heldout, s, prepared, "rstar2", step, trainer.rollouts.engines[0],
+                               trainer.rollouts.tools)
         heldout.append({"step": step, "seconds": clock.now(), **res})
 
     try:

@@ -90,10 +90,12 @@ def measure_policy_update(model, lengths, max_len, vocab, steps, warmup, sync, f
     """The trainer's own update (rstar2_cli/rl/policy.py: PolicyTrainer.update): fp32 master
     weights with bf16 compute, packing by token budget, Clip-Higher loss, AdamW, grad clip. Under
     torchrun it shards with FSDP2 (fully_shard per decoder layer); MFU is then per device."""
+    from rstar2_cli.rl.dist import setup_distributed
     from rstar2_cli.rl.policy import PolicyTrainer
 
     model_cfg, optim_cfg, loss_cfg = policy_configs()
-    policy = PolicyTrainer(model_cfg, optim_cfg, loss_cfg, micro_batch_tokens=max_len, model=model)
+    policy = PolicyTrainer(model_cfg, optim_cfg, loss_cfg, micro_batch_tokens=max_len, model=model,
+                           info=setup_distributed())
     batch, advantages = rollout_batch(lengths, vocab)
     seconds = measure(lambda: policy.update(batch, advantages), steps, warmup, sync)
     # the update also recomputes the old-policy logprobs (one extra forward): count it as 1/3 more

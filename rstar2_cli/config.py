@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 
 class ConfigError(ValueError):
@@ -153,7 +153,7 @@ class TrainConfig(_Section):
     group_size: int = Field(16, ge=1)                 # G kept per prompt (2G rolled out with RoC)
     micro_batch_tokens: int = Field(16384, ge=1)      # packing budget per micro-batch
     ppo_mini_batches: int = Field(1, ge=1)            # optimizer steps per batch (release: 1)
-    # Asynchronous GRPO-RoC (docs/async-rl.md): batches for steps s+1..s+k are rolled out while
+    # Asynchronous GRPO-RoC (rl/async_rollouts.py): batches for steps s+1..s+k are rolled out while
     # step s trains; no trajectory is trained more than k policy versions after it was sampled.
     # 0 = the release's synchronous step (rStar2-Agent trains synchronously), bit-identical.
     max_staleness: int = Field(0, ge=0, le=8)
@@ -194,6 +194,19 @@ class RecipeConfig(_Section):
             raise ValueError(
                 f"train.max_staleness={self.train.max_staleness} needs loss.tis: true: stale rollouts are "
                 "corrected by min(pi_prox/pi_behaviour, loss.tis_cap) (docs/async-rl.md)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _placement(self, info: ValidationInfo) -> "RecipeConfig":
+        """Where the run places its engines, when the loader is told (`on_gpu`: `rstar2 rl` from
+        --gpus, each trainer process from its device; see `load_recipe_dict`)."""
+        on_gpu = (info.context or {}).get("on_gpu")
+        if on_gpu and self.train.max_staleness > 0 and self.engine.colocate:
+            raise ValueError(
+                f"train.max_staleness={self.train.max_staleness} with engine.colocate: true on GPUs: colocated "
+                "engines sleep while the trainer runs, so rollouts cannot overlap training; set "
+                "engine.colocate: false and give the engines their own GPUs (--engine-gpus N)"
             )
         return self
 
@@ -256,12 +269,20 @@ def first_error(e: ValidationError, source: str) -> ConfigError:
 
 
 def load_recipe_dict(raw: dict[str, Any], overrides: list[str] | None = None,
-                     source: str = "<recipe>") -> RecipeConfig:
+                     source: str = "<recipe>", *, on_gpu: bool | None = None) -> RecipeConfig:
+    """Validate a recipe mapping after `--set` overrides. `on_gpu`: whether the run's engines
+    and trainer are on GPUs, which the placement rules need (None: not known, not checked)."""
     raw = apply_overrides(dict(raw or {}), list(overrides or []))
     try:
-        return RecipeConfig.model_validate(raw)
+        return RecipeConfig.model_validate(raw, context={"on_gpu": on_gpu})
     except ValidationError as e:
         raise first_error(e, source) from None
+
+
+def check_placement(cfg: RecipeConfig, *, on_gpu: bool, source: str = "<recipe>") -> None:
+    """Validate `cfg` again once the process knows its device: a ConfigError if the placement
+    rules (`RecipeConfig._placement`) refuse it there."""
+    load_recipe_dict(cfg.model_dump(mode="json"), source=source, on_gpu=on_gpu)
 
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
@@ -278,11 +299,12 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return raw
 
 
-def load_recipe(path: str | Path | None, overrides: list[str] | None = None) -> RecipeConfig:
+def load_recipe(path: str | Path | None, overrides: list[str] | None = None, *,
+                on_gpu: bool | None = None) -> RecipeConfig:
     """Load a YAML recipe (or the defaults when path is None) and apply `--set` overrides."""
     if path is None:
-        return load_recipe_dict({}, overrides, source="<defaults>")
-    return load_recipe_dict(read_yaml_mapping(path), overrides, source=str(path))
+        return load_recipe_dict({}, overrides, source="<defaults>", on_gpu=on_gpu)
+    return load_recipe_dict(read_yaml_mapping(path), overrides, source=str(path), on_gpu=on_gpu)
 
 
 def dump_recipe(cfg: RecipeConfig) -> str:

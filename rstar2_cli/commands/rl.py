@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
 
         console = Console()
         try:
-            cfg = resolve_stage_recipe(recipe, stage, list(overrides))
+            cfg = resolve_stage_recipe(recipe, stage, list(overrides), on_gpu=gpus > 0)
         except ConfigError as e:
             fail(str(e))
 
@@ -73,9 +73,6 @@ def register(app: typer.Typer) -> None:
         except PlanError as e:
             fail(str(e))
         k = cfg.train.max_staleness
-        if k and gpus and cfg.engine.colocate:
-            fail(f"train.max_staleness={k} with engine.colocate: true: colocated engines sleep while the trainer "
-                 "runs, so rollouts cannot overlap training; set engine.colocate=false and --engine-gpus N")
         if k:
             where = ("their own GPUs" if gpus else "vLLM's engine-core process, beside the trainer on the same cores")
             plan = dataclasses.replace(plan, notes=plan.notes + (

@@ -111,7 +111,7 @@ def rl_stage(s: QuickstartSettings, prep: PreparedToy, sft_model: str, *, roc: b
     def point(step: int) -> None:
         assert trainer is not None
         res = heldout_eval(s, prep, f"{label}@step{step}", out / "heldout" / f"step_{step:04d}",
-                           tokenizer=sft_model, engine=trainer.engines[0], tools=trainer.tools)
+                           tokenizer=sft_model, engine=trainer.rollouts.engines[0], tools=trainer.rollouts.tools)
         run.heldout.append((step, res))
         (out / "heldout_curve.json").write_text(json.dumps(run.heldout, indent=1))
 

@@ -2,7 +2,8 @@
 
 World size 1 (plain `python`, no WORLD_SIZE in the environment) creates NO process group: every
 helper below then degrades to the identity. Under torchrun the group is gloo on CPU and nccl on
-GPU, created once.
+GPU, created once, by `setup_distributed`: the one place that starts torch.distributed, called
+explicitly by each process's entry point (nothing joins a group as a side effect).
 """
 from __future__ import annotations
 
@@ -30,17 +31,31 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 
 
 def setup_distributed() -> DistInfo:
-    """Join the torchrun process group if launched by torchrun; otherwise a 1-rank no-op."""
+    """The entry point of every trainer process (`RLTrainer`, `rl/launch_entry.py`, the torchrun
+    test workers): join torchrun's process group if launched by torchrun (once; a second call
+    returns the same DistInfo), pin this rank's GPU, and describe the process. Without torchrun
+    it creates nothing and returns a 1-rank DistInfo."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available()
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
     if world > 1 and not dist.is_initialized():
         # ranks wait in a collective while the hosts roll out a step or rank 0 runs a held-out
         # eval (`train.eval_every`): tens of minutes at paper scale, past the 10-minute default
         dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
+    return process_info()
+
+
+def process_info() -> DistInfo:
+    """This process's rank, world size and device as they stand (nothing is started): rank 0 of
+    1 without a process group. Launched by torchrun (WORLD_SIZE > 1) before `setup_distributed`
+    joined the group, it raises instead of describing a 1-rank run that is not one."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if world > 1 and not dist.is_initialized():
+        raise RuntimeError(f"WORLD_SIZE={world} but no process group: call "
+                           "rstar2_cli.rl.dist.setup_distributed() first")
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     rank = dist.get_rank() if dist.is_initialized() else 0
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device)
 

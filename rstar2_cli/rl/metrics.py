@@ -22,10 +22,14 @@ from rstar2_cli.rollout.trajectory import Trajectory
 
 
 class StepTimer:
-    """Named wall-clock sections of a step: `with timer("rollout"): ...` -> time/rollout."""
+    """The wall clock of one step: `with timer("train"): ...` -> time/train; `timer.add("rollout",
+    s)` records a section timed elsewhere (on a rollout host, or on the rollout thread); time/step
+    is the wall time from the timer's creation to `stop()` (to `metrics()` if never stopped)."""
 
     def __init__(self) -> None:
+        self.started = time.perf_counter()
         self.seconds: dict[str, float] = {}
+        self.total: float | None = None
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -33,12 +37,25 @@ class StepTimer:
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            self.add(name, time.perf_counter() - start)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def elapsed(self) -> float:
+        """Seconds since the timer was created."""
+        return time.perf_counter() - self.started
+
+    def stop(self) -> None:
+        """Fix time/step at the wall time so far."""
+        self.total = self.elapsed()
+
+    def sections(self) -> dict[str, float]:
+        """{"time/<name>": seconds} of the sections, without time/step."""
+        return {f"time/{k}": v for k, v in self.seconds.items()}
 
     def metrics(self) -> dict[str, float]:
-        out = {f"time/{k}": v for k, v in self.seconds.items()}
-        out["time/step"] = sum(self.seconds.values())
-        return out
+        return {**self.sections(), "time/step": self.elapsed() if self.total is None else self.total}
 
 
 def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:

@@ -4,7 +4,8 @@ Why one class: the trainer loop should read "rollout -> reward -> RoC -> advanta
 policy.update -> weight sync"; sharding, packing, old logprobs, token normalisation and
 gradient clipping are details that belong together here.
 
-Parallelism: under torchrun (WORLD_SIZE > 1) each decoder layer and then the root are wrapped
+Parallelism: under torchrun (WORLD_SIZE > 1, the process group joined by the caller through
+`rl_dist.setup_distributed`) each decoder layer and then the root are wrapped
 with FSDP2 `fully_shard` (gloo on CPU, nccl on GPU); the model is built on the meta device and
 each rank reads only its own shards from the checkpoint (rl/model_load.py). Every rank receives its own shard of
 trajectories; the global loss-token count is all-reduced, so N ranks reproduce the 1-rank update.
@@ -60,14 +61,16 @@ def warmup_then_constant(warmup_steps: int):
 class PolicyTrainer:
     def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, loss_cfg: LossConfig, *,
                  micro_batch_tokens: int, ppo_mini_batches: int = 1, dual_clip: float | None = None,
-                 model=None):
+                 model=None, info: rl_dist.DistInfo | None = None):
+        """`info`: this process's ranks and device, from `rl_dist.setup_distributed()` (the
+        caller's entry point starts torch.distributed); default: the process as it stands."""
         if ppo_mini_batches < 1:
             raise ValueError(f"ppo_mini_batches must be >= 1, got {ppo_mini_batches}")
         self.model_cfg, self.optim_cfg, self.loss_cfg = model_cfg, optim_cfg, loss_cfg
         self.micro_batch_tokens = micro_batch_tokens
         self.ppo_mini_batches = ppo_mini_batches
         self.dual_clip = dual_clip
-        self.info = rl_dist.setup_distributed()
+        self.info = info if info is not None else rl_dist.process_info()
         self.device = self.info.device
         self.dtype = compute_dtype(model_cfg.dtype, self.device)
         self.sharded = self.info.world_size > 1

@@ -31,13 +31,14 @@ def final_checkpoint(cfg: RecipeConfig) -> Path:
 
 
 def resolve_stage_recipe(recipe: str | None, stage: int | None,
-                         overrides: list[str] | None = None) -> RecipeConfig:
-    """Load the recipe for `stage` (or the file given), apply overrides and link the stages."""
+                         overrides: list[str] | None = None, *, on_gpu: bool | None = None) -> RecipeConfig:
+    """Load the recipe for `stage` (or the file given), apply overrides and link the stages.
+    `on_gpu`: where the run goes, for the recipe's placement rules (see `config.load_recipe_dict`)."""
     overrides = list(overrides or [])
     if recipe is None and stage is None:
         raise ConfigError("give a recipe file or --stage 1|2|3")
     path = find_recipe(recipe if recipe is not None else f"stage{stage}")
-    cfg = load_recipe(path, overrides)
+    cfg = load_recipe(path, overrides, on_gpu=on_gpu)
     if stage is not None and cfg.stage != stage:
         cfg.stage = stage
     user_set_model = any(o.split("=", 1)[0].strip() == "model.path" for o in overrides)

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rl_synthetic import make_trajectories  # noqa: E402
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # noqa: E402
-from rstar2_cli.rl.dist import shard_for_rank  # noqa: E402
+from rstar2_cli.rl.dist import setup_distributed, shard_for_rank  # noqa: E402
 from rstar2_cli.rl.loss import group_advantages  # noqa: E402
 from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
 
@@ -22,7 +22,7 @@ def main(model_dir: str, out_dir: str) -> None:
     torch.manual_seed(0)
     policy = PolicyTrainer(ModelConfig(path=model_dir, gradient_checkpointing=True),
                            OptimConfig(lr=1e-3, warmup_steps=2), LossConfig(),
-                           micro_batch_tokens=64, ppo_mini_batches=2)
+                           micro_batch_tokens=64, ppo_mini_batches=2, info=setup_distributed())
     batch = make_trajectories(16, seed=1)
     adv = []
     for g in range(4):

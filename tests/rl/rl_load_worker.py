@@ -15,13 +15,14 @@ from rl_synthetic import make_trajectories  # noqa: E402
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # noqa: E402
 from rstar2_cli.rl.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from rstar2_cli.rl.dist import shard_for_rank  # noqa: E402
+from rstar2_cli.rl.dist import setup_distributed, shard_for_rank  # noqa: E402
 from rstar2_cli.rl.model_load import build_policy_model  # noqa: E402
 from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
 
 
 def _policy(model_dir: str) -> PolicyTrainer:
-    return PolicyTrainer(ModelConfig(path=model_dir), OptimConfig(lr=1e-3), LossConfig(), micro_batch_tokens=64)
+    return PolicyTrainer(ModelConfig(path=model_dir), OptimConfig(lr=1e-3), LossConfig(), micro_batch_tokens=64,
+                         info=setup_distributed())
 
 
 def main(out_dir: str, model_dirs: list[str]) -> None:

