@@ -42,7 +42,8 @@ def test_qwen3_14b_counts_by_hand_and_as_transformers_builds_it():
 
 
 def test_shape_comes_from_the_checkpoint_config_when_there_is_one(tmp_path):
-    assert shape_for_model(str(tmp_path / "missing")) == (QWEN3_14B, f"Qwen3-14B (assumed: no {tmp_path}/missing/config.json)")
+    missing = tmp_path / "missing"
+    assert shape_for_model(str(missing)) == (QWEN3_14B, f"Qwen3-14B (assumed: no {missing}/config.json)")
     from transformers import Qwen3Config
 
     Qwen3Config(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
