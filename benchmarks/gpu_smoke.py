@@ -15,14 +15,15 @@ AdamW step on the same packed micro-batches; the policy update is reported as a 
 FLOP convention and peak table: benchmarks/smoke_model.py. Sharded load: the model is
 saved as a bf16 HF checkpoint and built again as the trainer builds it under torchrun
 (rl/model_load.py: meta device, fully_shard, local shards from safetensors slices; a 1-rank
-process group when not under torchrun); load time, GPU peak and host RSS growth are reported.
+process group when not under torchrun); load time, GPU peak and host RSS growth are reported,
+then the sharded model runs one forward and backward of the first packed micro-batch with the
+trainer's mixed precision (its time and loss are reported; a missing gradient is an error).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -115,19 +116,22 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure_sharded_load(model, device, sync) -> dict:
-    """Save `model` as a bf16 checkpoint, then time the trainer's sharded build of it."""
+def measure_sharded_load(model, device, sync, batch) -> dict:
+    """Save `model` as a bf16 checkpoint, time the trainer's sharded build of it, then run one
+    forward and backward of `batch` through the sharded model with the trainer's precision
+    (bf16 compute and fp32 gradient reduction on GPU, as rl/policy.py sets it)."""
     import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
+    from rstar2_cli.launch.ports import master_store
     from rstar2_cli.rl.model_load import DEFAULT_LOAD_METHOD, build_policy_model
 
     own_group = not dist.is_initialized()
-    if own_group:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+    if own_group:   # the store binds its own port: no window for another process to take it
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=master_store(),
                                 rank=0, world_size=1)
+    compute = torch.bfloat16 if device.type == "cuda" else torch.float32
+    policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     path = Path(tempfile.gettempdir()) / "rstar2_gpu_smoke_ckpt"
     if dist.get_rank() == 0:
         state = {k: v.detach().to("cpu", torch.bfloat16) for k, v in model.state_dict().items()}
@@ -137,13 +141,24 @@ def measure_sharded_load(model, device, sync) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     rss0, start = _rss_bytes(), time.perf_counter()
-    loaded = build_policy_model(str(path), sharded=True, device=device, method=DEFAULT_LOAD_METHOD)
+    loaded = build_policy_model(str(path), sharded=True, device=device, method=DEFAULT_LOAD_METHOD,
+                                mp_policy=policy)
     sync()
     seconds = time.perf_counter() - start
     result = {"method": DEFAULT_LOAD_METHOD, "world_size": dist.get_world_size(), "load_s": round(seconds, 2),
               "gpu_peak_gib": sm.peak_memory_gib(), "host_rss_growth_gib": round((_rss_bytes() - rss0) / 2**30, 3),
               "local_params": sum(p.to_local().numel() for p in loaded.parameters())}
-    del loaded
+    loaded.train()
+    start = time.perf_counter()
+    loss = sm.packed_loss(loaded, batch)
+    loss.backward()
+    loss = loss.detach()
+    sync()
+    missing = [name for name, p in loaded.named_parameters() if p.grad is None]
+    if missing or not torch.isfinite(loss):
+        raise RuntimeError(f"sharded forward/backward: loss {float(loss)}, no gradient for {missing[:3]}")
+    result.update(forward_backward_s=round(time.perf_counter() - start, 3), loss=round(float(loss), 4))
+    del loaded, loss
     if own_group:
         dist.destroy_process_group()
     if device.type == "cuda":
@@ -210,7 +225,7 @@ def run_shape(args, shape_name: str) -> dict:
     flops = sm.training_flops(shape, lengths)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sharded_load = measure_sharded_load(model, device, sync)
+    sharded_load = measure_sharded_load(model, device, sync, batches[0])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
@@ -246,7 +261,8 @@ def _fmt_update(u: dict) -> str:
 
 def _fmt_load(r: dict) -> str:
     return (f"{r['load_s']} s ({r['method']}, world {r['world_size']}), GPU peak {r['gpu_peak_gib']} GiB, "
-            f"host RSS +{r['host_rss_growth_gib']} GiB")
+            f"host RSS +{r['host_rss_growth_gib']} GiB; forward+backward {r['forward_backward_s']} s, "
+            f"loss {r['loss']}")
 
 
 def _print_table(result: dict) -> None:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 
 import torch
 
+from rstar2_cli.launch.model_shape import Qwen3Shape
 from rstar2_cli.rl.packing import plan_bins
 
 # bf16 dense peak TFLOP/s per device, most specific name first. Sources: NVIDIA H100/H200 and
@@ -38,37 +38,6 @@ PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
 )
 # ROCm sometimes reports an empty marketing name; gfx942 is the CDNA3 MI300X/MI325X die.
 _ARCH_FALLBACK = {"gfx942": 1307.4}
-
-
-@dataclass(frozen=True)
-class Qwen3Shape:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tie_embeddings: bool = True
-
-    @property
-    def attn_dim(self) -> int:
-        return self.heads * self.head_dim
-
-    def non_embedding_params(self) -> int:
-        """Decoder layers + final norm, by hand (checked against the built model in tests)."""
-        h, a, kv = self.hidden, self.attn_dim, self.kv_heads * self.head_dim
-        attention = h * a + 2 * h * kv + a * h + 2 * self.head_dim  # q, k, v, o + q_norm, k_norm
-        mlp = 3 * h * self.intermediate  # gate, up, down
-        norms = 2 * h
-        return self.layers * (attention + mlp + norms) + h
-
-    def total_params(self) -> int:
-        embeddings = self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
-        return self.non_embedding_params() + embeddings
-
-    def matmul_params(self) -> int:
-        return self.non_embedding_params() + self.vocab * self.hidden
 
 
 # The default smoke shape, ~1.0B parameters: Qwen3-1.7B's widths (GQA 16/8 heads of 128, MLP

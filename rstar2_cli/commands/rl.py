@@ -34,6 +34,9 @@ def register(app: typer.Typer) -> None:
         redis_url: Optional[str] = typer.Option(None, "--redis", help="sandbox cluster queue for multi-node runs"),
         resume: bool = typer.Option(False, "--resume", help="continue from the latest checkpoint in train.out_dir"),
         dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and launch plan, run nothing"),
+        gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory",
+                                                 help="GiB per GPU for the memory table, or mi300x (192), h100 (80), "
+                                                      "h200 (141) (default: this node's GPU, else mi300x)"),
     ) -> None:
         """Agentic RL with GRPO-RoC (paper stages 1-3)."""
         from rich.console import Console
@@ -41,6 +44,8 @@ def register(app: typer.Typer) -> None:
 
         from rstar2_cli.config import ConfigError, dump_recipe
         from rstar2_cli.launch.cluster_env import resolve_launch
+        from rstar2_cli.launch.memory_plan import (MemoryPlanError, build_memory_plan, memory_spec_for,
+                                                   resolve_gpu_memory)
         from rstar2_cli.launch.plan_view import render_plan
         from rstar2_cli.launch.topology import PlanError, plan_from_args
         from rstar2_cli.rl.stages import resolve_stage_recipe
@@ -72,6 +77,12 @@ def register(app: typer.Typer) -> None:
             )
         except PlanError as e:
             fail(str(e))
+        if gpus:
+            try:
+                gib, gpu_name = resolve_gpu_memory(gpu_memory)
+            except MemoryPlanError as e:
+                fail(str(e))
+            plan = dataclasses.replace(plan, memory=build_memory_plan(memory_spec_for(cfg, plan, gib, gpu_name)))
         k = cfg.train.max_staleness
         if k:
             where = ("their own GPUs" if gpus else "vLLM's engine-core process, beside the trainer on the same cores")
@@ -85,6 +96,8 @@ def register(app: typer.Typer) -> None:
             console.print(render_plan(plan))
             return
 
+        for problem in plan.memory.problems if plan.memory else ():
+            console.print(f"[bold yellow]warning[/]: memory: {problem} (rstar2 rl ... --dry-run shows the table)")
         resolved_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = resolved_path.with_name(f".{resolved_path.name}.{os.getpid()}")   # every node may write it
         tmp.write_text(dump_recipe(cfg))

@@ -13,6 +13,7 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
+from rstar2_cli.launch.memory_plan import MemoryPlan
 from rstar2_cli.launch.topology import Plan
 
 
@@ -55,9 +56,6 @@ def _summary(plan: Plan) -> Table:
     if plan.samples_per_dp_rank is not None:
         t.add_row("batch", f"{spec.prompts_per_step} prompts x {spec.rollouts_per_prompt} rollouts = "
                            f"{plan.samples_per_dp_rank} per data-parallel rank")
-    if plan.est_train_state_gib_per_gpu is not None:
-        t.add_row("memory", f"~{plan.est_train_state_gib_per_gpu} GiB/GPU training state, "
-                            f"~{plan.est_engine_weights_gib_per_gpu} GiB/GPU engine weights")
     for note in plan.notes:
         t.add_row("note", Text(note, style="yellow"))
     return t
@@ -73,6 +71,46 @@ def _nodes(plan: Plan) -> Table:
         sandbox = f"{n.sandbox_workers} workers" + (" + Redis front end" if n.runs_redis_front_end else "")
         t.add_row(str(n.node_rank), ranks, _gpu_list(n.trainer_gpu_ids), engines, sandbox)
     return t
+
+
+def memory_header(memory: MemoryPlan) -> str:
+    """What the memory table is for: the GPU, the model and the placement."""
+    spec = memory.spec
+    placement = "colocated" if spec.colocated else "separate engine GPUs"
+    return (f"memory per GPU (GiB): {spec.gpu_memory_gib:g} GiB GPU ({spec.gpu_name}), "
+            f"{spec.trainer_ranks} trainer ranks, {placement}, TP {spec.tp_size}; model "
+            f"{spec.shape.total_params() / 1e9:.2f}B params from {spec.shape_source}")
+
+
+def memory_table(memory: MemoryPlan) -> Table:
+    """GiB per GPU, one column per phase (colocated) or per kind of GPU (separate)."""
+    spec = memory.spec
+    t = Table()
+    t.add_column("component")
+    for column in memory.columns:
+        t.add_column(column, justify="right")
+    for row in memory.rows:
+        cells = []
+        for i, value in enumerate(row.gib):
+            cached = i < len(row.cached) and row.cached[i]
+            cells.append("-" if value is None else f"{value:.2f}" + (" cached" if cached else ""))
+        t.add_row(row.name, *cells)
+    t.add_row(Text("total", style="bold"), *(Text(f"{v:.2f}", style="bold") for v in memory.totals))
+    t.add_row("headroom", *(f"{spec.gpu_memory_gib - v:.2f}" for v in memory.totals))
+    if any(any(r.cached) for r in memory.rows):
+        t.caption = ("cached: freed by the trainer, still reserved by PyTorch's caching allocator while the "
+                     "engines run (no torch.cuda.empty_cache() before they wake)")
+        t.caption_justify = "left"
+    return t
+
+
+def memory_lines(memory: MemoryPlan) -> list[str]:
+    """The verdict under the table: the one-line problems, else that it fits."""
+    if memory.problems:
+        return list(memory.problems)
+    worst = max(memory.totals)
+    return [f"fits: at most {worst:.1f} of {memory.spec.gpu_memory_gib:g} GiB per GPU "
+            f"({memory.spec.gpu_memory_gib - worst:.1f} GiB headroom)"]
 
 
 def command_lines(plan: Plan) -> list[str]:
@@ -114,7 +152,12 @@ def render_plan(plan: Plan) -> Group:
     # No border, and long commands broken with `\` continuations at flag boundaries, so every
     # line copy-pastes into a shell at any terminal width of 80 or more.
     commands = Text("\n".join(shell_wrap(line) for line in command_lines(plan)))
-    return Group(_summary(plan), _nodes(plan), Rule("commands", align="left"), commands)
+    parts = [_summary(plan), _nodes(plan)]
+    if plan.memory is not None:
+        style = "green" if plan.memory.fits else "bold red"
+        parts += [Text(memory_header(plan.memory), style="italic"), memory_table(plan.memory),
+                  Text("\n".join(memory_lines(plan.memory)), style=style)]
+    return Group(*parts, Rule("commands", align="left"), commands)
 
 
 def plan_text(plan: Plan, width: int = 400) -> str:

@@ -6,7 +6,10 @@ user's sizes into a `Plan`: trainer ranks per node (one FSDP2 mesh over every tr
 `fully_shard` per decoder layer), vLLM engine replicas with their GPU ids and tensor-parallel
 size (colocated with training via sleep/wake, or on their own GPUs), the sandbox layout (Redis
 front end on the head node, workers on every node) and the exact per-node launch command.
-Every inconsistency is a `PlanError` with one line that names the field and the value.
+Every inconsistency is a `PlanError` with one line that names the field and the value, including
+a placement vLLM's IPC weight transfer cannot serve (`check_ipc_groups`). The per-GPU memory
+table (`launch/memory_plan.py`) depends on the recipe as well, so the CLI attaches it to the
+plan (`Plan.memory`).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rstar2_cli.launch import torchrun_cmd
+from rstar2_cli.launch.memory_plan import MemoryPlan
 from rstar2_cli.launch.torchrun_cmd import DEFAULT_REDIS_PORT
 from rstar2_cli.rollout.weight_transfer import choose_backend
 
@@ -22,11 +26,6 @@ DEFAULT_ENTRY_MODULE = "rstar2_cli.rl.launch_entry"
 # Read by the RL entry module on every node: where its vLLM engines go and their TP size.
 ENGINE_GPUS_ENV = "RSTAR2_ENGINE_GPU_IDS"
 ENGINE_TP_ENV = "RSTAR2_ENGINE_TP"
-# FSDP2 with fp32 sharded parameters, fp32 gradients and AdamW's two fp32 moments: 16 bytes per
-# parameter, divided over the trainer ranks. The bf16 engine copy is 2 bytes per parameter / TP.
-TRAIN_STATE_BYTES_PER_PARAM = 16
-ENGINE_WEIGHT_BYTES_PER_PARAM = 2
-GIB = 1024**3
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -57,8 +56,6 @@ class TopologySpec:
     rdzv_id: str = "rstar2-rl"
     entry_module: str = DEFAULT_ENTRY_MODULE
     recipe_args: tuple[str, ...] = ()
-    model_params_b: float | None = None
-    gpu_memory_gib: float | None = None
     prompts_per_step: int | None = None
     rollouts_per_prompt: int | None = None
     weight_transfer: str = "auto"      # engine.weight_transfer: auto | ipc | nccl | chunked
@@ -115,9 +112,6 @@ class TopologySpec:
         for name in ("prompts_per_step", "rollouts_per_prompt"):
             value = getattr(self, name)
             need(value is None or value >= 1, f"{name}={value}: must be >= 1")
-        for name in ("model_params_b", "gpu_memory_gib"):
-            value = getattr(self, name)
-            need(value is None or value > 0, f"{name}={value}: must be > 0")
         try:
             choose_backend(self.weight_transfer, on_gpu=self.gpus > 0, colocate=self.colocate)
         except ValueError as e:
@@ -196,8 +190,7 @@ class Plan:
     sandbox: SandboxPlan
     weight_transfer: str = "chunked"   # the backend the run uses (rollout/weight_transfer.py)
     samples_per_dp_rank: int | None = None
-    est_train_state_gib_per_gpu: float | None = None
-    est_engine_weights_gib_per_gpu: float | None = None
+    memory: MemoryPlan | None = None     # per-GPU memory by phase (launch/memory_plan.py); GPU runs
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -242,22 +235,37 @@ def _node_engines(spec: TopologySpec, node_rank: int) -> tuple[EngineReplica, ..
     )
 
 
-def _estimates(spec: TopologySpec, world: int) -> tuple[float | None, float | None, list[str]]:
-    if spec.model_params_b is None:
-        return None, None, []
-    params = spec.model_params_b * 1e9
-    train = params * TRAIN_STATE_BYTES_PER_PARAM / max(world, 1) / GIB
-    engine = params * ENGINE_WEIGHT_BYTES_PER_PARAM / spec.tp_size / GIB
-    notes: list[str] = []
-    if spec.gpu_memory_gib is not None and spec.gpus > 0:
-        budget = spec.gpu_memory_gib
-        held = train + (engine if not spec.colocate else 0.0)
-        if held > 0.8 * budget:
-            notes.append(f"training state {held:.1f} GiB/GPU is over 80% of {budget:g} GiB: "
-                         "use more trainer GPUs or CPU offload")
-        if engine > 0.5 * budget:
-            notes.append(f"engine weights {engine:.1f} GiB/GPU leave little KV cache: raise tp_size")
-    return round(train, 2), round(engine, 2), notes
+def check_ipc_groups(plan: Plan) -> None:
+    """The placement vLLM's IPC weight transfer assumes, or a one-line PlanError.
+
+    vLLM all-gathers the IPC handles over the *default* process group and "assumes the default
+    group is exactly the set of colocated trainer ranks and that the sender is a member"
+    (vllm/distributed/weight_transfer/ipc_engine.py, `_all_gather_and_merge_handles`); each
+    engine worker then opens the handle exported for its own GPU's UUID. Here the default group
+    is torchrun's world, i.e. every trainer rank of every node, and every node's LOCAL_RANK 0 is
+    a sender for its own replicas (rollout/weight_transfer.py). That works when, on every node,
+    each engine GPU is also a trainer GPU (the rank on it exports that GPU's handle) and the
+    sender, GPU 0's rank, trains there too; the handles of other nodes' ranks are merged under
+    their own GPU UUIDs, which this node's workers never look up (GPU UUIDs are unique per device).
+    """
+    if plan.weight_transfer != "ipc":
+        return
+    if not plan.colocated:
+        raise PlanError("engine.weight_transfer='ipc' needs colocated engines: CUDA IPC shares a GPU")
+    ranks = sum(len(n.trainer_ranks) for n in plan.nodes)
+    if ranks != plan.trainer_world_size:
+        raise PlanError(f"weight_transfer=ipc: {ranks} trainer ranks on the nodes but world size "
+                        f"{plan.trainer_world_size}: the default process group must be the trainer ranks")
+    for node in plan.nodes:
+        engine_gpus = [g for e in node.engines for g in e.gpu_ids]
+        outside = sorted(set(engine_gpus) - set(node.trainer_gpu_ids))
+        if outside or len(set(engine_gpus)) != len(engine_gpus):
+            raise PlanError(f"weight_transfer=ipc: node {node.node_rank} has engines on GPUs {engine_gpus} and "
+                            f"trainer ranks on GPUs {list(node.trainer_gpu_ids)}: every engine GPU must be one "
+                            "trainer rank's GPU of the same node, once")
+        if 0 not in node.trainer_gpu_ids:
+            raise PlanError(f"weight_transfer=ipc: node {node.node_rank} has no trainer rank on GPU 0: its "
+                            "LOCAL_RANK 0 sends the IPC handles and must be in the default process group")
 
 
 def build_plan(spec: TopologySpec) -> Plan:
@@ -300,18 +308,17 @@ def build_plan(spec: TopologySpec) -> Plan:
             launch=argv,
             env=env,
         ))
-    train_gib, engine_gib, notes = _estimates(spec, world)
-    if direct:
-        notes.insert(0, f"launch directly: one process on {'CPU' if spec.gpus == 0 else '1 GPU'}, no torchrun")
+    notes = [f"launch directly: one process on {'CPU' if spec.gpus == 0 else '1 GPU'}, no torchrun"] if direct else []
     n_engines = sum(len(n.engines) for n in nodes)
-    return Plan(
+    plan = Plan(
         spec=spec, launch_mode="direct" if direct else "torchrun", device="cpu" if spec.gpus == 0 else "gpu",
         trainer_world_size=world, data_parallel_size=dp, colocated=spec.colocate, engine_replicas=n_engines,
         nodes=tuple(nodes), sandbox=sandbox,
         weight_transfer=choose_backend(spec.weight_transfer, on_gpu=spec.gpus > 0, colocate=spec.colocate),
-        samples_per_dp_rank=samples_per_rank,
-        est_train_state_gib_per_gpu=train_gib, est_engine_weights_gib_per_gpu=engine_gib, notes=tuple(notes),
+        samples_per_dp_rank=samples_per_rank, notes=tuple(notes),
     )
+    check_ipc_groups(plan)
+    return plan
 
 
 def plan_from_args(gpus: int, nodes: int = 1, **kwargs: Any) -> Plan:

@@ -39,13 +39,21 @@ def decoder_layers(model) -> Sequence[torch.nn.Module]:
     return layers
 
 
-def shard_model(model, mp_policy) -> None:
-    """FSDP2: `fully_shard` each decoder layer, then the root (embeddings, norm, lm_head)."""
-    from torch.distributed.fsdp import fully_shard
+def shard_model(model, mp_policy=None) -> None:
+    """FSDP2: `fully_shard` each decoder layer, then the root (embeddings, norm, lm_head).
 
+    `mp_policy` None means torch's own default, `MixedPrecisionPolicy()` (compute in the
+    parameters' dtype). It is never handed on as None: `fully_shard` stores whatever it gets and
+    its pre-forward hook reads `mp_policy.cast_forward_inputs`, so None would fail the first
+    forward with an AttributeError (torch/distributed/fsdp/_fully_shard/_fsdp_state.py)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy() if mp_policy is None else mp_policy
+    if not isinstance(policy, MixedPrecisionPolicy):
+        raise TypeError(f"mp_policy: expected a torch.distributed.fsdp.MixedPrecisionPolicy, got {policy!r}")
     for layer in decoder_layers(model):
-        fully_shard(layer, mp_policy=mp_policy)
-    fully_shard(model, mp_policy=mp_policy)
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
 
 
 def _prepare(model, gradient_checkpointing: bool):
@@ -56,7 +64,8 @@ def _prepare(model, gradient_checkpointing: bool):
 
 
 def place_model(model, *, sharded: bool, device: torch.device, mp_policy=None, gradient_checkpointing: bool = False):
-    """A materialised model (e.g. built by a test) as fp32 on `device`, FSDP2-sharded when `sharded`."""
+    """A materialised model (e.g. built by a test) as fp32 on `device`, FSDP2-sharded when `sharded`
+    (`mp_policy` None: fp32 compute, see `shard_model`)."""
     model = _prepare(model.float(), gradient_checkpointing)
     if sharded:
         shard_model(model, mp_policy)
@@ -69,7 +78,8 @@ def build_policy_model(path: str, *, sharded: bool, device: torch.device, mp_pol
 
     `method` (sharded only): "slices" or "broadcast" (meta device, local shards only) or "full"
     (every rank loads the whole model with `from_pretrained`, then shards it: the baseline
-    of benchmarks/bench_load_memory.py). Unsharded runs always use `from_pretrained`."""
+    of benchmarks/bench_load_memory.py). Unsharded runs always use `from_pretrained`.
+    `mp_policy` None: fp32 compute (see `shard_model`)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     if method not in LOAD_METHODS:

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from rstar2_cli.rollout.gpu_visibility import visible_gpus
+from rstar2_cli.launch.gpu_visibility import visible_gpus
 from rstar2_cli.rollout.weight_transfer import engine_weight_sync_args, push_weights
 
 if TYPE_CHECKING:
@@ -167,7 +167,6 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-
         blocks = block = None
         if kv_cache_tokens is not None:
             block = 32 if on_cpu else 16   # fine-grained, as on GPU
@@ -177,6 +176,7 @@ class VLLMEngine:
         # CPU prefill whole prompts (the budget must then hold the longest context).
         chunking = {} if not on_cpu else {"enable_chunked_prefill": False,
                                           "max_num_batched_tokens": max(max_model_len, 2048)}
+        sync = engine_weight_sync_args(weight_transfer)
         args = AsyncEngineArgs(
             **chunking,
             model=model_path, seed=seed, max_model_len=max_model_len, dtype=dtype,
@@ -184,7 +184,7 @@ class VLLMEngine:
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
             max_num_seqs=cfg.max_num_seqs, num_gpu_blocks_override=blocks, block_size=block,
-            **engine_weight_sync_args(weight_transfer),
+            worker_extension_cls=sync["worker_extension_cls"], weight_transfer_config=sync["weight_transfer_config"],
             enable_sleep_mode=bool(cfg.colocate and not on_cpu),   # training shares the GPUs
             disable_log_stats=True,   # no periodic log lines; our stat logger still gets stats
         )

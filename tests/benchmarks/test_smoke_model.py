@@ -110,6 +110,8 @@ def test_benchmark_script_writes_json_on_cpu(tmp_path):
     assert upd["world_size"] == 1 and upd["tokens_per_s"] > 0 and upd["mfu"] > 0 and upd["ratio_vs_baseline"] > 0
     load = saved["sharded_load"]      # the trainer's meta-device load, on a 1-rank process group
     assert load["method"] == "slices" and load["world_size"] == 1 and load["local_params"] == 138_112
+    # ... then a forward and backward through that sharded model (a random tiny model: loss ~ ln vocab)
+    assert load["forward_backward_s"] > 0 and 5.0 < load["loss"] < 9.0
 
 
 def test_benchmark_runs_on_a_bare_node_without_the_clis_dependencies(tmp_path):

@@ -51,13 +51,32 @@ def test_hadolint_passes():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_base_image_is_pinned_rocm_vllm():
+def test_base_image_is_vllms_rocm_image_pinned_at_0_32_or_newer():
+    """The code calls vLLM 0.32 APIs (weight transfer, pause/resume generation)."""
     froms = [args for kw, args, _ in INSTRUCTIONS if kw == "FROM"]
     assert froms, "no FROM"
     for image in froms:
         name, _, tag = image.split()[0].partition(":")
-        assert name == "rocm/vllm", image
-        assert tag and tag != "latest" and "rocm" in tag and "vllm" in tag, f"unpinned base {image!r}"
+        assert name == "vllm/vllm-openai-rocm", image
+        version = re.fullmatch(r"v(\d+)\.(\d+)\.(\d+)", tag)
+        assert version, f"base {image!r} is not pinned to a release tag"
+        assert tuple(map(int, version.groups()[:2])) >= (0, 32), image
+
+
+def test_build_checks_vllm_version_and_every_gpu_api():
+    run = next(args for kw, args, _ in INSTRUCTIONS if kw == "RUN" and "tomllib" in args)
+    assert "release[:2] >= (0, 32)" in run
+    assert run.rstrip().endswith("python3 scripts/check_gpu_apis.py")
+    copies = [args for kw, args, _ in INSTRUCTIONS if kw == "COPY"]
+    assert "scripts ./scripts" in copies
+
+
+def test_flash_attention_for_rocm_is_installed_and_imported():
+    run = next(args for kw, args, _ in INSTRUCTIONS if kw == "RUN" and "flash-attention" in args)
+    assert 'GPU_ARCHS="${GPU_ARCHS}"' in run and "--no-build-isolation" in run
+    assert run.rstrip().endswith("""python3 -c "import flash_attn; print('flash-attn', flash_attn.__version__)\"""")
+    args = {a.split("=")[0]: a.split("=", 1)[1] for kw, a, _ in INSTRUCTIONS if kw == "ARG"}
+    assert args["GPU_ARCHS"] == "gfx942" and args["FLASH_ATTN_COMMIT"]
 
 
 def test_every_env_has_a_reason_comment_and_sets_one_variable():

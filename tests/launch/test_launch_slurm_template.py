@@ -32,7 +32,7 @@ def test_paper_allocation_and_documented_variables():
         assert line in TEXT
     header = TEXT.split("#SBATCH", 1)[0]
     for var in ("STAGE", "RL_ARGS", "GPUS_PER_NODE", "TP_SIZE", "MASTER_PORT",
-                "REDIS_PORT", "SANDBOX_WORKERS_PER_NODE"):
+                "REDIS_PORT", "SANDBOX_WORKERS_PER_NODE", "CPUS_PER_NODE"):
         assert f"#   {var}" in header, f"{var} is not documented at the top"
 
 
@@ -62,3 +62,36 @@ def test_plan_under_the_templates_environment():
     plan = plan_from_args(64, sizes.nodes, gpus_per_node=8, master_addr=sizes.master_addr)
     assert sizes.node_rank == 2
     assert "--node-rank 2 --rdzv-backend c10d --rdzv-endpoint n01:29500" in plan.nodes[sizes.node_rank].command
+
+
+def test_every_step_is_given_its_cpus(tmp_path):
+    """Run the template with stand-ins for srun, scontrol, redis-cli, python3 and rstar2: each
+    srun step names --cpus-per-task, and the per-node trainer and sandbox-worker steps get all of
+    the node's CPUs (srun gives a task one CPU unless told, and binding keeps it there)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "srun.log"
+    stubs = {
+        "srun": f'printf "%s\\n" "$*" >> {log}\n',
+        "scontrol": 'printf "n01\\nn02\\n"\n',
+        "redis-cli": "exit 0\n", "python3": "exit 0\n", "rstar2": "exit 0\n",
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[01-02]",
+           "SLURM_CPUS_ON_NODE": "192", "HOME": str(tmp_path)}
+    run = subprocess.run(["bash", str(SBATCH)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    steps = log.read_text().splitlines()
+    assert len(steps) == 5
+    assert all("--cpus-per-task=" in s for s in steps), steps
+    trainers = next(s for s in steps if "--kill-on-bad-exit=1" in s)
+    workers = next(s for s in steps if "serve-sandbox --worker" in s)
+    assert "--cpus-per-task=192" in trainers and "--cpus-per-task=192" in workers
+    assert "--cpus-per-task=2" in next(s for s in steps if "redis-server" in s)
+    env["CPUS_PER_NODE"] = "96"     # a site that keeps cores for itself
+    log.unlink()
+    subprocess.run(["bash", str(SBATCH)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                   check=True)
+    assert "--cpus-per-task=96" in next(s for s in log.read_text().splitlines() if "--kill-on-bad-exit=1" in s)

@@ -1,13 +1,15 @@
 """Placement a user relies on: ranks, engines, TP, commands; and early one-line errors."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 
 import pytest
 
 from rstar2_cli.launch.plan_view import command_lines, plan_text, shell_wrap
-from rstar2_cli.launch.topology import ENGINE_GPUS_ENV, PlanError, TopologySpec, build_plan, plan_from_args
+from rstar2_cli.launch.topology import (ENGINE_GPUS_ENV, EngineReplica, PlanError, TopologySpec, build_plan,
+                                        check_ipc_groups, plan_from_args)
 
 
 def test_cpu_only_launches_directly():
@@ -49,8 +51,7 @@ def test_sixteen_gpus_two_nodes_separate_engines():
 
 def test_sixtyfour_gpus_eight_nodes_paper_setup():
     plan = plan_from_args(64, 8, tp_size=2, master_addr="node001", master_port=29400, rdzv_id="job42",
-                          prompts_per_step=512, rollouts_per_prompt=16, model_params_b=14, gpu_memory_gib=192,
-                          recipe_args=("--stage", "2"))
+                          prompts_per_step=512, rollouts_per_prompt=16, recipe_args=("--stage", "2"))
     assert plan.trainer_world_size == 64 and plan.data_parallel_size == 64
     assert plan.engine_replicas == 32 and plan.colocated
     assert plan.samples_per_dp_rank == 128
@@ -63,9 +64,7 @@ def test_sixtyfour_gpus_eight_nodes_paper_setup():
     assert plan.sandbox.mode == "redis" and plan.sandbox.redis_url == "redis://node001:6379/0"
     assert plan.sandbox.total_workers == 8 * 32
     assert [n.runs_redis_front_end for n in plan.nodes] == [True] + [False] * 7
-    # 14e9 params x 16 B / 64 ranks; bf16 engine copy / TP 2
-    assert plan.est_train_state_gib_per_gpu == pytest.approx(14e9 * 16 / 64 / 2**30, abs=0.01)
-    assert plan.est_engine_weights_gib_per_gpu == pytest.approx(14e9 * 2 / 2 / 2**30, abs=0.01)
+    assert plan.weight_transfer == "ipc" and plan.memory is None     # the CLI adds the memory table
     assert not plan.notes
 
 
@@ -76,9 +75,24 @@ def test_external_redis_is_not_started_by_the_plan():
     assert "--redis redis://cache:6380/1" in plan.sandbox.worker_command
 
 
-def test_memory_hint_warns_about_engine_weights():
-    plan = plan_from_args(8, model_params_b=70, gpu_memory_gib=80, tp_size=1)
-    assert any("raise tp_size" in n for n in plan.notes)
+def test_ipc_placement_is_checked_against_vllms_default_group_assumption():
+    """vLLM's IPC sender all-gathers handles over the default group (every trainer rank here);
+    each engine worker needs the handle of its own GPU, exported by the rank that trains on it."""
+    plan = plan_from_args(16, 2, tp_size=2, master_addr="h0")
+    assert plan.weight_transfer == "ipc"
+    check_ipc_groups(plan)                                       # what build_plan lays out passes
+    node = plan.nodes[1]
+    stray = dataclasses.replace(node, engines=node.engines[:-1] + (EngineReplica(7, 1, (7, 8), 2),))
+    with pytest.raises(PlanError, match=r"node 1 has engines on GPUs \[0, 1, 2, 3, 4, 5, 7, 8\] and trainer "
+                                        r"ranks on GPUs \[0, 1, 2, 3, 4, 5, 6, 7\]"):
+        check_ipc_groups(dataclasses.replace(plan, nodes=(plan.nodes[0], stray)))
+    no_sender = dataclasses.replace(node, trainer_gpu_ids=tuple(range(1, 8)), engines=node.engines[1:])
+    with pytest.raises(PlanError, match="no trainer rank on GPU 0"):
+        check_ipc_groups(dataclasses.replace(plan, nodes=(plan.nodes[0], no_sender)))
+    with pytest.raises(PlanError, match="16 trainer ranks on the nodes but world size 24"):
+        check_ipc_groups(dataclasses.replace(plan, trainer_world_size=24))
+    nccl = plan_from_args(16, 2, colocate=False, engine_gpus=4, tp_size=2, master_addr="h0")
+    check_ipc_groups(nccl)                                       # not ipc: nothing to check
 
 
 def test_plan_is_frozen_and_json_serialisable():

@@ -108,26 +108,3 @@ def test_host_ranks_need_exactly_one_host_per_node():
     with pytest.raises(RolloutHostError, match=r"\{0: \[0, 1\]\}"):
         host_ranks([(0, True), (0, True)], 1)
 
-
-def test_visible_gpus_maps_through_the_process_visibility_and_restores_it(monkeypatch):
-    """An engine's GPU group becomes CUDA_VISIBLE_DEVICES of the engine-core process it spawns."""
-    import os
-
-    from rstar2_cli.rollout.gpu_visibility import visible_gpus
-
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    with visible_gpus((2, 3)) as value:
-        assert value == os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
-    assert "CUDA_VISIBLE_DEVICES" not in os.environ
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    with visible_gpus((1, 2)):
-        assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,6"
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
-    with pytest.raises(ValueError, match=r"gpu id 4 is not one of the 4 devices in CUDA_VISIBLE_DEVICES='4,5,6,7'"):
-        with visible_gpus((4,)):
-            pass
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
-    with pytest.raises(RuntimeError, match="engine failed"):   # a failed engine start restores it too
-        with visible_gpus((0,)):
-            raise RuntimeError("engine failed")
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"

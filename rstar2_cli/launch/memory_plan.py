@@ -1,0 +1,294 @@
+"""GPU memory of an RL launch, per GPU and per phase, worked out before anything starts.
+
+A plan that runs out of memory on the first wake-up of the engines has cost a 64-GPU job its
+model loading. So `rstar2 rl --dry-run` adds up, for one GPU, everything the trainer and the
+vLLM engines hold in each phase, and says in one line which phase does not fit and by how much.
+Every term is a formula below with its source; the ones not derived from code are marked
+*assumed* (TRAINER_RUNTIME_GIB, ENGINE_RUNTIME_GIB, the backward transient). Nothing here was
+measured on a GPU.
+
+Trainer (rl/model_load.py, rl/policy.py): fp32 parameters sharded by FSDP2 over all N trainer
+ranks (`fully_shard` per decoder layer, then the root), so per rank
+  parameters 4 P / N, gradients 4 P / N (FSDP2 keeps sharded gradients in the parameters' fp32;
+  the policy reduces in fp32), AdamW exp_avg + exp_avg_sq 8 P / N (fp32, like the parameters).
+  There is no separate master copy: the fp32 parameters are the master weights, and
+  MixedPrecisionPolicy(param_dtype=bf16) casts them only for compute.
+FSDP2 buffers, bf16 all-gathers: the root unit (embeddings, LM head, final norm) stays unsharded
+through forward and backward (torch reshards the root only after backward), two decoder layers
+(the one computing and the one prefetched); gradient reduction of the largest unit: its bf16
+gradients plus the fp32 copy reduce-scattered (reduce_dtype=fp32):
+  2 B x (root + 2 x layer) + 6 B x max(root, layer).
+Activations of one micro-batch of T = `train.micro_batch_tokens` tokens, bf16, per layer and
+token (the tensors autograd saves in transformers' Qwen3DecoderLayer; tests/launch count them):
+  A = 2 B x (8 h + 5 a + 5 kv + 4 I + 4 heads + 2 kv_heads + 2 head_dim + 4)
+  (h hidden, a = heads x head_dim, kv = kv_heads x head_dim, I intermediate: the RMSNorms keep
+  an fp32 input and a bf16 output, q and k pass q_norm/k_norm (fp32 inside), rotary and
+  attention; the MLP keeps gate, up, silu(gate) and their product; per-head fp32 statistics.)
+  With `model.gradient_checkpointing` only each layer's bf16 input is kept (2 B x h), and
+  backward recomputes one layer at a time: T x (L x 2 h B + 2 A), the second A being that
+  layer's activation gradients (assumed the size of its activations). Without it:
+  T x (L + 1) x A.
+Log-prob head: the final norm's saved fp32 input and bf16 output for all T tokens, T x (6 h + 4)
+B, and one chunk of `train.logprob_chunk_tokens` C tokens over the vocabulary V:
+  C x V x 4 B x 4 (fp32 logits, log-softmax, the probabilities of the entropy, the logits'
+  gradient).
+
+Engines (rollout/engines.py; vLLM's sizing in vllm/v1/worker/gpu_worker.py and utils.py): each
+engine process takes `engine.gpu_memory_utilization` x GPU memory (request_memory: the fraction
+is of the GPU's total, and vLLM refuses to start when less is free); of that, weights (bf16,
+2 P / TP per GPU) and the profile run's peak activations are taken first, and the KV cache gets
+the rest. Profile activations: vLLM's default max_num_batched_tokens for the engine context
+(2048) tokens of one layer, plus the sampler's dummy run over `engine.max_num_seqs` rows of the
+vocabulary (fp32 logits, probabilities, log-probabilities):
+  2048 x 2 B x (3 h + (a + 2 kv) / TP + 3 I / TP) + max_num_seqs x V x 4 B x 3.
+KV cache per token per GPU: 2 (K and V) x L x max(1, kv_heads / TP) x head_dim x 2 B.
+
+Phases, colocated (`engine.colocate`, the release's verl placement): during the update the
+engines sleep (weights and KV cache released from the GPU: level 1 offloads weights to host,
+level 2 drops them; vllm/v1/worker/gpu_worker.py `sleep`) and keep their process runtime; they
+wake before the weight sync and re-create the KV cache at the same size. The trainer's freed
+tensors (gradients after `zero_grad(set_to_none=True)`, activations, FSDP buffers) stay reserved
+by PyTorch's caching allocator: nothing in rl/ calls `torch.cuda.empty_cache()` before the
+engines wake, so during rollouts the trainer still holds its update-phase peak (rows marked
+"cached"). Separate placement: trainer GPUs hold only the trainer, engine GPUs only the engines.
+
+Each row is that component's peak and the totals add the rows, so a total is an upper bound of
+its phase (the activations and the root's final reduce-scatter never coincide, yet both count).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rstar2_cli.launch.model_shape import Qwen3Shape
+
+GIB = 1024**3
+BF16, FP32 = 2, 4
+# Presets for --gpu-memory, in GiB: AMD Instinct MI300X 192 GB HBM3, NVIDIA H100 80 GB, H200 141 GB.
+GPU_MEMORY_PRESETS = {"mi300x": 192.0, "h100": 80.0, "h200": 141.0}
+DEFAULT_GPU = "mi300x"                # the paper's GPUs
+# Assumed, not measured: a trainer rank's CUDA/HIP context and its NCCL/RCCL communicator buffers
+# (NCCL_MIN_NCHANNELS=112 in Dockerfile.rocm: up to ~1 GiB of channel buffers).
+TRAINER_RUNTIME_GIB = 2.0
+# Assumed, not measured: one vLLM worker process on a GPU (context, TP communicator, non-torch
+# memory); it stays while the engine sleeps.
+ENGINE_RUNTIME_GIB = 1.5
+ENGINE_BATCH_TOKENS = 2048            # vLLM SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS (engine context)
+LOGPROB_CHUNK_FACTOR = 4              # fp32 logits, log-softmax, entropy probabilities, logits' gradient
+SAMPLER_FACTOR = 3                    # fp32 logits, probabilities, log-probabilities
+
+
+class MemoryPlanError(ValueError):
+    """An unusable memory option; the message is one line."""
+
+
+def parse_gpu_memory(value: str | float) -> float:
+    """GiB per GPU from a preset name (mi300x, h100, h200; any case) or a number."""
+    text = str(value).strip().lower()
+    if text in GPU_MEMORY_PRESETS:
+        return GPU_MEMORY_PRESETS[text]
+    try:
+        gib = float(text)
+    except ValueError:
+        raise MemoryPlanError(f"--gpu-memory {value!r}: give GiB per GPU or one of "
+                              f"{', '.join(GPU_MEMORY_PRESETS)}") from None
+    if not gib > 0:
+        raise MemoryPlanError(f"--gpu-memory {value!r}: must be > 0 GiB")
+    return gib
+
+
+# ---------------------------------------------------------------- the formulas, in bytes
+
+
+def trainer_state_bytes(shape: Qwen3Shape, ranks: int) -> dict[str, float]:
+    """fp32 parameters, gradients and AdamW moments of one FSDP2 rank."""
+    per_rank = shape.total_params() / ranks
+    return {"params": FP32 * per_rank, "grads": FP32 * per_rank, "adamw": 2 * FP32 * per_rank}
+
+
+def fsdp_buffer_bytes(shape: Qwen3Shape) -> float:
+    root, layer = shape.root_params(), shape.layer_params()
+    return BF16 * (root + 2 * layer) + (BF16 + FP32) * max(root, layer)
+
+
+def layer_activation_bytes_per_token(shape: Qwen3Shape) -> int:
+    """A: what autograd keeps of one Qwen3 decoder layer per token, bf16."""
+    s = shape
+    return BF16 * (8 * s.hidden + 5 * s.attn_dim + 5 * s.kv_dim + 4 * s.intermediate
+                   + 4 * s.heads + 2 * s.kv_heads + 2 * s.head_dim + 4)
+
+
+def activation_bytes(shape: Qwen3Shape, tokens: int, checkpointing: bool) -> float:
+    layer = layer_activation_bytes_per_token(shape)
+    if checkpointing:
+        return tokens * (shape.layers * BF16 * shape.hidden + 2 * layer)
+    return tokens * (shape.layers + 1) * layer
+
+
+def logprob_head_bytes(shape: Qwen3Shape, tokens: int, chunk_tokens: int) -> float:
+    chunk = min(chunk_tokens, tokens)
+    return tokens * (6 * shape.hidden + 4) + chunk * shape.vocab * FP32 * LOGPROB_CHUNK_FACTOR
+
+
+def engine_weight_bytes(shape: Qwen3Shape, tp: int) -> float:
+    return BF16 * shape.total_params() / tp
+
+
+def engine_activation_bytes(shape: Qwen3Shape, tp: int, max_num_seqs: int,
+                            batch_tokens: int = ENGINE_BATCH_TOKENS) -> float:
+    s = shape
+    per_token = BF16 * (3 * s.hidden + (s.attn_dim + 2 * s.kv_dim) / tp + 3 * s.intermediate / tp)
+    return batch_tokens * per_token + max_num_seqs * s.vocab * FP32 * SAMPLER_FACTOR
+
+
+def kv_bytes_per_token(shape: Qwen3Shape, tp: int) -> float:
+    """One token's K and V on one GPU of a TP group (vLLM replicates KV heads when TP > kv_heads)."""
+    return 2 * shape.layers * max(1.0, shape.kv_heads / tp) * shape.head_dim * BF16
+
+
+# ---------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class MemorySpec:
+    """What the memory of one launch depends on (built from the recipe and the launch plan)."""
+
+    shape: Qwen3Shape
+    shape_source: str
+    trainer_ranks: int                # FSDP2 world size
+    colocated: bool
+    tp_size: int
+    gpu_memory_gib: float
+    gpu_name: str                     # a preset name or "custom"
+    gpu_memory_utilization: float
+    micro_batch_tokens: int
+    logprob_chunk_tokens: int
+    gradient_checkpointing: bool
+    max_model_len: int
+    max_num_seqs: int
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    name: str
+    gib: tuple[float | None, ...]     # one value per column; None: not on this GPU in this phase
+    cached: tuple[bool, ...] = ()     # per column: freed, still reserved by the caching allocator
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    spec: MemorySpec
+    columns: tuple[str, ...]          # colocated: ("rollout", "update"); separate: ("trainer GPU", "engine GPU")
+    rows: tuple[MemoryRow, ...]
+    totals: tuple[float, ...]
+    kv_cache_gib: float
+    kv_tokens_per_replica: int
+    problems: tuple[str, ...]         # one line each; empty when the plan fits
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+
+def _gib(nbytes: float) -> float:
+    return nbytes / GIB
+
+
+def build_memory_plan(spec: MemorySpec) -> MemoryPlan:
+    s, tp, gpu = spec.shape, spec.tp_size, spec.gpu_memory_gib
+    state = trainer_state_bytes(s, spec.trainer_ranks)
+    T = spec.micro_batch_tokens
+    trainer = [
+        (f"trainer parameters fp32 (1/{spec.trainer_ranks})", _gib(state["params"]), False),
+        (f"trainer gradients fp32 (1/{spec.trainer_ranks})", _gib(state["grads"]), True),
+        (f"AdamW moments fp32 (1/{spec.trainer_ranks})", _gib(state["adamw"]), False),
+        ("FSDP2 all-gather/reduce buffers", _gib(fsdp_buffer_bytes(s)), True),
+        (f"activations, {T} tokens, " + ("checkpointed" if spec.gradient_checkpointing else "no checkpointing"),
+         _gib(activation_bytes(s, T, spec.gradient_checkpointing)), True),
+        (f"log-prob head, {min(spec.logprob_chunk_tokens, T)}-token chunks",
+         _gib(logprob_head_bytes(s, T, spec.logprob_chunk_tokens)), True),
+        ("trainer runtime (assumed)", TRAINER_RUNTIME_GIB, False),
+    ]
+    budget = spec.gpu_memory_utilization * gpu
+    weights = _gib(engine_weight_bytes(s, tp))
+    engine_act = _gib(engine_activation_bytes(s, tp, spec.max_num_seqs))
+    kv = budget - weights - engine_act
+    kv_tokens = max(0, int(kv * GIB // kv_bytes_per_token(s, tp)))
+    engine = [
+        (f"engine weights bf16 (1/TP {tp})", weights),
+        (f"engine KV cache ({kv_tokens:,} tokens per replica)", kv),
+        ("engine activations (profile run)", engine_act),
+    ]
+    rows: list[MemoryRow] = []
+    if spec.colocated:
+        columns = ("rollout", "update")
+        for name, value, freed in trainer:
+            rows.append(MemoryRow(name, (value, value), (freed, False)))
+        for name, value in engine:
+            rows.append(MemoryRow(name, (value, None)))
+        rows.append(MemoryRow("engine runtime (assumed)", (ENGINE_RUNTIME_GIB, ENGINE_RUNTIME_GIB)))
+    else:
+        columns = ("trainer GPU", "engine GPU")
+        for name, value, _ in trainer:
+            rows.append(MemoryRow(name, (value, None)))
+        for name, value in engine:
+            rows.append(MemoryRow(name, (None, value)))
+        rows.append(MemoryRow("engine runtime (assumed)", (None, ENGINE_RUNTIME_GIB)))
+    totals = tuple(sum(r.gib[i] or 0.0 for r in rows) for i in range(len(columns)))
+    problems = []
+    if kv <= 0:
+        problems.append(f"engine: gpu_memory_utilization {spec.gpu_memory_utilization:g} x {gpu:g} GiB = "
+                        f"{budget:.1f} GiB does not hold its weights ({weights:.1f} GiB) and activations "
+                        f"({engine_act:.1f} GiB): raise engine.gpu_memory_utilization or "
+                        "engine.tensor_parallel_size")
+    elif kv_tokens < spec.max_model_len:
+        problems.append(f"engine: the KV cache holds {kv_tokens:,} tokens, less than one "
+                        f"max_model_len={spec.max_model_len:,} sequence: raise engine.gpu_memory_utilization "
+                        "or engine.tensor_parallel_size")
+    for column, total in zip(columns, totals):
+        if total > gpu:
+            where = f"the {column} phase" if spec.colocated else f"a {column}"
+            problems.append(f"does not fit: {where} needs {total:.1f} GiB of {gpu:g} GiB per GPU, "
+                            f"{total - gpu:.1f} GiB over")
+    return MemoryPlan(spec=spec, columns=columns, rows=tuple(rows), totals=totals, kv_cache_gib=kv,
+                      kv_tokens_per_replica=kv_tokens, problems=tuple(problems))
+
+
+def local_gpu_memory() -> tuple[float, str] | None:
+    """(GiB, device name) of this node's first GPU, or None without one (a login node)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return props.total_memory / GIB, props.name
+
+
+def resolve_gpu_memory(option: str | None) -> tuple[float, str]:
+    """(GiB, label) for --gpu-memory: a preset or a number; without it, this node's GPU, else
+    the paper's MI300X."""
+    if option is not None:
+        gib = parse_gpu_memory(option)
+        name = str(option).strip().lower()
+        return gib, name if name in GPU_MEMORY_PRESETS else "custom"
+    local = local_gpu_memory()
+    if local is not None:
+        return round(local[0], 1), local[1]
+    return GPU_MEMORY_PRESETS[DEFAULT_GPU], f"{DEFAULT_GPU}, the default"
+
+
+def memory_spec_for(cfg, plan, gpu_memory_gib: float, gpu_name: str) -> MemorySpec:
+    """The memory inputs of a GPU launch: the recipe `cfg` (RecipeConfig) placed by `plan`."""
+    from rstar2_cli.launch.model_shape import shape_for_model
+    from rstar2_cli.rollout.engines import default_max_model_len
+
+    shape, source = shape_for_model(cfg.model.path)
+    return MemorySpec(
+        shape=shape, shape_source=source, trainer_ranks=plan.trainer_world_size, colocated=plan.colocated,
+        tp_size=plan.spec.tp_size, gpu_memory_gib=gpu_memory_gib, gpu_name=gpu_name,
+        gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+        micro_batch_tokens=cfg.train.micro_batch_tokens, logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        max_model_len=default_max_model_len(cfg.rollout.max_response_tokens, cfg.engine.max_model_len),
+        max_num_seqs=cfg.engine.max_num_seqs)

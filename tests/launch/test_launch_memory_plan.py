@@ -1,0 +1,202 @@
+"""The dry run's memory table: Qwen3-14B's real sizes, each row against hand-computed bytes, the
+activation formula against what autograd keeps, the one-line verdict and the CLI option."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rstar2_cli.cli import app
+from rstar2_cli.launch import memory_plan as mp
+from rstar2_cli.launch.model_shape import QWEN3_14B, Qwen3Shape, shape_for_model
+
+GIB = 2**30
+P14 = 14_768_307_200      # Qwen3-14B: 40 x 330,311,936 + final norm 5,120 + 2 x 151,936 x 5,120 (untied)
+
+
+def stage2_spec(**changes) -> mp.MemorySpec:
+    """Stage 2 on 64 MI300X as the recipe runs it: colocated, TP 2, 0.6 of the GPU for vLLM."""
+    spec = mp.MemorySpec(shape=QWEN3_14B, shape_source="test", trainer_ranks=64, colocated=True, tp_size=2,
+                         gpu_memory_gib=192.0, gpu_name="mi300x", gpu_memory_utilization=0.6,
+                         micro_batch_tokens=32768, logprob_chunk_tokens=1024, gradient_checkpointing=True,
+                         max_model_len=12288 + 2048, max_num_seqs=256)
+    return dataclasses.replace(spec, **changes)
+
+
+def test_qwen3_14b_counts_by_hand_and_as_transformers_builds_it():
+    s = QWEN3_14B
+    # q 5120x5120, k and v 5120x1024, o 5120x5120, q_norm/k_norm 128, MLP 3 x 5120 x 17408, 2 norms
+    assert s.layer_params() == 2 * 5120 * 5120 + 2 * 5120 * 1024 + 256 + 3 * 5120 * 17408 + 2 * 5120 == 330_311_936
+    assert s.root_params() == 2 * 151_936 * 5120 + 5120 == 1_555_829_760
+    assert s.total_params() == 40 * 330_311_936 + 5120 + 2 * 151_936 * 5120 == P14
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    config = Qwen3Config(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=8,
+                         head_dim=128, intermediate_size=17408, vocab_size=151936, tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == P14
+    assert Qwen3Shape.from_hf_config(config.to_dict()) == s
+
+
+def test_shape_comes_from_the_checkpoint_config_when_there_is_one(tmp_path):
+    missing = tmp_path / "missing"
+    assert shape_for_model(str(missing)) == (QWEN3_14B, f"Qwen3-14B (assumed: no {missing}/config.json)")
+    from transformers import Qwen3Config
+
+    Qwen3Config(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=16, intermediate_size=128, tie_word_embeddings=True).save_pretrained(tmp_path)
+    shape, source = shape_for_model(str(tmp_path))
+    assert source == str(tmp_path / "config.json")
+    assert shape == Qwen3Shape(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=384,
+                               tie_embeddings=True)
+
+
+def saved_activation_bytes_per_token(shape: Qwen3Shape, tokens: int = 64) -> float:
+    """What autograd keeps of one transformers Qwen3DecoderLayer forward in bf16 (distinct
+    storages, parameters and the layer input excluded), per token."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RotaryEmbedding
+
+    cfg = Qwen3Config(hidden_size=shape.hidden, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                      head_dim=shape.head_dim, intermediate_size=shape.intermediate, num_hidden_layers=1,
+                      vocab_size=shape.vocab)
+    cfg._attn_implementation = "sdpa"
+    layer = Qwen3DecoderLayer(cfg, 0).to(torch.bfloat16)
+    x = torch.randn(1, tokens, shape.hidden, dtype=torch.bfloat16, requires_grad=True)
+    positions = torch.arange(tokens)[None]
+    rotary = Qwen3RotaryEmbedding(cfg)(x, positions)
+    skip = {p.untyped_storage().data_ptr() for p in layer.parameters()} | {x.untyped_storage().data_ptr()}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in skip:
+            kept[ptr] = max(kept.get(ptr, 0), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+    return sum(kept.values()) / tokens
+
+
+@pytest.mark.parametrize("shape", [
+    Qwen3Shape(hidden=256, layers=1, heads=4, kv_heads=2, head_dim=64, intermediate=768, vocab=64),
+    Qwen3Shape(hidden=512, layers=1, heads=8, kv_heads=2, head_dim=64, intermediate=1536, vocab=64),
+    Qwen3Shape(hidden=256, layers=1, heads=8, kv_heads=4, head_dim=32, intermediate=1024, vocab=64),
+])
+def test_layer_activation_formula_is_what_autograd_keeps(shape):
+    assert saved_activation_bytes_per_token(shape) == mp.layer_activation_bytes_per_token(shape)
+
+
+def test_stage2_on_64_mi300x_row_by_row():
+    plan = mp.build_memory_plan(stage2_spec())
+    assert plan.columns == ("rollout", "update")
+    rows = {r.name: r for r in plan.rows}
+    # per-token bytes of one layer: 2 x (8x5120 + 5x5120 + 5x1024 + 4x17408 + 4x40 + 2x8 + 2x128 + 4)
+    assert mp.layer_activation_bytes_per_token(QWEN3_14B) == 283_496
+    expected = {   # bytes, worked out by hand
+        "trainer parameters fp32 (1/64)": 4 * P14 / 64,                                      # 923,019,200
+        "trainer gradients fp32 (1/64)": 4 * P14 / 64,
+        "AdamW moments fp32 (1/64)": 8 * P14 / 64,
+        # bf16 root + two layers, then the root's bf16 gradients and their fp32 reduce-scatter copy
+        "FSDP2 all-gather/reduce buffers": 2 * (1_555_829_760 + 2 * 330_311_936) + 6 * 1_555_829_760,
+        # 40 checkpointed bf16 layer inputs + one recomputed layer and its gradients, 32768 tokens
+        "activations, 32768 tokens, checkpointed": 32768 * (40 * 2 * 5120 + 2 * 283_496),  # 29.80 GiB
+        # final norm (fp32 in, bf16 out) for 32768 tokens + one 1024 x 151936 chunk x 4 B x 4
+        "log-prob head, 1024-token chunks": 32768 * (6 * 5120 + 4) + 1024 * 151_936 * 16,
+        "engine weights bf16 (1/TP 2)": 2 * P14 / 2,
+        # 2048 profile tokens of one layer + the sampler's 256 x 151936 fp32 rows x 3
+        "engine activations (profile run)": 2048 * 2 * (3 * 5120 + (5120 + 2048) / 2 + 3 * 17408 / 2)
+                                            + 256 * 151_936 * 12,
+    }
+    for name, nbytes in expected.items():
+        value = next(v for v in rows[name].gib if v is not None)
+        assert value == pytest.approx(nbytes / GIB, rel=1e-12), name
+    kv = 0.6 * 192 - expected["engine weights bf16 (1/TP 2)"] / GIB - expected["engine activations (profile run)"] / GIB
+    assert plan.kv_cache_gib == pytest.approx(kv) == pytest.approx(100.839, abs=1e-3)
+    assert plan.kv_tokens_per_replica == int(kv * GIB // (2 * 40 * 4 * 128 * 2)) == 1_321_721
+    trainer = sum(v for k, v in expected.items() if not k.startswith("engine")) / GIB + mp.TRAINER_RUNTIME_GIB
+    # rollout: the trainer's update-phase peak stays reserved, plus vLLM's 0.6 x 192 and its runtime
+    assert plan.totals == pytest.approx((trainer + 0.6 * 192 + mp.ENGINE_RUNTIME_GIB,
+                                         trainer + mp.ENGINE_RUNTIME_GIB))
+    assert plan.totals == pytest.approx((168.02, 52.82), abs=0.005)
+    assert plan.fits and not plan.problems
+    assert rows["activations, 32768 tokens, checkpointed"].cached == (True, False)
+    assert rows["engine KV cache (1,321,721 tokens per replica)"].gib[1] is None      # asleep in the update
+
+
+def test_without_checkpointing_every_layer_keeps_its_activations():
+    plan = mp.build_memory_plan(stage2_spec(gradient_checkpointing=False))
+    row = next(r for r in plan.rows if r.name.startswith("activations"))
+    assert row.gib[1] == pytest.approx(32768 * 41 * 283_496 / GIB) == pytest.approx(354.72, abs=0.01)
+    assert plan.problems == ("does not fit: the rollout phase needs 492.9 GiB of 192 GiB per GPU, 300.9 GiB over",
+                             "does not fit: the update phase needs 377.7 GiB of 192 GiB per GPU, 185.7 GiB over")
+
+
+def test_a_plan_that_does_not_fit_says_which_phase_and_by_how_much():
+    plan = mp.build_memory_plan(stage2_spec(gpu_memory_gib=80.0, gpu_name="h100"))
+    assert plan.problems == ("does not fit: the rollout phase needs 100.8 GiB of 80 GiB per GPU, 20.8 GiB over",)
+    small = mp.build_memory_plan(stage2_spec(gpu_memory_gib=80.0, gpu_memory_utilization=0.15))
+    assert small.problems[0].startswith("engine: gpu_memory_utilization 0.15 x 80 GiB = 12.0 GiB does not hold "
+                                        "its weights (13.8 GiB)")
+    long = mp.build_memory_plan(stage2_spec(max_model_len=2_000_000))
+    assert long.problems == ("engine: the KV cache holds 1,321,721 tokens, less than one max_model_len=2,000,000 "
+                             "sequence: raise engine.gpu_memory_utilization or engine.tensor_parallel_size",)
+
+
+def test_separate_engine_gpus_hold_only_the_engine():
+    plan = mp.build_memory_plan(stage2_spec(colocated=False, trainer_ranks=48, gpu_memory_utilization=0.9))
+    assert plan.columns == ("trainer GPU", "engine GPU")
+    params = next(r for r in plan.rows if r.name == "trainer parameters fp32 (1/48)")
+    assert params.gib == (pytest.approx(4 * P14 / 48 / GIB), None) and not any(params.cached)
+    assert plan.totals[1] == pytest.approx(0.9 * 192 + mp.ENGINE_RUNTIME_GIB)
+    assert plan.fits
+
+
+def test_gpu_memory_presets_and_numbers():
+    assert mp.parse_gpu_memory("mi300x") == 192.0 and mp.parse_gpu_memory("H100") == 80.0
+    assert mp.parse_gpu_memory("h200") == 141.0 and mp.parse_gpu_memory("64") == 64.0
+    assert mp.resolve_gpu_memory("MI300X") == (192.0, "mi300x") and mp.resolve_gpu_memory("96") == (96.0, "custom")
+    for bad in ("a100x", "-8", "0"):
+        with pytest.raises(mp.MemoryPlanError, match="--gpu-memory"):
+            mp.parse_gpu_memory(bad)
+
+
+runner = CliRunner()
+DRY = ["rl", "--stage", "2", "--gpus", "64", "--master-addr", "head0", "--dry-run"]
+
+
+def test_dry_run_prints_the_table_and_the_verdict():
+    out = runner.invoke(app, [*DRY, "--gpu-memory", "mi300x"], terminal_width=250, env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    text = out.output
+    assert "memory per GPU (GiB): 192 GiB GPU (mi300x), 64 trainer ranks, colocated, TP 2" in text
+    assert "engine KV cache (1,321,721 tokens per replica)" in text and "168.02" in text
+    assert "fits: at most 168.0 of 192 GiB per GPU (24.0 GiB headroom)" in text
+    out = runner.invoke(app, [*DRY, "--gpu-memory", "h100"], terminal_width=250, env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    assert "does not fit: the rollout phase needs 100.8 GiB of 80 GiB per GPU, 20.8 GiB over" in out.output
+    out = runner.invoke(app, [*DRY, "--gpu-memory", "141"], terminal_width=250, env={"COLUMNS": "250"})
+    assert "memory per GPU (GiB): 141 GiB GPU (custom)" in out.output
+    out = runner.invoke(app, [*DRY, "--gpu-memory", "lots"], terminal_width=250, env={"COLUMNS": "250"})
+    assert out.exit_code == 2 and "--gpu-memory 'lots': give GiB per GPU or one of mi300x, h100, h200" in out.output
+
+
+def test_cpu_dry_run_has_no_memory_table():
+    out = runner.invoke(app, ["rl", "--stage", "1", "--dry-run"], terminal_width=250, env={"COLUMNS": "250"})
+    assert out.exit_code == 0 and "memory per GPU" not in out.output
+
+
+def test_plan_with_its_memory_table_is_json_serialisable():
+    import json
+
+    from rstar2_cli.launch.topology import plan_from_args
+
+    plan = dataclasses.replace(plan_from_args(64, 8, tp_size=2, master_addr="n1"),
+                               memory=mp.build_memory_plan(stage2_spec()))
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["memory"]["columns"] == ["rollout", "update"]
+    assert data["memory"]["spec"]["shape"]["hidden"] == 5120 and data["memory"]["problems"] == []
