@@ -92,7 +92,9 @@ class RLTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.host = plan_rollout_host(cfg.engine, os.environ)    # a bad launch env fails here too
         self.policy = PolicyTrainer(cfg.model, cfg.optim, cfg.loss, micro_batch_tokens=cfg.train.micro_batch_tokens,
-                                    ppo_mini_batches=cfg.train.ppo_mini_batches, dual_clip=cfg.loss.dual_clip)
+                                    ppo_mini_batches=cfg.train.ppo_mini_batches, dual_clip=cfg.loss.dual_clip,
+                                    logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
+                                    max_staleness=cfg.train.max_staleness)
         self.info = self.policy.info
         roles = rl_dist.all_gather_objects((self.host.node_index, self.host.is_host))
         self.host_ranks = host_ranks(roles, self.host.num_nodes)
