@@ -48,13 +48,6 @@ def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cap:
     return torch.exp(old_logprobs.detach() - rollout_logprobs.detach()).clamp(max=cap)
 
 
-@torch.no_grad()
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the next-token distribution per position (for logging only)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 @dataclass
 class LossStats:
     """Token-weighted sums over one micro-batch; divide by `tokens` (or add them up first)."""
@@ -80,17 +73,17 @@ class LossStats:
                 "loss_tokens": self.tokens}
 
 
-def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                loss_mask: torch.Tensor, global_tokens: float, eps_low: float, eps_high: float,
-                tis: torch.Tensor | None = None, entropy: torch.Tensor | None = None,
-                dual_clip: float | None = None, tis_cap: float | None = None) -> tuple[torch.Tensor, LossStats]:
+def clip_higher_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                     loss_mask: torch.Tensor, global_tokens: float, eps_low: float, eps_high: float,
+                     tis: torch.Tensor | None = None, dual_clip: float | None = None) -> torch.Tensor:
     """Clip-Higher PPO loss, summed over masked tokens and divided by `global_tokens`.
 
     All tensors are per token and the same shape (advantages already broadcast per token).
     per-token loss = max(−A·ratio, −A·clip(ratio, 1 − eps_low, 1 + eps_high)) [· tis].
-    `tis_cap`: the cap `tis` was truncated at (only counted, in `LossStats.tis_capped`).
     `dual_clip` = c bounds the loss of A < 0 tokens by −A·c (verl's clip_ratio_c, 3.0 by default
     there, so active in the release run); None (the paper's description) leaves it out.
+    A sum of per-token terms, so it may be evaluated piece by piece over the tokens and the pieces
+    added up (the chunked log-prob head does, rl/logprobs.py); `loss_stats` reports on the same tokens.
     """
     if global_tokens <= 0:
         raise ValueError(f"global_tokens must be > 0, got {global_tokens}")
@@ -104,16 +97,27 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
     if tis is not None:
         per_token = per_token * tis.detach().to(per_token.dtype)
-    loss = (per_token * mask).sum() / global_tokens
-    with torch.no_grad():
-        r = ratio.detach()
-        stats = LossStats(
-            tokens=float(mask.sum()),
-            clipped_low=float(((adv < 0) & (r < 1.0 - eps_low)).to(mask.dtype).mul(mask).sum()),
-            clipped_high=float(((adv > 0) & (r > 1.0 + eps_high)).to(mask.dtype).mul(mask).sum()),
-            ratio_sum=float((r * mask).sum()),
-            entropy_sum=float((entropy * mask).sum()) if entropy is not None else 0.0,
-            tis_weight_sum=float((tis * mask).sum()) if tis is not None else float(mask.sum()),
-            tis_capped=float(((tis >= tis_cap) * mask).sum()) if tis is not None and tis_cap is not None else 0.0,
-        )
-    return loss, stats
+    return (per_token * mask).sum() / global_tokens
+
+
+@torch.no_grad()
+def loss_stats(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+               loss_mask: torch.Tensor, eps_low: float, eps_high: float, tis: torch.Tensor | None = None,
+               entropy: torch.Tensor | None = None, tis_cap: float | None = None) -> LossStats:
+    """Token-weighted sums (clip fractions, ratio, entropy, TIS) over the tokens of `clip_higher_loss`.
+
+    `entropy` (per token, for logging) only enters these sums; `tis_cap`: the cap `tis` was
+    truncated at (only counted, in `LossStats.tis_capped`)."""
+    mask = loss_mask.to(logprobs.dtype)
+    r = torch.exp(logprobs.detach() - old_logprobs.detach())
+    adv = advantages.to(logprobs.dtype)
+    return LossStats(
+        tokens=float(mask.sum()),
+        clipped_low=float(((adv < 0) & (r < 1.0 - eps_low)).to(mask.dtype).mul(mask).sum()),
+        clipped_high=float(((adv > 0) & (r > 1.0 + eps_high)).to(mask.dtype).mul(mask).sum()),
+        ratio_sum=float((r * mask).sum()),
+        entropy_sum=float((entropy * mask).sum()) if entropy is not None else 0.0,
+        tis_weight_sum=float((tis * mask).sum()) if tis is not None else float(mask.sum()),
+        tis_capped=float(((tis >= tis_cap) * mask).sum()) if tis is not None and tis_cap is not None else 0.0,
+    )
+

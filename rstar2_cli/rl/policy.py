@@ -18,25 +18,33 @@ Precision: parameters and AdamW state stay fp32 (master weights); ModelConfig.dt
 compute dtype ("auto": bf16 on GPU, fp32 on CPU) via FSDP2 MixedPrecisionPolicy (reduce in fp32)
 or, unsharded, torch.autocast.
 
-PPO epochs: one pass over the batch split into `ppo_mini_batches` optimizer steps. Old logprobs
-are computed by the current policy before the first step, so with the release recipe's single
-mini-batch (ppo_mini_batch_size = train_batch_size = 128) the ratio is exactly 1 and clipping
-never fires; only TIS (vLLM vs trainer mismatch) reweights tokens. With ppo_mini_batches > 1 the
-later mini-batches see a moved policy and Clip-Higher acts. The LR schedule advances once per
+PPO epochs: one pass over the batch split into `ppo_mini_batches` optimizer steps. The old
+logprobs are the current policy's before the first step. With the release recipe's single
+mini-batch (ppo_mini_batch_size = train_batch_size = 128) and synchronous rollouts they are the
+update forward's own, detached (`reuses_update_logprobs`: no separate pass), the ratio is exactly 1
+and clipping never fires; only TIS (vLLM vs trainer mismatch) reweights tokens. With
+ppo_mini_batches > 1 or train.max_staleness >= 1 a no-grad pass computes them first; the later
+mini-batches see a moved policy and Clip-Higher acts. The LR schedule advances once per
 update() call that took an optimizer step (one RL step), like verl; the trainer skips update()
 altogether on a step with nothing left after filtering.
+
+Log-probs: only the loss positions of each packed row are scored (tool-response tokens never
+reach the LM head), `logprob_chunk_tokens` at a time, from the decoder's last hidden states
+(rl/logprobs.py): the head's peak memory is chunk x vocab, not micro-batch x vocab.
 """
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.logprobs import final_hidden_states, head_weight, token_logprobs, token_logprobs_with_loss
 from rstar2_cli.rl.model_load import build_policy_model, place_model
-from rstar2_cli.rl.loss import LossStats, policy_loss, tis_weights, token_entropy
+from rstar2_cli.rl.loss import LossStats, clip_higher_loss, loss_stats, tis_weights
 from rstar2_cli.rl.packing import PackedRow, pack_sequences
 from rstar2_cli.rollout.trajectory import Trajectory
 
@@ -58,10 +66,36 @@ def warmup_then_constant(warmup_steps: int):
     return lambda s: 1.0 if warmup_steps <= 0 else min(1.0, (s + 1) / warmup_steps)
 
 
+def loss_positions(t: Trajectory) -> torch.Tensor:
+    """Bool, one per response token: the tokens the loss uses (loss_mask != 0; tool responses are 0)."""
+    if len(t.loss_mask) != len(t.response_ids):
+        raise ValueError(f"trajectory {t.prompt_id}#{t.sample_index}: loss_mask has {len(t.loss_mask)} "
+                         f"entries for {len(t.response_ids)} response tokens")
+    return torch.tensor(t.loss_mask, dtype=torch.float32) != 0
+
+
+@dataclass
+class TokenTensors:
+    """Per-token tensors of one trajectory, or of a packed row (its members' concatenated)."""
+    select: torch.Tensor           # bool per response token: a loss position (`loss_positions`)
+    mask: torch.Tensor             # from here on one entry per loss position: the loss-mask value
+    adv: torch.Tensor
+    old: torch.Tensor | None       # old log-probs; None: the update's own, detached
+    rollout: torch.Tensor | None   # the engine's log-probs; None where a member has none
+
+    @classmethod
+    def concat(cls, parts: Sequence["TokenTensors"], device: torch.device) -> "TokenTensors":
+        def cat(name: str) -> torch.Tensor | None:
+            xs = [getattr(p, name) for p in parts]
+            return None if any(x is None for x in xs) else torch.cat(xs).to(device)
+        return cls(torch.cat([p.select for p in parts]), *(cat(n) for n in ("mask", "adv", "old", "rollout")))
+
+
 class PolicyTrainer:
     def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, loss_cfg: LossConfig, *,
                  micro_batch_tokens: int, ppo_mini_batches: int = 1, dual_clip: float | None = None,
-                 model=None, info: rl_dist.DistInfo | None = None):
+                 model=None, info: rl_dist.DistInfo | None = None, logprob_chunk_tokens: int = 1024,
+                 max_staleness: int = 0):
         """`info`: this process's ranks and device, from `rl_dist.setup_distributed()` (the
         caller's entry point starts torch.distributed); default: the process as it stands."""
         if ppo_mini_batches < 1:
@@ -70,6 +104,8 @@ class PolicyTrainer:
         self.micro_batch_tokens = micro_batch_tokens
         self.ppo_mini_batches = ppo_mini_batches
         self.dual_clip = dual_clip
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.max_staleness = max_staleness
         self.info = info if info is not None else rl_dist.process_info()
         self.device = self.info.device
         self.dtype = compute_dtype(model_cfg.dtype, self.device)
@@ -96,15 +132,12 @@ class PolicyTrainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
-    def _row_logprobs(self, row: PackedRow, with_entropy: bool):
-        """Per-token logprobs of the row's response tokens (concatenated span after span)."""
-        keep = row.logit_positions().to(self.device)
-        with self._autocast():
-            out = self.model(input_ids=row.input_ids.to(self.device), position_ids=row.position_ids.to(self.device),
-                             logits_to_keep=keep, use_cache=False)
-        logits = out.logits[0].float()
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, row.target_ids().to(self.device)[:, None])[:, 0]
-        return logp, (token_entropy(logits) if with_entropy else None)
+    def _row_inputs(self, row: PackedRow, select: torch.Tensor):
+        """(final hidden states [N, H], LM-head weight, targets [N]) of the row's response tokens
+        where `select` is true (span after span); call under `_autocast`."""
+        hidden = final_hidden_states(self.model, row.input_ids.to(self.device), row.position_ids.to(self.device))
+        positions = row.logit_positions()[select.cpu()].to(self.device)
+        return hidden[0, positions], head_weight(self.model), row.target_ids()[select.cpu()].to(self.device)
 
     def _dummy_pass(self, backward: bool) -> None:
         """A zero-weighted pass so this rank joins the FSDP collectives of the other ranks."""
@@ -122,44 +155,68 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Sequence[Trajectory]) -> list[torch.Tensor]:
-        """Current-policy logprobs of each trajectory's response tokens (CPU fp32 tensors)."""
+        """Current-policy logprobs of each trajectory's loss tokens (`loss_positions`), CPU fp32 tensors."""
         rows = self._rows(batch)
+        keep = [loss_positions(t) for t in batch]
         result: list[torch.Tensor | None] = [None] * len(batch)
         for i in range(self._aligned_count(len(rows))):
             if i >= len(rows):
                 self._dummy_pass(backward=False)
                 continue
-            logp, _ = self._row_logprobs(rows[i], with_entropy=False)
-            for span, piece in zip(rows[i].spans, logp.split([s.response_len for s in rows[i].spans])):
+            spans = rows[i].spans
+            with self._autocast():
+                inputs = self._row_inputs(rows[i], torch.cat([keep[s.index] for s in spans]))
+                logp, _ = token_logprobs(*inputs, self.logprob_chunk_tokens)
+            for span, piece in zip(spans, logp.split([int(keep[s.index].sum()) for s in spans])):
                 result[span.index] = piece.cpu()
         return result  # type: ignore[return-value]
 
+    @property
+    def reuses_update_logprobs(self) -> bool:
+        """Whether the update's own forward gives the old log-probs, so no separate no-grad pass runs.
+
+        With one mini-batch and synchronous rollouts (max_staleness 0) the old log-probs are those of
+        the very weights the update's forward runs with (no optimizer step comes between), so the
+        ratio is exactly 1 either way; the detached log-probs of that forward serve for the ratio,
+        TIS and the vLLM-difference metric. Otherwise a pass before the first step computes them."""
+        return self.ppo_mini_batches == 1 and self.max_staleness == 0
+
     # ------------------------------------------------------------ the update
 
-    def _token_tensors(self, t: Trajectory, adv: float, old: torch.Tensor):
-        n = len(t.response_ids)
-        if len(t.loss_mask) != n:
-            raise ValueError(f"trajectory {t.prompt_id}#{t.sample_index}: loss_mask has {len(t.loss_mask)} "
-                             f"entries for {n} response tokens")
-        mask = torch.tensor(t.loss_mask, dtype=torch.float32)
-        rollout = torch.tensor(t.logprobs, dtype=torch.float32) if len(t.logprobs) == n else None
-        return mask, torch.full((n,), float(adv)), old, rollout
+    def _token_tensors(self, t: Trajectory, adv: float, old: torch.Tensor | None) -> TokenTensors:
+        select = loss_positions(t)
+        rollout = (torch.tensor(t.logprobs, dtype=torch.float32)[select]
+                   if len(t.logprobs) == len(t.response_ids) else None)
+        return TokenTensors(select, torch.tensor(t.loss_mask, dtype=torch.float32)[select],
+                            torch.full((int(select.sum()),), float(adv)), old, rollout)
 
-    def _concat(self, parts: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
-        """Per-trajectory token tensors of one row, concatenated; None if any is missing
-        (rollout logprobs are optional)."""
-        return None if any(p is None for p in parts) else torch.cat(list(parts)).to(self.device)
+    def _tis(self, old: torch.Tensor, rollout: torch.Tensor | None) -> torch.Tensor | None:
+        return tis_weights(old, rollout, self.loss_cfg.tis_cap) if self.loss_cfg.tis and rollout is not None else None
+
+    def _row_loss(self, row: PackedRow, tok: TokenTensors, global_tokens: float):
+        """(loss, logprobs, entropy) at the row's loss positions; the loss carries the gradient."""
+        cfg = self.loss_cfg
+
+        def token_loss(logp: torch.Tensor, sl: slice) -> torch.Tensor:
+            old = logp.detach() if tok.old is None else tok.old[sl]
+            tis = self._tis(old, None if tok.rollout is None else tok.rollout[sl])
+            return clip_higher_loss(logp, old, tok.adv[sl], tok.mask[sl], global_tokens, cfg.eps_low, cfg.eps_high,
+                                    tis=tis, dual_clip=self.dual_clip)
+
+        with self._autocast():
+            return token_logprobs_with_loss(*self._row_inputs(row, tok.select), self.logprob_chunk_tokens,
+                                            token_loss, with_entropy=True)
 
     def update(self, batch: Sequence[Trajectory], advantages: Sequence[float]) -> dict[str, float]:
         """One RL step on this rank's shard: ppo_mini_batches optimizer steps, then LR step."""
         if len(batch) != len(advantages):
             raise ValueError(f"{len(batch)} trajectories but {len(advantages)} advantages")
-        old = self.compute_logprobs(batch)
+        old = None if self.reuses_update_logprobs else self.compute_logprobs(batch)
         chunks = [list(c) for c in np.array_split(np.arange(len(batch)), self.ppo_mini_batches)]
         losses, norms, stats, vllm_diff = [], [], LossStats(), [0.0, 0.0]
         for chunk in chunks:
-            tensors = {i: self._token_tensors(batch[i], advantages[i], old[i]) for i in chunk}
-            local_tokens = sum(float(tensors[i][0].sum()) for i in chunk)
+            tensors = {i: self._token_tensors(batch[i], advantages[i], None if old is None else old[i]) for i in chunk}
+            local_tokens = sum(float(tensors[i].mask.sum()) for i in chunk)
             global_tokens = rl_dist.all_reduce_sum([local_tokens], self.device)[0]
             if global_tokens <= 0:
                 continue
@@ -169,22 +226,16 @@ class PolicyTrainer:
                 if r >= len(rows):
                     self._dummy_pass(backward=True)
                     continue
-                row = rows[r]
-                members = [chunk[s.index] for s in row.spans]
-                mask, adv, old_lp, rollout = (self._concat(parts) for parts in zip(*(tensors[i] for i in members)))
-                logp, entropy = self._row_logprobs(row, with_entropy=True)
-                tis = None
-                if self.loss_cfg.tis and rollout is not None:
-                    tis = tis_weights(old_lp, rollout, self.loss_cfg.tis_cap)
-                loss, st = policy_loss(logp, old_lp, adv, mask, global_tokens, self.loss_cfg.eps_low,
-                                       self.loss_cfg.eps_high, tis=tis, entropy=entropy, dual_clip=self.dual_clip,
-                                       tis_cap=self.loss_cfg.tis_cap)
+                tok = TokenTensors.concat([tensors[chunk[s.index]] for s in rows[r].spans], self.device)
+                loss, logp, entropy = self._row_loss(rows[r], tok, global_tokens)
                 (loss * self.info.world_size).backward()
                 loss_sum += float(loss.detach())
-                stats += st
-                if rollout is not None:
-                    vllm_diff[0] += float(((old_lp - rollout).abs() * mask).sum())
-                    vllm_diff[1] += float(mask.sum())
+                old_lp = logp if tok.old is None else tok.old
+                stats += loss_stats(logp, old_lp, tok.adv, tok.mask, self.loss_cfg.eps_low, self.loss_cfg.eps_high,
+                                    tis=self._tis(old_lp, tok.rollout), entropy=entropy, tis_cap=self.loss_cfg.tis_cap)
+                if tok.rollout is not None:
+                    vllm_diff[0] += float(((old_lp - tok.rollout).abs() * tok.mask).sum())
+                    vllm_diff[1] += float(tok.mask.sum())
             norms.append(self._clip_grad_norm())
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

@@ -72,7 +72,8 @@ class RLTrainer:
         self.host = plan_rollout_host(cfg.engine, os.environ)    # a bad launch env fails here too
         self.policy = PolicyTrainer(cfg.model, cfg.optim, cfg.loss, micro_batch_tokens=cfg.train.micro_batch_tokens,
                                     ppo_mini_batches=cfg.train.ppo_mini_batches, dual_clip=cfg.loss.dual_clip,
-                                    info=self.info)
+                                    info=self.info, logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
+                                    max_staleness=cfg.train.max_staleness)
         self.sampler = DataSampler(len(self.problems), min(cfg.train.prompts_per_step, len(self.problems)),
                                    seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         self.step = 0

@@ -10,12 +10,12 @@ TINY_QWEN3 = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_atten
                   num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=512)
 
 
-def build_tiny_model(seed: int = 0):
+def build_tiny_model(seed: int = 0, tie_word_embeddings: bool = False):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    return Qwen3ForCausalLM(Qwen3Config(**TINY_QWEN3)).float()
+    return Qwen3ForCausalLM(Qwen3Config(**TINY_QWEN3, tie_word_embeddings=tie_word_embeddings)).float()
 
 
 def make_trajectories(n: int, seed: int = 0, min_len: int = 5, max_len: int = 40) -> list[Trajectory]:

@@ -6,10 +6,16 @@ import math
 import pytest
 import torch
 
-from rstar2_cli.rl.loss import advantages_for_groups, group_advantages, policy_loss, tis_weights
+from rstar2_cli.rl.loss import advantages_for_groups, clip_higher_loss, group_advantages, loss_stats, tis_weights
 from rstar2_cli.rollout.trajectory import Trajectory
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
+
+
+def policy_loss(logp, old, adv, mask, global_tokens, eps_low, eps_high, tis=None, dual_clip=None):
+    """The loss and its stats over the same tokens, as the update computes them."""
+    return (clip_higher_loss(logp, old, adv, mask, global_tokens, eps_low, eps_high, tis=tis, dual_clip=dual_clip),
+            loss_stats(logp, old, adv, mask, eps_low, eps_high, tis=tis))
 
 
 def test_group_advantages_use_sample_std():

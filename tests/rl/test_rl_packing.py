@@ -1,4 +1,4 @@
-"""Packed micro-batches must score every token exactly as if each sequence ran alone."""
+"""Packed micro-batches must score every loss token exactly as if each sequence ran alone."""
 from __future__ import annotations
 
 import pytest
@@ -38,10 +38,12 @@ def test_packed_logprobs_equal_per_sequence_logprobs():
                            micro_batch_tokens=120, model=model)
     rows = policy._rows(batch)
     assert any(len(r.spans) >= 2 for r in rows), "the test must actually pack several sequences in a row"
+    assert any(0 in t.loss_mask for t in batch), "the test must have tool-response (unscored) tokens"
     packed = policy.compute_logprobs(batch)
     for t, lp in zip(batch, packed):
-        assert lp.shape == (len(t.response_ids),)
-        torch.testing.assert_close(lp, _reference_logprobs(model, t), atol=1e-5, rtol=0)
+        assert lp.shape == (sum(t.loss_mask),)           # loss positions only
+        keep = torch.tensor(t.loss_mask) != 0
+        torch.testing.assert_close(lp, _reference_logprobs(model, t)[keep], atol=1e-5, rtol=0)
 
 
 def test_micro_batch_budget_does_not_change_the_update():
