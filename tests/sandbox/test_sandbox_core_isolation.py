@@ -11,7 +11,7 @@ import pytest
 
 from host_processes import host_processes_matching
 from host_secret import HOST_SECRET_NAME, HOST_SECRET_VALUE
-from sandbox.jail import bwrap_problem
+from sandbox.jail.backends import bwrap_problem
 
 REPO = Path(__file__).resolve().parents[2]
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason="bubblewrap unavailable here")
@@ -73,7 +73,7 @@ async def test_home_and_tmpdir_are_the_calls_scratch_dir_for_python_and_subproce
 
 @needs_bwrap
 async def test_home_and_project_files_are_unreadable(jailed_pool):
-    for path in (REPO / "pyproject.toml", Path.home() / ".bashrc", REPO / "sandbox" / "api.py"):
+    for path in (REPO / "pyproject.toml", Path.home() / ".bashrc", REPO / "sandbox" / "core" / "pool.py"):
         result = await jailed_pool.run(f"print(open({str(path)!r}).read()[:20])")
         assert result.reason == "runtime_error", (path, result)
     listing = await jailed_pool.run(f"import os\nprint(os.listdir({str(Path.home())!r}))")
