@@ -42,3 +42,9 @@ def jailed_pool(request):
     this machine has (auto picks only the first)."""
     yield from _started_pool(request.param)
 
+
+@pytest.fixture(scope="session")
+def unconfined_pool():
+    """A pool with no jail at all (stdlib preload only: it starts fast): the positive control of
+    the isolation tests, showing that what a jailed call must not reach is reachable here."""
+    yield from _started_pool("none", unsafe_no_isolation=True, preload=("math",))
