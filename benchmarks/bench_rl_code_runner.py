@@ -2,9 +2,9 @@
 
 Why: every RL tool call is wrapped in the compact runner of `rstar2_cli/protocol/code_runner.py`
 (rollout.code_runner "release", the default), so its overhead over the bare snippet is paid tens of
-thousands of times a step. The pool recognises the runner by digest and defines it once per zygote
-(sandbox.template_run). Rows, on one embedded pool, in interleaved rounds so that the shared
-machine's load hits them alike:
+thousands of times a step. RL's pools register the runner as a prelude, so they recognise it and
+define it once per zygote (sandbox.inside.template_run); the pool here registers it the same way.
+Rows, on one embedded pool, in interleaved rounds so that the shared machine's load hits them alike:
 
   * plain         -- the snippet as is (the baseline);
   * runner        -- `release_runner_source(snippet)`, recognised: the fast path;
@@ -23,18 +23,18 @@ import os
 from rich.console import Console
 from rich.table import Table
 
-from rstar2_cli.protocol.code_runner import release_runner_source
+from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE, release_runner_source
+from rstar2_cli.sandbox_bench.codejudge import CODEJUDGE_WORKLOADS, calls_for, sandbox_runner
+from rstar2_cli.sandbox_bench.timing import percentile_ms
 from sandbox import Sandbox
-from sandbox.bench import percentile_ms
-from sandbox.bench_codejudge import CODEJUDGE_WORKLOADS, _calls, _sandbox_runner
 
 KINDS = {"plain": lambda code: code, "runner": release_runner_source,
          "runner, text": lambda code: "#" + release_runner_source(code)}
 
 
 async def run(calls: int, concurrency: int, rounds: int, workloads: list[str]) -> dict:
-    async with Sandbox() as sb:
-        specs = [(name, kind, _sandbox_runner(sb, name, wrap(CODEJUDGE_WORKLOADS[name][0]), concurrency))
+    async with Sandbox(preludes=(RUNNER_PRELUDE,)) as sb:
+        specs = [(name, kind, sandbox_runner(sb, name, wrap(CODEJUDGE_WORKLOADS[name][0]), concurrency))
                  for name in workloads for kind, wrap in KINDS.items()]
         for _, _, measure in specs:
             await measure(2 * concurrency)  # warm-up
@@ -43,7 +43,7 @@ async def run(calls: int, concurrency: int, rounds: int, workloads: list[str]) -
         for _ in range(rounds):
             for name, kind, measure in specs:
                 before = sb.stats()["fast_template"]
-                seconds, latencies, failures, done = await measure(max(1, _calls(name, calls) // rounds))
+                seconds, latencies, failures, done = await measure(max(1, calls_for(name, calls) // rounds))
                 total = totals[(name, kind)]
                 total[0] += seconds
                 total[1] += latencies

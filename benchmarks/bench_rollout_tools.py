@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from rstar2_cli.config import EngineConfig, RolloutConfig
     from rstar2_cli.models.tiny import build_tiny_model
+    from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE
     from rstar2_cli.protocol.parser import format_tool_call
     from rstar2_cli.rollout.agent_loop import run_agent_loop
     from rstar2_cli.rollout.engines import GenRequest, VLLMEngine
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
                         temperature=1.0)
 
     async def tools_side():
-        async with Sandbox(workers=args.sandbox_workers) as sb:
+        async with Sandbox(workers=args.sandbox_workers, preludes=(RUNNER_PRELUDE,)) as sb:  # as RL's pool
             forced = ForcedToolCalls(engine, call_ids, args.turn_tokens)
             await sb.run("print(1)")   # pool warm
             t0 = time.perf_counter()

@@ -24,18 +24,20 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from sandbox.bench_codejudge import CODEJUDGE_WORKLOADS, _codejudge_runner, _release_like_client, _sandbox_runner
-from sandbox.client import RemoteSandbox
+from rstar2_cli.sandbox_bench.codejudge import (CODEJUDGE_WORKLOADS, calls_for, codejudge_runner, release_like_client,
+                                                 sandbox_runner)
+from sandbox.service.client import RemoteSandbox
 
 CONCURRENCY = 64
 
-# Runs in a subprocess with PYTHONPATH=<checkout>: an embedded pool, driven over stdin/stdout.
+# Runs in a subprocess with PYTHONPATH=<checkout>: an embedded pool as the service builds it (the
+# code-judge preludes registered), driven over stdin/stdout.
 _RUNNER = r"""
 import asyncio, json, sys, time
-from sandbox import Sandbox
-from sandbox.codejudge_client import wrap_code
+from sandbox.service.embedded import sandbox_from_kwargs
+from sandbox.service.executor_template import wrap_code
 async def main():
-    async with Sandbox() as sb:
+    async with sandbox_from_kwargs({}) as sb:
         gate = asyncio.Semaphore(int(sys.argv[1]))
         print("ready", flush=True)
         loop = asyncio.get_running_loop()
@@ -57,8 +59,9 @@ async def main():
 asyncio.run(main())
 """
 
-_SERVER = ("import json, sys; from sandbox.launch import serve_http; from sandbox.server import ServiceConfig; "
-           "serve_http('127.0.0.1', int(sys.argv[1]), json.loads(sys.argv[2]), ServiceConfig(max_queue=4096), None)")
+_SERVER = ("import json, sys; from sandbox.service.launch import serve_http; "
+           "from sandbox.service.server import ServiceConfig; "
+           "serve_http('127.0.0.1', int(sys.argv[1]), json.loads(sys.argv[2]), ServiceConfig(max_queue=4096))")
 
 
 class Runner:
@@ -103,20 +106,20 @@ async def main(args) -> dict:
             runners[key] = Runner(tree)
             servers[key] = _server(tree, args.port + (key == "B"), args.a_server if key == "A" else args.b_server)
         rows, totals = [], {}
-        async with _release_like_client(CONCURRENCY // 8 + 1) as client:
+        async with release_like_client(CONCURRENCY // 8 + 1) as client:
             remotes = {k: RemoteSandbox(f"http://127.0.0.1:{args.port + (k == 'B')}") for k in trees}
             for r in remotes.values():
                 await r.start()
             for name in args.workloads.split(","):
                 code, expect = CODEJUDGE_WORKLOADS[name]
-                n = args.calls if name == "trivial" else max(64, args.calls // 3)
+                n = calls_for(name, args.calls)
                 for key in trees:
                     url = f"http://127.0.0.1:{args.port + (key == 'B')}"
                     for row, measure in (
                             ("embedded plain", lambda c, r=runners[key], t=code, e=expect: r.measure(t, e, False, c)),
                             ("embedded wrapped", lambda c, r=runners[key], t=code, e=expect: r.measure(t, e, True, c)),
-                            ("http plain", _sandbox_runner(remotes[key], name, code, CONCURRENCY)),
-                            ("http codejudge", _codejudge_runner(client, url, name, CONCURRENCY, 8))):
+                            ("http plain", sandbox_runner(remotes[key], name, code, CONCURRENCY)),
+                            ("http codejudge", codejudge_runner(client, url, name, CONCURRENCY, 8))):
                         rows.append((name, row, key, measure, n))
             for _, _, _, measure, n in rows:  # warm-up
                 await measure(min(n, 2 * CONCURRENCY))

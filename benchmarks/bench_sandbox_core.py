@@ -19,8 +19,9 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from rstar2_cli.sandbox_bench.plain import WORKLOADS  # as in bench-tools
+from rstar2_cli.sandbox_bench.timing import percentile_ms as _ms
 from sandbox import Sandbox
-from sandbox.bench import WORKLOADS, percentile_ms as _ms  # as in bench-tools
 
 SNIPPETS = {name: WORKLOADS[name].code for name in ("trivial", "sympy")}  # the same as bench-tools
 

@@ -1,8 +1,15 @@
 """rstar2's code sandbox. Stands alone: imports nothing from rstar2_cli.
 
 Public API: ``from sandbox import Sandbox, RunResult, Limits, SandboxUnavailable``. The names are
-resolved lazily so the jailed zygote, which imports ``sandbox.zygote``, does not pay for asyncio
-and the host-side pool.
+resolved lazily so the jailed zygote, which imports ``sandbox.inside.zygote``, does not pay for
+asyncio and the host-side pool.
+
+Sub-packages, each importing only those before it:
+  * ``sandbox.inside``     -- what runs in the jail: the zygote, its children, their pipe frames;
+  * ``sandbox.jail``       -- the isolation backends and the probe of what they enforce;
+  * ``sandbox.core``       -- the embedded pool (``Sandbox``) and what it is made of;
+  * ``sandbox.service``    -- the code-judge HTTP service, its client and the release's template;
+  * ``sandbox.redis_mode`` -- the Redis queue between HTTP front ends and worker hosts.
 """
 from __future__ import annotations
 
@@ -11,15 +18,15 @@ __all__ = ["Sandbox", "RunResult", "Limits", "SandboxUnavailable"]
 
 def __getattr__(name: str):
     if name == "Sandbox":
-        from sandbox.api import Sandbox
+        from sandbox.core.pool import Sandbox
         return Sandbox
     if name == "RunResult":
-        from sandbox.result import RunResult
+        from sandbox.core.result import RunResult
         return RunResult
     if name == "Limits":
-        from sandbox.limits import Limits
+        from sandbox.core.limits import Limits
         return Limits
     if name == "SandboxUnavailable":
-        from sandbox.jail import SandboxUnavailable
+        from sandbox.jail.backends import SandboxUnavailable
         return SandboxUnavailable
     raise AttributeError(f"module 'sandbox' has no attribute {name!r}")

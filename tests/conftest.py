@@ -64,9 +64,10 @@ def sandbox_pool():
     """ONE embedded sandbox pool for the whole session (it pre-imports sympy and numpy)."""
     import asyncio
 
+    from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE
     from sandbox import Sandbox
 
-    sb = Sandbox(workers=2)
+    sb = Sandbox(workers=2, preludes=(RUNNER_PRELUDE,))  # as RL builds its pool
     asyncio.run(sb.start())
     yield sb
     asyncio.run(sb.close())

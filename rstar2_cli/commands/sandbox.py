@@ -1,4 +1,5 @@
-"""`rstar2 serve-sandbox` and `rstar2 bench-tools`: flags only; the work is in `sandbox.launch`/`sandbox.bench`."""
+"""`rstar2 serve-sandbox` and `rstar2 bench-tools`: flags only; the work is in `sandbox.service.launch`,
+`sandbox.redis_mode.launch` and `rstar2_cli.sandbox_bench`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,11 +12,16 @@ from rstar2_cli.commands import fail
 ISOLATIONS = ("auto", "nsjail", "bwrap", "namespaces", "none")
 
 
-def _sandbox_kwargs(workers, isolation, unsafe, timeout, memory_mb, max_output_bytes) -> dict:
+def pool_kwargs(workers, isolation, unsafe, timeout, memory_mb, max_output_bytes) -> dict:
+    """The pool's kwargs (JSON-able: Redis workers get them on their command line). RL wraps every
+    call in its code runner, so the pool knows that runner's prelude (its template fast path)."""
+    from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE
+
     if isolation not in ISOLATIONS:
         raise typer.BadParameter(f"--isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
     limits = {"timeout": timeout, "cpu_time": timeout, "memory_mb": memory_mb, "max_output_bytes": max_output_bytes}
-    return {"workers": workers, "isolation": isolation, "unsafe_no_isolation": unsafe, "limits": limits}
+    return {"workers": workers, "isolation": isolation, "unsafe_no_isolation": unsafe, "limits": limits,
+            "preludes": [RUNNER_PRELUDE]}
 
 
 def register(app: typer.Typer) -> None:
@@ -45,12 +51,13 @@ def register(app: typer.Typer) -> None:
         """Serve the Python tool sandbox over code-judge's HTTP API (what rStar2-Agent's tool config calls)."""
         from rich.console import Console
 
-        from sandbox.jail import SandboxUnavailable
-        from sandbox.launch import print_isolation_check, serve_http, serve_workers
-        from sandbox.redis_mode import RedisConfig
-        from sandbox.server import ServiceConfig
+        from sandbox.jail.backends import SandboxUnavailable
+        from sandbox.redis_mode.launch import serve_frontend, serve_workers
+        from sandbox.redis_mode.wire import RedisConfig
+        from sandbox.service.launch import print_isolation_check, serve_http
+        from sandbox.service.server import ServiceConfig
 
-        kwargs = _sandbox_kwargs(workers, isolation, unsafe_no_isolation, timeout, memory_mb, max_output_bytes)
+        kwargs = pool_kwargs(workers, isolation, unsafe_no_isolation, timeout, memory_mb, max_output_bytes)
         if check:
             raise typer.Exit(0 if print_isolation_check(kwargs, Console()) else 1)
         try:
@@ -64,7 +71,10 @@ def register(app: typer.Typer) -> None:
                 scfg = ServiceConfig(max_queue=max_queue, max_batch=max_batch,
                                      max_body_bytes=int(max_body_mb * 1024 * 1024), long_batch_wait=long_batch_wait,
                                      timeout=timeout)
-                serve_http(host, port, kwargs, scfg, rcfg, log_level)
+                if rcfg is None:
+                    serve_http(host, port, kwargs, scfg, log_level)
+                else:
+                    serve_frontend(host, port, rcfg, scfg, log_level)
         except SandboxUnavailable as e:
             fail(f"{e} [to serve anyway: --unsafe-no-isolation]")
         except ValueError as e:
@@ -93,18 +103,18 @@ def register(app: typer.Typer) -> None:
         """Measure tool-call throughput and latency against a naive subprocess baseline."""
         from rich.console import Console
 
-        from sandbox.bench import BenchConfig, bench_main
-        from sandbox.jail import SandboxUnavailable
+        from rstar2_cli.sandbox_bench.plain import BenchConfig, bench_main
+        from sandbox.jail.backends import SandboxUnavailable
 
         if client not in ("plain", "codejudge", "redis"):
             fail(f"--client {client!r}: choose plain, codejudge or redis")
         if client != "plain":
-            from sandbox.bench_codejudge import client_bench_main
-            from sandbox.bench_redis import redis_bench_main
+            from rstar2_cli.sandbox_bench.codejudge import client_bench_main
+            from rstar2_cli.sandbox_bench.redis_hosts import redis_bench_main
 
             try:
                 level = int(concurrency.split(",")[-1])
-                kwargs = _sandbox_kwargs(workers, isolation, unsafe_no_isolation, 10.0, 1024, 65536)
+                kwargs = pool_kwargs(workers, isolation, unsafe_no_isolation, 10.0, 1024, 65536)
                 names = [w.strip() for w in workloads.split(",") if w.strip()]
                 if client == "redis":
                     redis_bench_main(kwargs, names, level, calls, json_path, Console())
@@ -123,7 +133,7 @@ def register(app: typer.Typer) -> None:
         try:
             cfg = BenchConfig(concurrency=levels, calls=calls, baseline=not no_baseline, baseline_calls=baseline_calls,
                               workloads=[w.strip() for w in workloads.split(",") if w.strip()])
-            kwargs = _sandbox_kwargs(workers, isolation, unsafe_no_isolation, 10.0, 1024, 65536)
+            kwargs = pool_kwargs(workers, isolation, unsafe_no_isolation, 10.0, 1024, 65536)
             bench_main(cfg, url, kwargs, json_path, Console())
         except SandboxUnavailable as e:
             fail(f"{e} [to benchmark anyway: --unsafe-no-isolation]")

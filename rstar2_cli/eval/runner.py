@@ -92,13 +92,14 @@ async def _generate(s: EvalSettings, problems, tokenizer, out_file: Path, engine
             stack.push_async_callback(engine.close)
         if tools is None:
             if s.sandbox_url:
-                from sandbox.client import RemoteSandbox
+                from sandbox.service.client import RemoteSandbox
 
                 tools = RemoteSandbox(s.sandbox_url)
             else:
+                from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE
                 from sandbox import Sandbox
 
-                tools = Sandbox()
+                tools = Sandbox(preludes=(RUNNER_PRELUDE,))  # calls come wrapped in RL's runner
             await stack.enter_async_context(tools)
         from rstar2_cli.rollout.scheduler import LoadBalancedScheduler
 

@@ -14,23 +14,25 @@ body and its lines are evaluated on their own; a failing evaluation is retried a
 an error's line is the innermost traceback frame's (plus the body's line count for the final
 expression, which then usually falls outside it and leaves the message without a source line).
 
-`sandbox/codejudge_client.py` writes the same executor a second time, shaped like the release's own
-template (base64 payload, notebook class), because it benchmarks the sandbox with what the release's
-client sends; this compact runner is the one RL pays for on every call. A test pins the two together.
+`sandbox/service/executor_template.py` writes the same executor a second time, shaped like the
+release's own template (base64 payload, notebook class), because it benchmarks the sandbox with what
+the release's client sends; this compact runner is the one RL pays for on every call. A test pins the
+two together.
 
 The runner imports base64 by name, never through `__import__`: the sandbox's static scan sends any
 `__import__` to its heavy (sympy-loaded) tier, whose forks cost more, and every RL call would pay it.
-The sandbox knows this runner's text (everything before the call line) by its SHA-256
-(`sandbox.executor_template.KNOWN_PRELUDES`) and runs it through its template fast path: the
-runner is defined once per zygote and each call's parse and compiles are done before the fork. Any
-edit to `_RUNNER` must update that digest; `tests/protocol/test_protocol_code_runner.py` fails
-until it does, and until then calls simply run as text.
+Every sandbox RL calls registers this runner's text (`RUNNER_PRELUDE`, everything before the call
+line) as a prelude (`Sandbox(preludes=...)`: the RL trainer's and eval's embedded pools, and
+`rstar2 serve-sandbox`, which serves RL's calls over HTTP), so it runs through the template fast
+path: the runner is defined once per zygote and each call's parse and compiles are done before the
+fork. `tests/protocol/test_protocol_code_runner.py` checks that such a pool recognises every
+program `release_runner_source` writes.
 """
 from __future__ import annotations
 
 import base64
 
-_RUNNER = r'''
+RUNNER_PRELUDE = r'''
 import ast
 import base64
 import sys
@@ -86,4 +88,4 @@ def _rstar2_release_runner(code):
 def release_runner_source(code: str) -> str:
     """A program that runs `code` as the release's executor does (module docstring)."""
     payload = base64.b64encode(code.encode()).decode()
-    return _RUNNER + f'_rstar2_release_runner(base64.b64decode("{payload}").decode())\n'
+    return RUNNER_PRELUDE + f'_rstar2_release_runner(base64.b64decode("{payload}").decode())\n'

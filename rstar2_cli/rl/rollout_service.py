@@ -98,15 +98,16 @@ class RolloutService:
             e.weights_version = version   # (AReaL #1342: a restored engine left at version 0)
         self.scheduler = LoadBalancedScheduler(self.engines)
         if cfg.sandbox.url:
-            from sandbox.client import RemoteSandbox
+            from sandbox.service.client import RemoteSandbox
 
             self.tools = RemoteSandbox(cfg.sandbox.url)
         else:
+            from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE
             from sandbox import Limits, Sandbox
 
             self.tools = Sandbox(workers=cfg.sandbox.workers, isolation=cfg.sandbox.isolation,
                                  limits=Limits(timeout=cfg.rollout.tool_timeout, cpu_time=cfg.rollout.tool_timeout,
-                                               memory_mb=cfg.sandbox.memory_mb))
+                                               memory_mb=cfg.sandbox.memory_mb), preludes=(RUNNER_PRELUDE,))
         self._run(self.tools.start())
 
     def _weight_pusher(self, model: Any):

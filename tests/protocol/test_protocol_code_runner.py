@@ -53,7 +53,7 @@ def test_the_model_reads_the_releases_failure_text(sandbox_pool):
 def test_the_rl_runner_and_the_codejudge_clients_template_agree(sandbox_pool, code):
     """Two writings of the release's executor: the compact one RL sends on its hot path, and the
     release-shaped template the code-judge client benchmarks the sandbox with. They must not drift."""
-    from sandbox.codejudge_client import wrap_code
+    from sandbox.service.executor_template import wrap_code
 
     ours = run(sandbox_pool, code, stdin="7\n")
     [theirs] = asyncio.run(sandbox_pool.run_batch([{"code": wrap_code(code), "stdin": "7\n", "session": None}],
@@ -61,15 +61,18 @@ def test_the_rl_runner_and_the_codejudge_clients_template_agree(sandbox_pool, co
     assert (ours.stdout, ours.stderr) == (theirs.stdout, theirs.stderr)
 
 
-def test_the_sandbox_recognises_the_rl_runner():
-    """RL's runner rides the sandbox's template fast path (sandbox.template_run): the pool knows
-    its text by digest. Editing `_RUNNER` without updating `KNOWN_PRELUDES` fails here."""
-    from rstar2_cli.protocol.code_runner import _RUNNER
-    from sandbox.executor_template import recognise
+@pytest.mark.parametrize("code", ["print(6 * 7)", "", "x = 1\nx", "import sympy\nsympy.factorint(12)"])
+def test_a_pool_with_the_runner_registered_recognises_every_program_it_writes(code):
+    """RL's runner rides the sandbox's template fast path (sandbox.inside.template_run) on every
+    pool RL registers `RUNNER_PRELUDE` with: every program `release_runner_source` writes must
+    start with exactly that prelude, so a runner edited apart from it fails here."""
+    from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE
+    from sandbox.core.preludes import KnownPreludes, PreludeDigest
 
-    code = release_runner_source("print(6 * 7)")
-    assert recognise(code) is not None and recognise(code)[1] == len(_RUNNER)
-    assert recognise("#" + code) is None
+    program = release_runner_source(code)
+    known = KnownPreludes([RUNNER_PRELUDE])
+    assert known.recognise(program) == (PreludeDigest.of(RUNNER_PRELUDE).sha256, len(RUNNER_PRELUDE))
+    assert known.recognise("#" + program) is None
 
 
 FAST_PATH_SNIPPETS = [
@@ -96,7 +99,7 @@ def test_the_rl_runner_prints_the_same_on_the_fast_path(sandbox_pool, code):
 def test_the_rl_runner_keeps_stdlib_snippets_on_the_light_tier():
     """The wrapper itself must not look like a hidden import (`__import__` sends a call to the
     sympy-loaded tier, whose forks cost more): only the snippet's own imports choose the tier."""
-    from sandbox.tiers import fits_light
+    from sandbox.core.tiers import fits_light
 
     heavy = ("sympy", "numpy")
     assert fits_light(release_runner_source("print(6 * 7)"), heavy)

@@ -22,7 +22,7 @@ from rstar2_cli.protocol.code_runner import release_runner_source
 from rstar2_cli.protocol.template import FORCED_REASON, SYSTEM_PROMPT, USER_PROMPT
 from rstar2_cli.rollout.agent_loop import run_agent_loop
 from rstar2_cli.rollout.engines import GenResult
-from sandbox.result import RunResult
+from sandbox.core.result import RunResult
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RELEASE_TEMPLATE = (FIXTURES / "release_chat_template.jinja").read_text()

@@ -5,7 +5,7 @@ import pytest
 from rstar2_cli.config import RolloutConfig
 from rstar2_cli.protocol import ParseError, response_text
 from rstar2_cli.protocol.responses import release_run_text, truncate_release
-from sandbox.result import RunResult
+from sandbox.core.result import RunResult
 
 MAX = RolloutConfig().tool_response_max_chars
 

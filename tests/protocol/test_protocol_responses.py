@@ -3,7 +3,7 @@ The release format (the default) is checked in test_protocol_release_responses.p
 import pytest
 
 from rstar2_cli.protocol import ParseError, format_run_result, response_text, truncate_middle
-from sandbox.result import RunResult
+from sandbox.core.result import RunResult
 
 
 def rr(stdout="", stderr="", reason="ok", code=0):

@@ -10,7 +10,7 @@ from rstar2_cli.protocol import format_tool_call
 from rstar2_cli.rl.rollout_hosts import reassemble
 from rstar2_cli.rollout.agent_loop import instance_key, occurrences, run_agent_loop, trajectory_seed
 from rstar2_cli.rollout.engines import GenResult
-from sandbox.result import RunResult
+from sandbox.core.result import RunResult
 
 ANSWER = "<reason>It is 42.</reason>\n<answer>The answer is $\\boxed{42}$.</answer><|im_end|>"
 

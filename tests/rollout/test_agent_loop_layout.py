@@ -13,7 +13,7 @@ from rstar2_cli.protocol import (encode_messages, format_tool_call, get_tools, p
 from rstar2_cli.protocol.code_runner import release_runner_source
 from rstar2_cli.rollout.agent_loop import run_agent_loop, trajectory_seed
 from rstar2_cli.rollout.engines import GenResult
-from sandbox.result import RunResult
+from sandbox.core.result import RunResult
 
 STDIO = tool_schemas(get_tools("python_code_with_standard_io"))
 PROBLEM = "What is 6*7?"

@@ -20,8 +20,8 @@ def free_port() -> int:
 
 
 def make_sandbox(workers: int = 2, timeout: float = 5.0):
-    from sandbox.api import Sandbox
-    from sandbox.limits import Limits
+    from sandbox.core.pool import Sandbox
+    from sandbox.core.limits import Limits
 
     # fast start (the service tests need no numpy/sympy); the pool on its own thread, as serve-sandbox runs it
     return Sandbox(workers=workers, limits=Limits(timeout=timeout, cpu_time=timeout), unsafe_no_isolation=True,
@@ -50,7 +50,7 @@ def serve_in_thread(app, port: int | None = None):
 @contextlib.contextmanager
 def redis_server():
     """A throwaway redis-server on a free loopback port; yields its URL and stops it after."""
-    from sandbox.bench_redis import redis_server_process
+    from sandbox.redis_mode.local_server import redis_server_process
 
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from sandbox import RunResult, Sandbox, SandboxUnavailable
-from sandbox import jail
-from sandbox.jail import bwrap_problem, nsjail_problem
+from sandbox.jail import backends
+from sandbox.jail.backends import bwrap_problem, nsjail_problem
 
 EXPECTED_JAIL = "nsjail" if nsjail_problem() is None else "bwrap" if bwrap_problem() is None else None
 
@@ -68,7 +68,7 @@ def test_protections_are_measured_and_active(sandbox_pool):
 
 
 def test_unavailable_isolation_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(jail, "locate_nsjail", lambda: None)
+    monkeypatch.setattr(backends, "locate_nsjail", lambda: None)
     with pytest.raises(SandboxUnavailable, match="nsjail"):
         Sandbox(isolation="nsjail").run_sync("1")
     with pytest.raises(ValueError, match="isolation"):

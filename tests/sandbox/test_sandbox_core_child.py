@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from sandbox import Limits, RunResult
-from sandbox.child import execute
-from sandbox.tiers import fits_light
+from sandbox.inside.child import execute
+from sandbox.core.tiers import fits_light
 
 
 @pytest.fixture

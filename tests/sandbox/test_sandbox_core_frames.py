@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from sandbox.child import compile_cell, execute, precompile, PRECOMPILE_MAX_CHARS
-from sandbox.protocol import (ANSWER_KIND, READY, FrameBuffer, decode_answer, decode_host_frame, encode_answer,
+from sandbox.inside.child import compile_cell, execute, precompile, PRECOMPILE_MAX_CHARS
+from sandbox.inside.frames import (ANSWER_KIND, READY, FrameBuffer, decode_answer, decode_host_frame, encode_answer,
                               encode_ready, encode_request)
-from sandbox.zygote import _remove_tree
+from sandbox.inside.scratch import remove_tree
 
 
 def _read(data: bytes) -> dict:
@@ -79,6 +79,6 @@ def test_scratch_wipe_deletes_everything_but_never_follows_symlinks(tmp_path):
     (scratch / "a" / "f.txt").write_text("x")
     os.symlink(outside, scratch / "a" / "dirlink")
     os.symlink(outside / "keep.txt", scratch / "filelink")
-    _remove_tree(str(scratch))
+    remove_tree(str(scratch))
     assert not scratch.exists()
     assert (outside / "keep.txt").read_text() == "precious"

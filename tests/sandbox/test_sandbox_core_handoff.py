@@ -1,4 +1,4 @@
-"""The hand-off between a caller's event loop and the pool's private one (sandbox.handoff)."""
+"""The hand-off between a caller's event loop and the pool's private one (sandbox.core.handoff)."""
 from __future__ import annotations
 
 import asyncio
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from sandbox.handoff import Bridge
+from sandbox.core.handoff import Bridge
 
 
 @pytest.fixture

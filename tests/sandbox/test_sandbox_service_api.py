@@ -8,8 +8,8 @@ import httpx
 import pytest
 from service_fixtures import make_sandbox, post_batch, serve_in_thread
 
-from sandbox.client import RemoteSandbox
-from sandbox.server import ServiceConfig, create_app
+from sandbox.service.client import RemoteSandbox
+from sandbox.service.server import ServiceConfig, create_app
 
 RESULT_KEYS = {"sub_id", "success", "run_success", "cost", "stdout", "stderr", "reason"}
 CONFIG = ServiceConfig(max_queue=4, max_batch=8, max_body_bytes=64 * 1024, max_solution_bytes=8 * 1024,

@@ -8,9 +8,9 @@ import asyncio
 import httpx
 import pytest
 
-from sandbox.codejudge import QueueTimeout
-from sandbox.result import RunResult
-from sandbox.server import ServiceConfig, create_app
+from sandbox.service.codejudge import QueueTimeout
+from sandbox.core.result import RunResult
+from sandbox.service.server import ServiceConfig, create_app
 
 
 class HeldBackend:

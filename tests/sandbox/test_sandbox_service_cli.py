@@ -15,9 +15,9 @@ from service_fixtures import free_port, make_sandbox, post_batch, serve_in_threa
 from typer.testing import CliRunner
 
 from rstar2_cli.commands import sandbox as sandbox_commands
-from sandbox import jail
-from sandbox.jail import bwrap_problem, nsjail_problem
-from sandbox.server import ServiceConfig, create_app
+from sandbox.jail import backends
+from sandbox.jail.backends import bwrap_problem, nsjail_problem
+from sandbox.service.server import ServiceConfig, create_app
 
 ROW_KEYS = {"workload", "mode", "concurrency", "calls", "seconds", "calls_per_s", "p50_ms", "p95_ms", "p99_ms",
             "errors", "vs_baseline", "first_error"}
@@ -42,10 +42,24 @@ def test_check_reports_protections_and_exits_0_when_isolated(cli):
 
 
 def test_check_exits_1_when_isolation_is_unavailable(cli, monkeypatch):
-    monkeypatch.setattr(jail, "locate_nsjail", lambda: None)
+    monkeypatch.setattr(backends, "locate_nsjail", lambda: None)
     res = cli("serve-sandbox", "--check", "--isolation", "nsjail")
     assert res.exit_code == 1
     assert "NOT isolated" in res.output and "nsjail" in res.output
+
+
+def test_the_served_pool_knows_the_rl_runner_and_the_codejudge_template():
+    """`serve-sandbox` serves RL's calls (wrapped in its runner) and code-judge clients' (wrapped in
+    the release's template): its pools, local or on Redis workers, take the fast path for both."""
+    from rstar2_cli.protocol.code_runner import release_runner_source
+    from sandbox.service.embedded import sandbox_from_kwargs
+    from sandbox.service.executor_template import wrap_code
+
+    kwargs = sandbox_commands.pool_kwargs(1, "none", True, 10.0, 1024, 65536)
+    kwargs = json.loads(json.dumps(kwargs))  # as Redis workers get them, on their command line
+    known = sandbox_from_kwargs(kwargs).preludes
+    assert known.recognise(release_runner_source("print(1)")) is not None
+    assert known.recognise(wrap_code("print(1)")) is not None
 
 
 def test_serve_refuses_to_run_unconfined_without_the_flag(cli):

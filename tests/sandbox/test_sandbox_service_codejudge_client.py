@@ -6,8 +6,8 @@ import httpx
 import pytest
 from service_fixtures import serve_in_thread
 
-from sandbox.codejudge_client import call_long_batch, submission, tool_response
-from sandbox.server import ServiceConfig, create_app
+from sandbox.service.codejudge_client import call_long_batch, submission, tool_response
+from sandbox.service.server import ServiceConfig, create_app
 
 
 class SharedPool:
@@ -64,7 +64,7 @@ async def test_release_client_gets_right_answers(sandbox_pool, library):
     assert tool_response(results[0]).startswith("Tool call success\nstdout: 42\n")
     assert tool_response(results[4]).startswith("Tool call failure\nreason: worker_timeout")
     assert status["counters"]["internal_error"] == 0
-    # every call (history cells included) went through the template fast path (sandbox.template_run)
+    # every call (history cells included) went through the template fast path (sandbox.inside.template_run)
     assert status["backend"]["fast_template"] - before == len(subs)
 
 

@@ -16,9 +16,10 @@ import pytest
 import redis
 from service_fixtures import post_batch, redis_server, serve_in_thread
 
-from sandbox.redis_mode import RedisConfig, RedisFrontend
-from sandbox.redis_worker import worker_argv
-from sandbox.server import ServiceConfig, create_app
+from sandbox.redis_mode.frontend import RedisFrontend
+from sandbox.redis_mode.wire import RedisConfig
+from sandbox.redis_mode.worker import worker_argv
+from sandbox.service.server import ServiceConfig, create_app
 
 pytestmark = pytest.mark.redis
 

@@ -15,7 +15,7 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
-from sandbox.result import RunResult
+from sandbox.core.result import RunResult
 
 
 class ResultReason(str, Enum):

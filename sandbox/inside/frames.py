@@ -20,7 +20,7 @@ MAX_FRAME = 64 * 1024 * 1024
 READY, REQUEST, ANSWER_KIND = 0, 1, 2
 REASONS = ("ok", "runtime_error", "timeout", "memory", "output_limit", "internal_error")
 # What a light zygote may also answer: the call imported a module only the full tier has, so the
-# pool runs it again there (sandbox.tiers). Never a RunResult reason: the host consumes it.
+# pool runs it again there (sandbox.core.tiers). Never a RunResult reason: the host consumes it.
 REROUTE = "reroute"
 WIRE_REASONS = REASONS + (REROUTE,)
 

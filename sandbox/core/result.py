@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sandbox.protocol import REASONS  # one list: the wire format sends reasons by position
+from sandbox.inside.frames import REASONS  # one list: the wire format sends reasons by position
 
 
 @dataclass

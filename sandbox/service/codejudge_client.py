@@ -5,7 +5,7 @@ client (microsoft/rStar `rstar2_agent/tools/code_judge_utils.py`) does not send 
 as is. It sends a stdlib-only executor script with the code base64-encoded inside it, posts
 batches to `/run/long-batch`, and resends only the calls answered `queue_timeout`. Tests and
 `rstar2 bench-tools --client codejudge` use this module to see the server as that client does.
-The executor script itself is `sandbox.executor_template.wrap_code` (written there from the
+The executor script itself is `sandbox.service.executor_template.wrap_code` (written there from the
 release's documented behaviour, not copied from it).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import asyncio
 
 import httpx
 
-from sandbox.executor_template import wrap_code
+from sandbox.service.executor_template import wrap_code
 
 
 def submission(code: str, stdin: str | None = None, history: list[str] | tuple[str, ...] = ()) -> dict:

@@ -18,8 +18,8 @@ import time
 
 import httpx
 
-from sandbox.codejudge import to_run_result
-from sandbox.result import RunResult
+from sandbox.service.codejudge import to_run_result
+from sandbox.core.result import RunResult
 
 
 class RemoteSandbox:

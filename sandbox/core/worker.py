@@ -17,8 +17,8 @@ import contextlib
 import itertools
 import time
 
-from sandbox.jail import JailPlan
-from sandbox.protocol import ANSWER_KIND, READY, FrameBuffer, decode_host_frame, encode_request
+from sandbox.jail.backends import JailPlan
+from sandbox.inside.frames import ANSWER_KIND, READY, FrameBuffer, decode_host_frame, encode_request
 
 STARTUP_TIMEOUT = 120.0
 WATCHDOG_PERIOD = 1.0

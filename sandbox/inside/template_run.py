@@ -2,9 +2,10 @@
 
 Why: the rStar release's client sends every call as a stdlib-only prelude (imports, an error
 class, a notebook-like executor) followed by cells that hand base64 payloads to that executor
-(sandbox.executor_template). Run as text, each forked child pays the prelude again, then the
-executor's own `ast.parse` and `compile`s of the payload: the parser's first use in a child alone
-copies ~140 pages of the zygote. Here, for a prelude the host recognised by its digest:
+(sandbox.service.executor_template), and RL's runner is shaped alike. Run as text, each forked
+child pays the prelude again, then the executor's own `ast.parse` and `compile`s of the payload:
+the parser's first use in a child alone copies ~140 pages of the zygote. Here, for a prelude the
+host recognised by its digest (one its caller registered: sandbox.core.preludes):
 
   * the zygote runs the prelude once (the first time it sees it) into a namespace that every
     child inherits;
@@ -20,13 +21,13 @@ text (tests/sandbox/test_sandbox_core_templates.py runs both ways side by side).
 costs speed. The zygote computes nothing that could print: every compile there runs with warnings
 as errors, and anything that warns or fails is left to the child, which reports it as usual.
 """
-from __future__ import annotations  # the same compile flags as sandbox.child's (the text-as-is path)
+from __future__ import annotations  # the same compile flags as sandbox.inside.child's (the text-as-is path)
 
 import base64
 import builtins
 import gc
 
-from sandbox import child
+from sandbox.inside import child
 
 _B64_CALL = 'b64decode("'
 
@@ -97,7 +98,7 @@ class Preludes:
         if digest not in self._known:
             try:
                 self._known[digest] = Prelude(req["code"][:length])
-            except BaseException:  # noqa: BLE001 - cannot happen for a known prelude; run calls as text
+            except BaseException:  # noqa: BLE001 - a registered prelude that fails: run its calls as text
                 self._known[digest] = None
             gc.freeze()  # its objects join the rest of the zygote's, out of the children's collections
         prelude = self._known[digest]

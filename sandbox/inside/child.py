@@ -23,8 +23,8 @@ OUTCOMES = ("", "ok", "runtime_error", "memory", "reroute")  # index = byte writ
 _REROUTE = OUTCOMES.index("reroute")
 _PR_SET_NO_NEW_PRIVS = 38
 _FILE_SIZE_CAP = 64 * 1024 * 1024
-_libc = ctypes.CDLL(None, use_errno=True)  # loaded once in the zygote, not per call
-_ENVIRON = ctypes.c_void_p.in_dll(_libc, "environ")  # what subprocesses and os.system inherit
+libc = ctypes.CDLL(None, use_errno=True)  # loaded once in the zygote, not per call (the zygote uses it too)
+_ENVIRON = ctypes.c_void_p.in_dll(libc, "environ")  # what subprocesses and os.system inherit
 # The same pointer as plain bytes: writing through a memoryview is one memcpy, where ctypes'
 # `.value =` runs its converter and keep-alive bookkeeping (~10 pages, each a fault after a fork).
 _ENVIRON_BYTES = memoryview((ctypes.c_char * ctypes.sizeof(ctypes.c_void_p)).from_address(
@@ -40,7 +40,7 @@ def prepare_zygote(env: dict[str, str], drop_groups: bool) -> None:
     the exact base environment, an empty stdin, and line-buffered notebook stdout/stderr on fds 1
     and 2 (which each child points at its own pipes). These limits are hard, so a call cannot
     lift them; they are the same for every call. The zygote itself never writes to sys.stdout."""
-    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (_FILE_SIZE_CAP, _FILE_SIZE_CAP))
@@ -84,7 +84,7 @@ class FullTierFinder:
     """Last on a light zygote's sys.meta_path: an import that nothing else found, of a module the
     full tier can import, ends the call at once and marks it for a re-run there.
 
-    Why here and not only in the host's static scan (sandbox.tiers): imports can hide from any
+    Why here and not only in the host's static scan (sandbox.core.tiers): imports can hide from any
     scan (exec of a built string, a base64 payload, `__import__(name)`, an executor template),
     and a snippet may catch the ImportError and carry on differently. Only a miss reaches this
     finder, so it costs nothing to calls that import what the light tier has. The whole process
@@ -264,7 +264,7 @@ def execute(source: str, stdin: str | None = None, history: list | None = None,
             compiled=None, namespace: dict | None = None) -> tuple[int, str]:
     """Run one cell; returns (exit code, reason). Prints the echo or the short error itself.
     `compiled` is `precompile(source)` done before the fork, when available; `namespace` the
-    globals to run it in (a fresh `__main__` unless given: see sandbox.template_run)."""
+    globals to run it in (a fresh `__main__` unless given: see sandbox.inside.template_run)."""
     if namespace is None:
         namespace = {"__name__": "__main__", "__builtins__": builtins}
     if history:

@@ -14,13 +14,16 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass
 
-from sandbox.bench import percentile_ms
-from sandbox.bench_codejudge import CODEJUDGE_WORKLOADS, _timed, server_process
+from rstar2_cli.sandbox_bench.codejudge import CODEJUDGE_WORKLOADS, calls_for
+from rstar2_cli.sandbox_bench.server import server_process
+from rstar2_cli.sandbox_bench.timing import percentile_ms, timed
+from sandbox.redis_mode.local_server import free_port, redis_server_process
+from sandbox.redis_mode.wire import RedisConfig
+from sandbox.redis_mode.worker import worker_argv
 
 
 @dataclass
@@ -37,51 +40,13 @@ class RedisRow:
     vs_local: float | None = None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def redis_server_process():
-    """A throwaway redis-server on a free loopback port (no persistence); yields its URL."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise ValueError("--client redis needs redis-server on PATH")
-    port = _free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        import redis
-
-        client = redis.Redis(port=port)
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(redis.RedisError):
-                if client.ping():
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 def _start_host(url: str, sandbox_kwargs: dict, concurrency: int) -> subprocess.Popen:
-    from sandbox.redis_mode import RedisConfig
-    from sandbox.redis_worker import worker_argv
-
     return subprocess.Popen(worker_argv(RedisConfig(url), sandbox_kwargs, concurrency), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _wait_hosts(url: str, n: int) -> None:
     import redis
-
-    from sandbox.redis_mode import RedisConfig
 
     r, key = redis.Redis.from_url(url), RedisConfig(url).heartbeat("*")
     deadline = time.monotonic() + 180
@@ -92,15 +57,15 @@ def _wait_hosts(url: str, n: int) -> None:
 
 
 async def _measure(url: str, name: str, c: int, n: int) -> tuple[float, list[float], list[str]]:
-    from sandbox.client import RemoteSandbox
+    from sandbox.service.client import RemoteSandbox
 
     code, expect = CODEJUDGE_WORKLOADS[name]
     async with RemoteSandbox(url) as remote:
         async def one() -> str | None:
             res = await remote.run(code)
             return None if res.ok and res.stdout == expect else f"{res.reason}: {res.stderr[-150:]!r}"
-        await _timed(min(n, 2 * c), c, one)
-        return await _timed(n, c, one)
+        await timed(min(n, 2 * c), c, one)
+        return await timed(n, c, one)
 
 
 def run_redis_bench(sandbox_kwargs: dict, workloads: list[str], concurrency: int, calls: int) -> dict:
@@ -108,15 +73,15 @@ def run_redis_bench(sandbox_kwargs: dict, workloads: list[str], concurrency: int
 
     def add(mode: str, hosts: int, url: str) -> None:
         for name in workloads:
-            n = calls if name == "trivial" else max(64, calls // 3)
+            n = calls_for(name, calls)
             seconds, latencies, failures = asyncio.run(_measure(url, name, concurrency, n))
             rows.append(RedisRow(mode, hosts, name, concurrency, n, round(n / seconds, 1),
                                  percentile_ms(latencies, 50), percentile_ms(latencies, 99), len(failures)))
 
-    with server_process(sandbox_kwargs, _free_port()) as url:
+    with server_process(sandbox_kwargs, free_port()) as url:
         add("local", 0, url)
     per_host = 2 * (sandbox_kwargs.get("workers") or os.cpu_count() or 1) * 8
-    with redis_server_process() as redis_url, server_process(sandbox_kwargs, _free_port(), redis_url) as url:
+    with redis_server_process() as redis_url, server_process(sandbox_kwargs, free_port(), redis_url) as url:
         hosts = [_start_host(redis_url, sandbox_kwargs, per_host)]
         try:
             _wait_hosts(redis_url, 1)
@@ -150,6 +115,8 @@ def redis_bench_main(sandbox_kwargs: dict, workloads: list[str], concurrency: in
     if unknown:
         raise ValueError(f"--workloads: {unknown} not available with --client redis; choose from "
                          f"{list(CODEJUDGE_WORKLOADS)}")
+    if shutil.which("redis-server") is None:
+        raise ValueError("--client redis needs redis-server on PATH")
     with console.status("bench-tools --client redis: local, then Redis with 1 and 2 worker hosts"):
         report = run_redis_bench(sandbox_kwargs, workloads, concurrency, calls)
     table = Table(title=f"bench-tools --client redis (concurrency {concurrency}, HTTP long-batch)")

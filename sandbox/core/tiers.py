@@ -11,19 +11,17 @@ Routing never breaks a call, in two steps:
     `__import__`/`importlib`;
   * whatever the scan misses (a module name built at run time, a payload it cannot decode) is
     caught in the light zygote itself: the first import of a module that only the full tier can
-    import ends the call, and the pool re-runs it in the heavy tier (child.FullTierFinder; the
-    pool counts these as "rerouted").
+    import ends the call, and the pool re-runs it in the heavy tier (sandbox.inside.child's
+    FullTierFinder, over the paths of sandbox.jail.backends.full_tier_paths; the pool counts
+    these as "rerouted").
 """
 from __future__ import annotations
 
 import base64
 import binascii
 import functools
-import os
 import re
-import site
 import sys
-import sysconfig
 
 _IMPORT = re.compile(r"\b(?:from\s+([\w.]+)\s+import|import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*))")
 
@@ -76,20 +74,3 @@ def fits_light(text: str, heavy: tuple[str, ...], _depth: int = 0) -> bool:
 def _naming(heavy: tuple[str, ...]) -> re.Pattern:
     """One pattern matching any heavy module name as a word (built once per pool's tuple)."""
     return re.compile(r"\b(?:%s)\b" % "|".join(map(re.escape, heavy))) if heavy else re.compile(r"(?!)")
-
-
-def full_tier_paths() -> list[str]:
-    """Where the full tier finds modules that a light (`-S`) interpreter cannot: site-packages
-    and what .pth files add to them; not the stdlib, the working directory or PYTHONPATH, which
-    an isolated (`-I`) interpreter ignores."""
-    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
-    std = {stdlib, os.path.join(stdlib, "lib-dynload"), os.path.realpath(sysconfig.get_paths()["platstdlib"])}
-    ignored = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
-    ignored.add(os.path.realpath(os.getcwd()))
-    paths = []
-    for p in [*site.getsitepackages(), *sys.path]:
-        real = os.path.realpath(p) if p else ""
-        if (real and os.path.isdir(real) and real not in ignored and real not in paths
-                and real not in std):
-            paths.append(real)
-    return paths

@@ -13,16 +13,16 @@ import os
 import threading
 import time
 
-from sandbox.executor_template import recognise
-from sandbox.handoff import Bridge
-from sandbox.jail import JailPlan, plan
-from sandbox.limits import Limits
-from sandbox.probe import probe_protections
-from sandbox.protocol import REROUTE
-from sandbox.result import RunResult
-from sandbox.sessions import SessionFull, SessionStore
-from sandbox.tiers import fits_light, split_preload
-from sandbox.worker import Worker, WorkerDied
+from sandbox.core.handoff import Bridge
+from sandbox.core.limits import Limits
+from sandbox.core.preludes import KnownPreludes, PreludeDigest
+from sandbox.core.result import RunResult
+from sandbox.core.sessions import SessionFull, SessionStore
+from sandbox.core.tiers import fits_light, split_preload
+from sandbox.core.worker import Worker, WorkerDied
+from sandbox.inside.frames import REROUTE
+from sandbox.jail.backends import JailPlan, plan
+from sandbox.jail.probe import probe_protections
 
 # The stdlib modules executor templates import (the rStar release's client wraps every call in one
 # that imports these): preloaded, a wrapped call skips ~1,000 page faults (~16 ms of CPU) of
@@ -37,7 +37,7 @@ _RESTART_ATTEMPTS = 3
 
 class Sandbox:
     """A pool of `workers` zygotes with the full preload, plus as many stdlib-only "light" ones
-    for calls that cannot need the heavy modules (see sandbox.tiers). Each zygote runs up to
+    for calls that cannot need the heavy modules (see sandbox.core.tiers). Each zygote runs up to
     `slots_per_worker` calls at once (default 8 as root, where each slot has its own uid; 1
     otherwise), each in a fresh forked child.
 
@@ -45,11 +45,15 @@ class Sandbox:
     any loop (or none) can share it. `own_thread=False` puts them on the loop that starts the
     pool instead, for a service whose calls all come from that loop (`serve-sandbox`): no thread
     hand-off per call, and no two threads taking turns at the GIL. Callers on other loops then
-    still work (through the same hand-off), but not `run_sync` from the pool's own loop."""
+    still work (through the same hand-off), but not `run_sync` from the pool's own loop.
+
+    `preludes`: the executor-template preludes (texts, or `PreludeDigest`s) whose calls take the
+    template fast path (see sandbox.core.preludes); more can be added with `register_prelude`."""
 
     def __init__(self, workers: int | None = None, limits: Limits | None = None, isolation: str = "auto",
                  preload: tuple[str, ...] = DEFAULT_PRELOAD, unsafe_no_isolation: bool = False,
-                 slots_per_worker: int | None = None, own_thread: bool = True) -> None:
+                 slots_per_worker: int | None = None, own_thread: bool = True,
+                 preludes: tuple[str | PreludeDigest, ...] = ()) -> None:
         if workers is not None and (not isinstance(workers, int) or workers < 1):
             raise ValueError(f"workers: must be a positive integer, got {workers!r}")
         if slots_per_worker is not None and (not isinstance(slots_per_worker, int) or slots_per_worker < 1):
@@ -60,6 +64,7 @@ class Sandbox:
         self.n_workers = workers or max(1, os.cpu_count() or 1)
         self.isolation, self.preload = isolation, tuple(preload)
         self.unsafe_no_isolation = unsafe_no_isolation
+        self.preludes = KnownPreludes(preludes)
         self._slots_hint = slots_per_worker
         self.own_thread = own_thread
         self._plan: JailPlan | None = None
@@ -187,6 +192,11 @@ class Sandbox:
     def close_session(self, session: str) -> None:
         self._sessions.close(session)
 
+    def register_prelude(self, prelude: str | PreludeDigest) -> PreludeDigest:
+        """Recognise calls that start with `prelude` (a text, or a `PreludeDigest`) from now on;
+        any thread, before or after the pool starts."""
+        return self.preludes.add(prelude)
+
     @staticmethod
     def _check_call(code, stdin, session) -> None:
         if not isinstance(code, str):
@@ -213,7 +223,7 @@ class Sandbox:
     async def _dispatch(self, code: str, stdin: str | None, limits: dict, history: list | None) -> RunResult:
         started = time.monotonic()
         text = code if not history else "\n".join([c for c, _ in history] + [code])
-        template = None if history else recognise(code)  # the release's executor: see template_run
+        template = None if history else self.preludes.recognise(code)  # see sandbox.inside.template_run
         if template is not None:
             self._counts["fast_template"] += 1
             text = code[template[1]:]  # a known prelude imports only the standard library
