@@ -16,7 +16,7 @@ from typing import Any
 
 from rstar2_cli.launch import torchrun_cmd
 from rstar2_cli.launch.torchrun_cmd import DEFAULT_REDIS_PORT
-from rstar2_cli.rollout.weight_transfer import choose_backend
+from rstar2_cli.rollout.weight_sync.backends import choose_backend
 
 DEFAULT_ENTRY_MODULE = "rstar2_cli.rl.launch_entry"
 # Read by the RL entry module on every node: where its vLLM engines go and their TP size.
@@ -194,7 +194,7 @@ class Plan:
     engine_replicas: int
     nodes: tuple[NodePlan, ...]
     sandbox: SandboxPlan
-    weight_transfer: str = "chunked"   # the backend the run uses (rollout/weight_transfer.py)
+    weight_transfer: str = "chunked"   # the backend the run uses (rollout/weight_sync/)
     samples_per_dp_rank: int | None = None
     est_train_state_gib_per_gpu: float | None = None
     est_engine_weights_gib_per_gpu: float | None = None

@@ -23,7 +23,7 @@ broadcast their shards and every rank reassembles them in the global prompt orde
 advantages and the update see the same list on every rank as with a single host; each rank then
 trains on its interleaved shard of the kept trajectories. Sampling seeds depend on the step, the
 prompt id and the sample index only, so which node rolls a prompt out changes nothing. After the
-update each host pushes the weights into its engines (`rollout/weight_transfer.py`: vLLM's
+update each host pushes the weights into its engines (`rollout/weight_sync/`: vLLM's
 weight transfer on GPU, ipc or nccl; chunked safetensors on CPU), every rank joining the gathers.
 Checkpoints and metrics stay on rank 0. On one process (CPU quickstart, single GPU) rank 0 is the
 only host and nothing is sent anywhere.
@@ -52,7 +52,7 @@ from rstar2_cli.config import RecipeConfig, dump_recipe
 from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.rl.rollout_hosts import host_ranks, plan_rollout_host, reassemble
 from rstar2_cli.rollout.trajectory import Trajectory
-from rstar2_cli.rollout.weight_transfer import run_on_loop
+from rstar2_cli.rollout.weight_sync.engine_side import run_on_loop
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class RLTrainer:
         if self.info.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "resolved_recipe.yaml").write_text(dump_recipe(cfg))
-        from rstar2_cli.rollout.weight_transfer import choose_backend
+        from rstar2_cli.rollout.weight_sync.backends import choose_backend
 
         self.weight_transfer = choose_backend(cfg.engine.weight_transfer, on_gpu=self.info.device.type == "cuda",
                                               colocate=cfg.engine.colocate)
@@ -190,18 +190,16 @@ class RLTrainer:
 
     def _weight_pusher(self):
         from rstar2_cli.rl.policy import compute_dtype
-        from rstar2_cli.rollout.weight_transfer import WeightPusher
+        from rstar2_cli.rollout.weight_sync.pusher import WeightPusher
 
-        replicas = len(self.engines)
-        if self.weight_transfer == "nccl":     # non-host ranks join one gather pass per replica
-            replicas = int(rl_dist.all_reduce_max([float(replicas)], self.info.device)[0])
         return WeightPusher(self.weight_transfer, model=self.policy.model, engines=self.engines,
-                            is_host=self.host.is_host, replicas_per_node=replicas, rank=self.info.rank,
+                            is_host=self.host.is_host, rank=self.info.rank,
                             engine_dtype=compute_dtype("auto", self.info.device), loop=self.loop,
-                            pause=bool(self.max_staleness))
+                            pause=bool(self.max_staleness), ipc_buffer_mb=self.cfg.engine.ipc_buffer_mb,
+                            colocated=self.cfg.engine.colocate and self.info.device.type == "cuda")
 
     def _run(self, coro):
-        """Run a coroutine on the rollout loop and wait for it (see weight_transfer.run_on_loop)."""
+        """Run a coroutine on the rollout loop and wait for it (see weight_sync.engine_side.run_on_loop)."""
         return run_on_loop(self.loop, coro)
 
     def close(self) -> None:
@@ -310,17 +308,6 @@ class RLTrainer:
                     if len(pieces) > 1 else {})
         return trajs, timing, per_node
 
-    def _engines(self, method: str, *args) -> None:
-        """Call sleep/wake_up on this host's engines (a no-op unless colocated on GPU)."""
-        if not self.host.is_host or not self.cfg.engine.colocate:
-            return
-
-        async def call():
-            for e in self.engines:
-                await getattr(e, method)(*args)
-
-        self._run(call())
-
     def _sync_weights(self) -> float:
         t0 = time.perf_counter()
         self.weights_out.push(self.policy)    # collective under FSDP; hosts load their engines
@@ -347,13 +334,11 @@ class RLTrainer:
         update: dict[str, float] = {}
         if kept:
             t_train = time.perf_counter()
-            self._engines("sleep")       # colocated on GPU: free KV cache and weights for training
+            self.weights_out.sleep_engines()   # colocated on GPU: level 2, the push brings the weights back
             mine = shard_for_rank(list(zip(kept, advantages)), self.info.rank, self.info.world_size)
             update = self.policy.update([m[0] for m in mine], [m[1] for m in mine])      # 6
             timing["time/train"] = time.perf_counter() - t_train
-            self._engines("wake_up", ["weights"])
-            timing["time/sync"] = self._sync_weights()                                  # 7
-            self._engines("wake_up", ["kv_cache"])
+            timing["time/sync"] = self._sync_weights()      # 7 (colocated: wakes weights, pushes, wakes KV)
         else:   # every group filtered out: nothing to learn, so no optimizer, LR or weight step
             log.warning("step %d: no group left after filtering (%s): skipped, no optimizer or LR step",
                         self.step + 1, ", ".join(f"{k} {v}" for k, v in roc.dropped.items()) or "no groups")
