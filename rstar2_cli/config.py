@@ -99,9 +99,12 @@ class EngineConfig(_Section):
     enable_prefix_caching: bool = True
     max_num_seqs: int = Field(256, ge=1)
     colocate: bool = True                             # share GPUs with training (sleep/wake)
-    # Weight sync after each update (rollout/weight_transfer.py): "auto" = vLLM's weight-transfer
+    # Weight sync after each update (rollout/weight_sync/): "auto" = vLLM's weight-transfer
     # API on GPU (ipc when colocated, nccl on separate GPUs), chunked safetensors on CPU.
     weight_transfer: Literal["auto", "ipc", "nccl", "chunked"] = "auto"
+    # ipc: the packed CUDA IPC buffer per trainer rank, MiB; None = from the model (its largest
+    # tensor rounded up to 64 MiB, at least vLLM's 1 GiB); must hold the largest tensor.
+    ipc_buffer_mb: int | None = Field(None, ge=1)
 
 
 class SandboxConfig(_Section):

@@ -52,7 +52,7 @@ def _use(target: str, npos: int | None = None, *keywords: str, where: str = "") 
 ASYNC_LLM = "vllm.v1.engine.async_llm.AsyncLLM"
 TRAINER_ENGINE = "vllm.distributed.weight_transfer.base.TrainerWeightTransferEngine"
 # Method calls on objects whose type the source reader cannot know, as rstar2_cli makes them
-# (rollout/engines.py: self._llm is an AsyncLLM; rollout/weight_transfer.py: EngineSyncClient._all
+# (rollout/engines.py: self._llm is an AsyncLLM; rollout/weight_sync/client.py: EngineSyncClient._all
 # and the senders WeightTransferTrainerFactory.trainer_init returns).
 INSTANCE_CALLS: tuple[Use, ...] = (
     _use(f"{ASYNC_LLM}.generate", 2, "request_id"),
@@ -69,6 +69,8 @@ INSTANCE_CALLS: tuple[Use, ...] = (
     _use("vllm.v1.metrics.loggers.StatLoggerBase.record", 0, "scheduler_stats", "iteration_stats",
          "mm_cache_stats", "engine_idx"),
     _use("vllm.v1.metrics.loggers.StatLoggerBase.log_engine_initialized", 0),
+    # weight_sync/ipc.py and nccl.py: `trainer_factory` is vLLM's factory, passed in (tests pass a fake)
+    _use("vllm.distributed.weight_transfer.WeightTransferTrainerFactory.trainer_init", 1, "client", "source"),
     _use(f"{TRAINER_ENGINE}.send_weights", 0),
     _use(f"{TRAINER_ENGINE}.shutdown", 0),
     # the CPU engine's **chunking in rollout/engines.py

@@ -47,10 +47,10 @@ Phases, colocated (`engine.colocate`, the release's verl placement): during the 
 engines sleep (weights and KV cache released from the GPU: level 1 offloads weights to host,
 level 2 drops them; vllm/v1/worker/gpu_worker.py `sleep`) and keep their process runtime; they
 wake before the weight sync and re-create the KV cache at the same size. The trainer's freed
-tensors (gradients after `zero_grad(set_to_none=True)`, activations, FSDP buffers) stay reserved
-by PyTorch's caching allocator: nothing in rl/ calls `torch.cuda.empty_cache()` before the
-engines wake, so during rollouts the trainer still holds its update-phase peak (rows marked
-"cached"). Separate placement: trainer GPUs hold only the trainer, engine GPUs only the engines.
+tensors (gradients after `zero_grad(set_to_none=True)`, activations, FSDP buffers) go back to
+the GPU before the engines wake (`torch.cuda.empty_cache()` on every rank in
+`rollout/weight_sync/colocated.py`), so during rollouts the trainer holds only its parameters,
+optimizer state and runtime. Separate placement: trainer GPUs hold only the trainer, engine GPUs only the engines.
 
 Each row is that component's peak and the totals add the rows, so a total is an upper bound of
 its phase (the activations and the root's final reduce-scatter never coincide, yet both count).
@@ -171,7 +171,6 @@ class MemorySpec:
 class MemoryRow:
     name: str
     gib: tuple[float | None, ...]     # one value per column; None: not on this GPU in this phase
-    cached: tuple[bool, ...] = ()     # per column: freed, still reserved by the caching allocator
 
 
 @dataclass(frozen=True)
@@ -222,7 +221,7 @@ def build_memory_plan(spec: MemorySpec) -> MemoryPlan:
     if spec.colocated:
         columns = ("rollout", "update")
         for name, value, freed in trainer:
-            rows.append(MemoryRow(name, (value, value), (freed, False)))
+            rows.append(MemoryRow(name, (None if freed else value, value)))   # freed: returned before the wake
         for name, value in engine:
             rows.append(MemoryRow(name, (value, None)))
         rows.append(MemoryRow("engine runtime (assumed)", (ENGINE_RUNTIME_GIB, ENGINE_RUNTIME_GIB)))

@@ -90,17 +90,9 @@ def memory_table(memory: MemoryPlan) -> Table:
     for column in memory.columns:
         t.add_column(column, justify="right")
     for row in memory.rows:
-        cells = []
-        for i, value in enumerate(row.gib):
-            cached = i < len(row.cached) and row.cached[i]
-            cells.append("-" if value is None else f"{value:.2f}" + (" cached" if cached else ""))
-        t.add_row(row.name, *cells)
+        t.add_row(row.name, *("-" if value is None else f"{value:.2f}" for value in row.gib))
     t.add_row(Text("total", style="bold"), *(Text(f"{v:.2f}", style="bold") for v in memory.totals))
     t.add_row("headroom", *(f"{spec.gpu_memory_gib - v:.2f}" for v in memory.totals))
-    if any(any(r.cached) for r in memory.rows):
-        t.caption = ("cached: freed by the trainer, still reserved by PyTorch's caching allocator while the "
-                     "engines run (no torch.cuda.empty_cache() before they wake)")
-        t.caption_justify = "left"
     return t
 
 

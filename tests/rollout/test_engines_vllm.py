@@ -130,7 +130,7 @@ async def test_a_paused_update_lands_between_requests_and_stamps_versions(engine
     """Asynchronous RL updates weights while rollouts run: the turn in flight finishes on the old
     weights (its tokens are the old greedy ones), a turn sent during the pause waits and runs on
     the new weights, and each result names the version that generated it."""
-    from rstar2_cli.rollout.weight_transfer import push_weights
+    from rstar2_cli.rollout.weight_sync.chunked import push_weights
     from safetensors.torch import load_file
     original = load_file(str(tiny_path / "model.safetensors"))
     flipped = {k: (-v if k == "lm_head.weight" else v) for k, v in original.items()}
