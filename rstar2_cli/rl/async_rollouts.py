@@ -98,10 +98,12 @@ class RolloutPipeline:
     `index` and returns its future (None on ranks that roll nothing out), `exchange(n, local)`
     gathers every host's piece, `busy_seconds()` is per engine."""
 
-    def __init__(self, max_staleness: int, total_steps: int, sampler: Any, rollouts: Any, *, first_index: int = 0):
+    def __init__(self, max_staleness: int, total_steps: int, sampler: Any, rollouts: Any, *, first_index: int = 0,
+                 partial: bool = False):
         if max_staleness < 0:
             raise ValueError(f"RolloutPipeline needs max_staleness >= 0, got {max_staleness}")
         self.k, self.total_steps, self.sampler, self.rollouts = max_staleness, total_steps, sampler, rollouts
+        self.partial = partial                           # train.partial_rollout: the per-token metrics too
         self.pending: deque[PendingBatch] = deque()
         self.next_index = first_index
         self.dropped_groups_total = 0
@@ -155,6 +157,8 @@ class RolloutPipeline:
         if not self.k:
             return {}
         out = batch.staleness.metrics()
+        if self.partial:
+            out.update(partial_metrics(batch.trajectories, batch.staleness))
         out["async/dropped_groups_total"] = float(self.dropped_groups_total)
         out["async/trainer_wait_s"] = batch.waited
         since, busy_before = self._since
@@ -245,6 +249,8 @@ class StalenessReport:
     dropped_groups: int = 0
     dropped_trajectories: int = 0
     mixed_versions: int = 0                         # trajectories whose turns span two versions
+    groups: int = 0                                 # groups before dropping
+    step: int = 0                                   # the step (policy version) it was trained at
 
     def metrics(self) -> dict[str, float]:
         n = sum(self.histogram.values())
@@ -273,7 +279,27 @@ def drop_stale_groups(trajs: Sequence[Trajectory], step: int, max_staleness: int
     return StalenessReport(kept=kept, histogram=Counter(staleness), max_staleness=max_staleness,
                            dropped_groups=len(stale_groups),
                            dropped_trajectories=len(trajs) - len(kept),
-                           mixed_versions=sum(len(set(t.policy_versions)) > 1 for t in trajs))
+                           mixed_versions=sum(len(set(t.policy_versions) | {v for _, v in t.version_spans}) > 1
+                                              for t in trajs),
+                           groups=len({t.group_index for t in trajs}), step=step)
+
+
+def partial_metrics(kept: Sequence[Trajectory], report: StalenessReport) -> dict[str, float]:
+    """Partial rollouts' columns of a trained batch: its generated tokens by staleness (versions
+    behind the policy trained; the same columns 0..k every step), the turns a weight update
+    stopped and that continued on the new weights, the context they re-prefilled, and the share
+    of the batch's groups dropped as staler than k."""
+    tokens: Counter = Counter()
+    for t in kept:
+        for v, n in t.tokens_per_version().items():
+            tokens[report.step - v] += n
+    top = max(report.max_staleness, max(tokens, default=0))
+    out = {f"async/tokens_staleness_{j}": float(tokens.get(j, 0)) for j in range(top + 1)}
+    out.update({"async/continued_turns": float(sum(t.continued_turns for t in kept)),
+                "async/continued_trajectories": float(sum(t.continued_turns > 0 for t in kept)),
+                "async/recompute_tokens": float(sum(t.recompute_tokens for t in kept)),
+                "async/dropped_groups_frac": report.dropped_groups / report.groups if report.groups else 0.0})
+    return out
 
 
 def idle_metrics(step_s: float, trainer_wait_s: float, engine_busy_s: Sequence[float],
