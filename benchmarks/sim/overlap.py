@@ -18,14 +18,17 @@ The model (every choice is an assumption stated here and in docs/async-rl.md):
   * Separate placement: `engine_gpus` GPUs hold the engines, the rest train; train time scales
     as total / trainer GPUs (linear FSDP scaling: optimistic for the trainer side, so it does
     not flatter the overlap). On a new version each replica pauses as vLLM's
-    `pause_generation(mode="wait"|"abort")` does, loads the weights in `sync_s` and drops its
-    prefix cache; turns never mix two versions.
+    `pause_generation(mode="wait"|"abort"|"keep")` does, loads the weights in `sync_s` and drops
+    its prefix cache; under "wait" and "abort" turns never mix two versions, under "keep"
+    (partial rollouts) a running turn stops, re-prefills and continues on the new weights, and
+    its trajectory's staleness still counts from its oldest token.
   * consume="in_order": batch b may be generated with versions >= b - k, so it is submitted
     once version b - k is published, and step b trains on exactly batch b (the data order of
     the synchronous run; nothing can go stale). consume="completion": AReaL's rule, at most
     (v + k + 1) * B groups started and not dropped, and the trainer takes the first B groups to
     complete, dropping stale ones.
-  * Each replica serves older batches first (vLLM's priority scheduling, priority = batch).
+  * Each replica serves older batches first (vLLM's priority scheduling, priority = batch), or,
+    with `priority=False`, in arrival order (vLLM's default FCFS).
 """
 from __future__ import annotations
 
@@ -93,6 +96,7 @@ class OverlapConfig:
     max_staleness: int = 0
     consume: Consume = "in_order"
     update_mode: UpdateMode = "wait"
+    priority: bool = True             # older batches' turns first; False: FCFS
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -123,6 +127,9 @@ class OverlapResult:
     recomputed_tokens: int
     aborted_tokens: int
     weight_loads: int
+    continued_turns: int = 0            # "keep": turns stopped by an update and continued
+    update_recomputed_tokens: int = 0   # "keep": context those turns re-prefilled
+    tokens_by_staleness: Counter = field(default_factory=Counter)   # trained tokens by versions behind
     first_version: list[int] = field(repr=False, default_factory=list)
 
     @property
@@ -166,6 +173,7 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
     trainer_free_at, train_event = 0.0, None      # train_event: (end time, step) of the step running
     records: list[StepRecord] = []
     staleness: Counter = Counter()
+    tokens_by_staleness: Counter = Counter()
     dropped = [0, 0]                               # groups, trajectories
     pending_drops = 0
 
@@ -183,7 +191,7 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
             if p == 0 and state["in_flight"] == 0:
                 policy.reset()           # nothing in flight: forget trajectory homes, as the trainer does
             for plan in batches[b][p * group_size:(p + 1) * group_size]:
-                i = cluster.submit(plan, now, priority=b, key=f"b{b}/{plan.key}")
+                i = cluster.submit(plan, now, priority=b if cfg.priority else 0, key=f"b{b}/{plan.key}")
                 owner.append(g)
                 members[g].append(i)
             state["started"] += 1
@@ -229,6 +237,9 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
             return
         for g in take:
             staleness.update(s - cluster.first_version[i] for i in members[g])
+            for i in members[g]:
+                for v, n in cluster.tokens_by_version[i].items():
+                    tokens_by_staleness[s - v] += n
         records.append(StepRecord(s, now, now + step_s, now - trainer_free_at, len(take), pending_drops))
         pending_drops = 0
         train_event = (now + step_s, s)
@@ -265,4 +276,7 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
         preemptions=sum(r.preemptions for r in cluster.reps),
         recomputed_tokens=sum(r.recomputed_tokens for r in cluster.reps),
         aborted_tokens=sum(r.aborted_tokens for r in cluster.reps),
-        weight_loads=sum(r.updates for r in cluster.reps), first_version=list(cluster.first_version))
+        weight_loads=sum(r.updates for r in cluster.reps), first_version=list(cluster.first_version),
+        continued_turns=sum(r.continued_turns for r in cluster.reps),
+        update_recomputed_tokens=sum(r.update_recomputed_tokens for r in cluster.reps),
+        tokens_by_staleness=tokens_by_staleness)
