@@ -8,7 +8,9 @@
     `--update-modes wait keep` adds partial rollouts ("keep": a weight update stops running turns,
     which continue on the new weights after re-prefilling) beside today's "wait", in the same
     run; `--admission priority fcfs` compares vLLM's priority scheduling (older batch first)
-    with FCFS; `--workload long-tail` uses a longer-tailed workload (`LONG_TAIL_SPEC`).
+    with FCFS; `--push staged blocking`: the trainer hands the weights over and moves on, or
+    (what `WeightPusher(pause=True)` does) waits until every replica has paused and loaded;
+    `--workload long-tail` uses a longer-tailed workload (`LONG_TAIL_SPEC`).
 (b) KV pressure (`--kv-pressure`): replicas whose KV cache overflows (preemption + recompute),
     load-balanced vs round robin vs contiguous split vs sticky least-loaded, synchronous and k = 1.
 
@@ -76,7 +78,7 @@ def run_overlap(args, preset: str, ratios: dict, bar: Progress) -> dict:
     max_resp = spec.max_response_tokens
     batches = [make_workload(spec, seed=args.seed * 1000 + b) for b in range(args.steps + 2)]
     n = len(batches[0])
-    variants = [(m, a) for m in args.update_modes for a in args.admission]
+    variants = [(m, a, p) for m in args.update_modes for a in args.admission for p in args.push]
     task = bar.add_task(f"{preset}: overlap", total=2 + 3 * len(args.engine_fractions) * len(variants))
     # the synchronous rollout time does not depend on the trainer phases: run once without them
     base = simulate_overlap(batches, args.rollouts, model, LoadBalancedPolicy(), Placement(total, tp),
@@ -92,28 +94,30 @@ def run_overlap(args, preset: str, ratios: dict, bar: Progress) -> dict:
     for frac in args.engine_fractions:
         engine_gpus = max(tp, min(total - tp, round(total * frac / tp) * tp))
         for k in (0, 1, 2):
-            for mode, admission in variants:
+            for mode, admission, push in variants:
                 res = simulate_overlap(batches, args.rollouts, model, LoadBalancedPolicy(),
                                        Placement(total, tp, engine_gpus), phases,
                                        OverlapConfig(max_staleness=k, consume=args.consume, update_mode=mode,
-                                                     priority=admission == "priority"),
+                                                     priority=admission == "priority",
+                                                     blocking_push=push == "blocking"),
                                        steps=args.steps, max_response_tokens=max_resp)
                 rows.append(summary(f"separate {engine_gpus}/{total}", k, engine_gpus, total, res,
-                                    args.warmup, sync_step, mode=mode, admission=admission))
+                                    args.warmup, sync_step, mode=mode, admission=admission, push=push))
                 bar.advance(task)
-    best = {(k, m, a): min((r for r in rows[1:] if (r["k"], r["update_mode"], r["admission"]) == (k, m, a)),
-                           key=lambda r: r["step_s"]) for k in (0, 1, 2) for m, a in variants}
+    best = {(k, *v): min((r for r in rows[1:] if (r["k"], r["update_mode"], r["admission"], r["push"]) == (k, *v)),
+                         key=lambda r: r["step_s"]) for k in (0, 1, 2) for v in variants}
     return {"preset": preset, "scale": args.scale, "replicas_simulated": replicas, "tensor_parallel": tp,
             "gpus_simulated": total, "trajectories_per_step": n, "replica_model": model.__dict__,
             "workload": args.workload, "sync_rollout_s": rollout_s, "phases_s": phases.__dict__, "rows": rows,
-            "best_ratio_vs_sync": {f"k={k} {m} {a}": v["ratio_vs_sync"] for (k, m, a), v in best.items()}}
+            "best_ratio_vs_sync": {f"k={k} {m} {a} {p}": v["ratio_vs_sync"] for (k, m, a, p), v in best.items()}}
 
 
 def summary(label: str, k: int, engine_gpus: int, total: int, res, warmup: int, sync_step: float | None,
-            mode: str = "wait", admission: str = "priority") -> dict:
+            mode: str = "wait", admission: str = "priority", push: str = "staged") -> dict:
     step = res.step_time_s(warmup)
     tokens = sum(res.tokens_by_staleness.values()) or 1
-    return {"placement": label, "k": k, "update_mode": mode, "admission": admission,
+    return {"placement": label, "k": k, "update_mode": mode, "admission": admission, "push": push,
+            "push_wait_s_per_step": res.push_wait_s / len(res.steps),
             "continued_turns_per_step": res.continued_turns / len(res.steps),
             "update_recomputed_tokens_per_step": res.update_recomputed_tokens / len(res.steps),
             "token_share_by_staleness": {j: c / tokens for j, c in sorted(res.tokens_by_staleness.items())}, "engine_gpus": engine_gpus, "trainer_gpus": total if engine_gpus == total else total - engine_gpus,
@@ -175,6 +179,8 @@ def main() -> None:
                     help="weight-update pause modes to run side by side (keep = partial rollouts)")
     ap.add_argument("--admission", nargs="+", choices=["priority", "fcfs"], default=["priority"],
                     help="engine admission: older batch first (vLLM priority scheduling), or FCFS")
+    ap.add_argument("--push", nargs="+", choices=["staged", "blocking"], default=["staged"],
+                    help="staged: the trainer moves on after sending; blocking: it waits for every replica to load")
     ap.add_argument("--workload", choices=["default", "long-tail"], default="default")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kv-pressure", action="store_true", help="also run the KV-pressure policy comparison")
@@ -192,7 +198,7 @@ def main() -> None:
         ratios = {"source": "MEASURED_RATIOS in this script", **MEASURED_RATIOS}
     console = Console(width=max(Console().width, 180))
     out: dict = {"target_ratio_k1": 0.75, "ratios": ratios, "consume": args.consume, "update_modes": args.update_modes,
-                 "admission": args.admission, "workload": args.workload,
+                 "admission": args.admission, "push": args.push, "workload": args.workload,
                  "steps": args.steps, "warmup": args.warmup}
     with Progress(console=console) as bar:
         if not args.skip_overlap:
@@ -213,11 +219,12 @@ def print_tables(out: dict, console: Console) -> None:
     for sim in out.get("overlap", []):
         table = Table(title=f"{sim['preset']} (simulated {sim['gpus_simulated']} GPUs = 1/{sim['scale']} of 64, "
                             f"{sim['trajectories_per_step']} trajectories/step): step time vs synchronous")
-        for col in ("placement", "k", "update", "admission", "step s", "x sync", "staleness", "dropped",
+        for col in ("placement", "k", "update", "admission", "push", "push wait s", "step s", "x sync", "staleness", "dropped",
                     "engine idle", "trainer idle", "continued/step", "recompute tok/step"):
             table.add_column(col, justify="left" if col == "placement" else "right")
         for row in sim["rows"]:
-            table.add_row(row["placement"], str(row["k"]), row["update_mode"], row["admission"], f"{row['step_s']:.0f}",
+            table.add_row(row["placement"], str(row["k"]), row["update_mode"], row["admission"], row["push"],
+                          f"{row['push_wait_s_per_step']:.1f}", f"{row['step_s']:.0f}",
                           f"{row['ratio_vs_sync']:.3f}",
                           " ".join(f"{s}:{c}" for s, c in row["staleness"].items()), str(row["dropped_groups"]),
                           f"{row['engine_idle_fraction']:.2f}", f"{row['trainer_idle_fraction']:.2f}",

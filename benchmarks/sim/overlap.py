@@ -27,6 +27,11 @@ The model (every choice is an assumption stated here and in docs/async-rl.md):
     the synchronous run; nothing can go stale). consume="completion": AReaL's rule, at most
     (v + k + 1) * B groups started and not dropped, and the trainer takes the first B groups to
     complete, dropping stale ones.
+  * The push: `blocking_push=False` (the default) assumes the trainer hands the weights to a
+    staging buffer and moves on while each replica drains and loads; `blocking_push=True` is
+    what `WeightPusher(pause=True)` does today: the trainer's push returns only once every
+    replica has paused (mode "wait": drained its running turns) and loaded, and the batches the
+    new version admits start then.
   * Each replica serves older batches first (vLLM's priority scheduling, priority = batch), or,
     with `priority=False`, in arrival order (vLLM's default FCFS).
 """
@@ -97,6 +102,7 @@ class OverlapConfig:
     consume: Consume = "in_order"
     update_mode: UpdateMode = "wait"
     priority: bool = True             # older batches' turns first; False: FCFS
+    blocking_push: bool = False       # the trainer waits for every replica to pause and load
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -130,6 +136,7 @@ class OverlapResult:
     continued_turns: int = 0            # "keep": turns stopped by an update and continued
     update_recomputed_tokens: int = 0   # "keep": context those turns re-prefilled
     tokens_by_staleness: Counter = field(default_factory=Counter)   # trained tokens by versions behind
+    push_wait_s: float = 0.0            # blocking_push: trainer time spent waiting for the replicas to load
     first_version: list[int] = field(repr=False, default_factory=list)
 
     @property
@@ -176,6 +183,8 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
     tokens_by_staleness: Counter = Counter()
     dropped = [0, 0]                               # groups, trajectories
     pending_drops = 0
+    push: list = []                                # blocking_push: [version, started at] while pushing
+    push_wait = [0.0]
 
     def group_version(g: int) -> int:
         return min(cluster.first_version[i] for i in members[g])
@@ -224,7 +233,7 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
     def try_train(now: float) -> None:
         nonlocal train_event, pending_drops
         s = state["next_step"]
-        if train_event is not None or s >= steps:
+        if train_event is not None or push or s >= steps:
             return
         got = collect(s)
         if got is None:
@@ -244,6 +253,18 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
         pending_drops = 0
         train_event = (now + step_s, s)
 
+    def push_done(t: float) -> None:
+        """blocking_push: once every replica holds the pushed version, the trainer is free."""
+        nonlocal trainer_free_at
+        if not push or any(rep.weights < push[0] for rep in cluster.reps):
+            return
+        done = max([t, push[1]] + [rep.loaded_at for rep in cluster.reps])
+        push_wait[0] += done - push[1]
+        push.clear()
+        trainer_free_at = done
+        admit(done)
+        try_train(done)
+
     admit(0.0)
     while state["next_step"] < steps:
         t_cluster = cluster.next_time()
@@ -252,12 +273,18 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
             train_event, trainer_free_at = None, now
             state["next_step"], state["version"] = s + 1, s + 1
             cluster.publish(s + 1, now)
+            if cfg.blocking_push and not placement.colocated:
+                push[:] = [s + 1, now]
+                push_done(now)
+                continue
             admit(now)
             try_train(now)
             continue
         if t_cluster is None:
             raise RuntimeError(f"simulation stalled before step {state['next_step']} (no work and no trainer step)")
         done = cluster.process_next()
+        if push:
+            push_done(t_cluster)
         for i in done:
             g = owner[i]
             left[g] -= 1
@@ -279,4 +306,4 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
         weight_loads=sum(r.updates for r in cluster.reps), first_version=list(cluster.first_version),
         continued_turns=sum(r.continued_turns for r in cluster.reps),
         update_recomputed_tokens=sum(r.update_recomputed_tokens for r in cluster.reps),
-        tokens_by_staleness=tokens_by_staleness)
+        tokens_by_staleness=tokens_by_staleness, push_wait_s=push_wait[0])

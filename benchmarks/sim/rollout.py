@@ -149,6 +149,7 @@ class _Replica:
     cached: dict[int, int] = field(default_factory=dict)               # traj -> cached prefix length
     epoch: int = 0                            # invalidates planned step events
     weights: int = 0                          # policy version loaded
+    loaded_at: float = 0.0                    # when it finished loading `weights`
     planned_steps: int = 0
     busy_s: float = 0.0
     paused_s: float = 0.0                     # loading weights
@@ -338,7 +339,7 @@ class ReplicaCluster:
                                          _Seq(seq.traj, seq.ctx + done, seq.remaining - done)))
         rep.clock += self.load_weights_s
         rep.paused_s += self.load_weights_s
-        rep.weights, rep.updates = self.target, rep.updates + 1
+        rep.weights, rep.updates, rep.loaded_at = self.target, rep.updates + 1, rep.clock
         rep.cached.clear()
 
     def _abort_turns(self, rep: _Replica) -> None:
@@ -374,6 +375,7 @@ class ReplicaCluster:
             rep.clock += self.load_weights_s
             rep.paused_s += self.load_weights_s
             rep.weights, rep.updates, draining = self.target, rep.updates + 1, False
+            rep.loaded_at = rep.clock
             rep.cached.clear()
         prefill = 0
         while len(rep.running) < model.max_num_seqs:

@@ -72,3 +72,27 @@ def test_fcfs_overlap_keeps_the_staleness_bound():
     fifo = simulate_overlap(BATCHES, G, MODEL, LoadBalancedPolicy(), Placement(4, engine_gpus=3), PHASES,
                             OverlapConfig(max_staleness=2, update_mode="keep", priority=False), steps=4)
     assert max(fifo.staleness) <= 2 and sum(fifo.staleness.values()) == 4 * len(BATCHES[0])
+
+
+def _long_turn_batches(n_batches: int) -> list[list[TrajectoryPlan]]:
+    """Per batch 4 groups of 2, each sample one 2,000-token turn: a turn is always running at an update."""
+    return [[TrajectoryPlan(f"p{p}-s{j}", 20, [Turn(2000)]) for p in range(4) for j in range(2)]
+            for _ in range(n_batches)]
+
+
+def test_a_blocking_push_waits_for_the_drain_in_wait_mode_and_not_in_keep_mode():
+    """WeightPusher(pause=True) returns once every replica has loaded: under "wait" that is after
+    the running turns finish, under "keep" right after the load."""
+    batches = _long_turn_batches(6)
+    fast = PhaseTimes(reward_s=0.0, train_s=1.0, sync_s=0.2)
+    runs = {mode: simulate_overlap(batches, 2, MODEL, LoadBalancedPolicy(), Placement(4, engine_gpus=2), fast,
+                                   OverlapConfig(max_staleness=1, update_mode=mode, blocking_push=True), steps=4)
+            for mode in ("wait", "keep")}
+    staged = simulate_overlap(batches, 2, MODEL, LoadBalancedPolicy(), Placement(4, engine_gpus=2), fast,
+                              OverlapConfig(max_staleness=1), steps=4)
+    assert staged.push_wait_s == 0.0
+    load = fast.sync_s                                  # each replica loads in sync_s once it may
+    assert runs["keep"].push_wait_s == pytest.approx(len(runs["keep"].steps) * load, rel=1e-6)
+    assert runs["wait"].push_wait_s > runs["keep"].push_wait_s + 1.0   # the drain of 2,000-token turns
+    for res in runs.values():
+        assert max(res.staleness) <= 1 and sum(res.staleness.values()) == 4 * 8
