@@ -68,7 +68,9 @@ class Trajectory:
         they follow; they are outside the loss)."""
         if not self.version_spans:
             return []
-        out, spans = [], self.version_spans + [[len(self.response_ids), -1]]
+        first = self.version_spans[0][0]      # tokens before the first span: the first turn's version
+        out = [self.policy_versions[0] if self.policy_versions else self.version_spans[0][1]] * first
+        spans = self.version_spans + [[len(self.response_ids), -1]]
         for (start, v), (end, _) in zip(spans, spans[1:]):
             out.extend([v] * (end - start))
         return out
