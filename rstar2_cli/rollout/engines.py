@@ -142,6 +142,10 @@ class VLLMEngine:
     exact but lags dispatch by up to one step — the scheduler adds its own in-flight count.
     """
 
+    # "wait": an update lands between requests; "keep" (train.partial_rollout): in-flight requests
+    # stop at a token boundary and continue on the new weights (`pause_for_update`)
+    pause_mode = "wait"
+
     def __init__(self, engine_args: Any, *, weight_chunk_bytes: int = 256 << 20):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop",
@@ -151,9 +155,6 @@ class VLLMEngine:
         self._inflight = 0
         self.weights_version = 0              # optimizer steps behind the loaded weights
         self._pending_version: int | None = None   # set while paused for an update
-        # "wait": an update lands between requests; "keep" (train.partial_rollout): in-flight
-        # requests stop at a token boundary and continue on the new weights (pause_for_update)
-        self.pause_mode = "wait"
         self._busy_since = 0.0
         self._busy_total = 0.0
         self.weight_chunk_bytes = weight_chunk_bytes   # the chunked path's safetensors blob size
