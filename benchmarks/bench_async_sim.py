@@ -5,6 +5,12 @@
     each engine-GPU fraction in `--engine-fractions`. Trainer phases come from ratios to the
     rollout time measured on CPU (`--metrics` reads them from a run's metrics.jsonl; `--ratios`
     sets them), scaled by the simulated synchronous rollout time of the preset.
+    `--update-modes wait keep` adds partial rollouts ("keep": a weight update stops running turns,
+    which continue on the new weights after re-prefilling) beside today's "wait", in the same
+    run; `--admission priority fcfs` compares vLLM's priority scheduling (older batch first)
+    with FCFS; `--push staged blocking`: the trainer hands the weights over and moves on, or
+    (what `WeightPusher(pause=True)` does) waits until every replica has paused and loaded;
+    `--workload long-tail` uses a longer-tailed workload (`LONG_TAIL_SPEC`).
 (b) KV pressure (`--kv-pressure`): replicas whose KV cache overflows (preemption + recompute),
     load-balanced vs round robin vs contiguous split vs sticky least-loaded, synchronous and k = 1.
 
@@ -38,6 +44,9 @@ MEASURED_RATIOS = {"reward": 0.0000235, "train": 2.6387, "sync": 0.0157}
 # training state) on stage-2 sized trajectories (12K responses, longer tool-using turns)
 KV_PRESSURE_MODEL = ReplicaModel(kv_capacity_tokens=250_000)
 KV_PRESSURE_SPEC = dict(long_turns=(8, 12), long_turn_tokens=(600, 1400), max_response_tokens=12288)
+# fewer, longer long trajectories (docs/async-rl.md S3.3's "what would change the verdict"): 10 % of
+# the samples take 8-16 turns of 600-1,600 tokens, within a 16K response budget
+LONG_TAIL_SPEC = dict(long_fraction=0.1, long_turns=(8, 16), long_turn_tokens=(600, 1600), max_response_tokens=16384)
 POLICIES = {"load_balanced": LoadBalancedPolicy, "round_robin": RoundRobinPolicy,
             "contiguous_split": None, "sticky_least_loaded": StickyLeastLoadedPolicy}
 
@@ -64,40 +73,54 @@ def run_overlap(args, preset: str, ratios: dict, bar: Progress) -> dict:
     replicas, tp, model = SIM_PRESETS[preset]
     replicas //= args.scale
     total = replicas * tp
-    spec = WorkloadSpec(num_prompts=args.prompts // args.scale, rollouts_per_prompt=args.rollouts)
+    extra = LONG_TAIL_SPEC if args.workload == "long-tail" else {}
+    spec = WorkloadSpec(num_prompts=args.prompts // args.scale, rollouts_per_prompt=args.rollouts, **extra)
+    max_resp = spec.max_response_tokens
     batches = [make_workload(spec, seed=args.seed * 1000 + b) for b in range(args.steps + 2)]
     n = len(batches[0])
-    task = bar.add_task(f"{preset}: overlap", total=1 + 3 * len(args.engine_fractions))
+    variants = [(m, a, p) for m in args.update_modes for a in args.admission for p in args.push]
+    task = bar.add_task(f"{preset}: overlap", total=2 + 3 * len(args.engine_fractions) * len(variants))
     # the synchronous rollout time does not depend on the trainer phases: run once without them
     base = simulate_overlap(batches, args.rollouts, model, LoadBalancedPolicy(), Placement(total, tp),
-                            PhaseTimes(0.0, 0.0, 0.0), steps=args.steps)
+                            PhaseTimes(0.0, 0.0, 0.0), steps=args.steps, max_response_tokens=max_resp)
     rollout_s = statistics.mean(r.start_s - (base.steps[i - 1].end_s if i else 0.0) for i, r in enumerate(base.steps))
     phases = PhaseTimes.from_ratios(rollout_s, ratios["reward"], ratios["train"], ratios["sync"])
     bar.advance(task)
     sync = simulate_overlap(batches, args.rollouts, model, LoadBalancedPolicy(), Placement(total, tp), phases,
-                            steps=args.steps)
+                            steps=args.steps, max_response_tokens=max_resp)
     rows = [summary("colocated (today)", 0, total, total, sync, args.warmup, None)]
     sync_step = rows[0]["step_s"]
+    bar.advance(task)
     for frac in args.engine_fractions:
         engine_gpus = max(tp, min(total - tp, round(total * frac / tp) * tp))
         for k in (0, 1, 2):
-            res = simulate_overlap(batches, args.rollouts, model, LoadBalancedPolicy(),
-                                   Placement(total, tp, engine_gpus), phases,
-                                   OverlapConfig(max_staleness=k, consume=args.consume, update_mode=args.update_mode),
-                                   steps=args.steps)
-            rows.append(summary(f"separate {engine_gpus}/{total}", k, engine_gpus, total, res,
-                                args.warmup, sync_step))
-            bar.advance(task)
-    best = {k: min((r for r in rows[1:] if r["k"] == k), key=lambda r: r["step_s"]) for k in (0, 1, 2)}
+            for mode, admission, push in variants:
+                res = simulate_overlap(batches, args.rollouts, model, LoadBalancedPolicy(),
+                                       Placement(total, tp, engine_gpus), phases,
+                                       OverlapConfig(max_staleness=k, consume=args.consume, update_mode=mode,
+                                                     priority=admission == "priority",
+                                                     blocking_push=push == "blocking"),
+                                       steps=args.steps, max_response_tokens=max_resp)
+                rows.append(summary(f"separate {engine_gpus}/{total}", k, engine_gpus, total, res,
+                                    args.warmup, sync_step, mode=mode, admission=admission, push=push))
+                bar.advance(task)
+    best = {(k, *v): min((r for r in rows[1:] if (r["k"], r["update_mode"], r["admission"], r["push"]) == (k, *v)),
+                         key=lambda r: r["step_s"]) for k in (0, 1, 2) for v in variants}
     return {"preset": preset, "scale": args.scale, "replicas_simulated": replicas, "tensor_parallel": tp,
             "gpus_simulated": total, "trajectories_per_step": n, "replica_model": model.__dict__,
-            "sync_rollout_s": rollout_s, "phases_s": phases.__dict__, "rows": rows,
-            "best_ratio_vs_sync": {k: v["ratio_vs_sync"] for k, v in best.items()}}
+            "workload": args.workload, "sync_rollout_s": rollout_s, "phases_s": phases.__dict__, "rows": rows,
+            "best_ratio_vs_sync": {f"k={k} {m} {a} {p}": v["ratio_vs_sync"] for (k, m, a, p), v in best.items()}}
 
 
-def summary(label: str, k: int, engine_gpus: int, total: int, res, warmup: int, sync_step: float | None) -> dict:
+def summary(label: str, k: int, engine_gpus: int, total: int, res, warmup: int, sync_step: float | None,
+            mode: str = "wait", admission: str = "priority", push: str = "staged") -> dict:
     step = res.step_time_s(warmup)
-    return {"placement": label, "k": k, "engine_gpus": engine_gpus, "trainer_gpus": total if engine_gpus == total else total - engine_gpus,
+    tokens = sum(res.tokens_by_staleness.values()) or 1
+    return {"placement": label, "k": k, "update_mode": mode, "admission": admission, "push": push,
+            "push_wait_s_per_step": res.push_wait_s / len(res.steps),
+            "continued_turns_per_step": res.continued_turns / len(res.steps),
+            "update_recomputed_tokens_per_step": res.update_recomputed_tokens / len(res.steps),
+            "token_share_by_staleness": {j: c / tokens for j, c in sorted(res.tokens_by_staleness.items())}, "engine_gpus": engine_gpus, "trainer_gpus": total if engine_gpus == total else total - engine_gpus,
             "step_s": step, "ratio_vs_sync": step / sync_step if sync_step else 1.0,
             "staleness": dict(sorted(res.staleness.items())), "dropped_groups": res.dropped_groups,
             "dropped_trajectories": res.dropped_trajectories, "engine_idle_fraction": res.engine_idle_fraction,
@@ -152,7 +175,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3, help="steps left out of the mean step time (pipeline fill)")
     ap.add_argument("--consume", choices=["in_order", "completion"], default="in_order")
-    ap.add_argument("--update-mode", choices=["wait", "abort"], default="wait")
+    ap.add_argument("--update-modes", nargs="+", choices=["wait", "abort", "keep"], default=["wait"],
+                    help="weight-update pause modes to run side by side (keep = partial rollouts)")
+    ap.add_argument("--admission", nargs="+", choices=["priority", "fcfs"], default=["priority"],
+                    help="engine admission: older batch first (vLLM priority scheduling), or FCFS")
+    ap.add_argument("--push", nargs="+", choices=["staged", "blocking"], default=["staged"],
+                    help="staged: the trainer moves on after sending; blocking: it waits for every replica to load")
+    ap.add_argument("--workload", choices=["default", "long-tail"], default="default")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kv-pressure", action="store_true", help="also run the KV-pressure policy comparison")
     ap.add_argument("--skip-overlap", action="store_true")
@@ -167,8 +196,9 @@ def main() -> None:
         ratios = ratios_from_metrics(args.metrics, args.metrics_skip)
     else:
         ratios = {"source": "MEASURED_RATIOS in this script", **MEASURED_RATIOS}
-    console = Console()
-    out: dict = {"target_ratio_k1": 0.75, "ratios": ratios, "consume": args.consume, "update_mode": args.update_mode,
+    console = Console(width=max(Console().width, 180))
+    out: dict = {"target_ratio_k1": 0.75, "ratios": ratios, "consume": args.consume, "update_modes": args.update_modes,
+                 "admission": args.admission, "push": args.push, "workload": args.workload,
                  "steps": args.steps, "warmup": args.warmup}
     with Progress(console=console) as bar:
         if not args.skip_overlap:
@@ -189,12 +219,16 @@ def print_tables(out: dict, console: Console) -> None:
     for sim in out.get("overlap", []):
         table = Table(title=f"{sim['preset']} (simulated {sim['gpus_simulated']} GPUs = 1/{sim['scale']} of 64, "
                             f"{sim['trajectories_per_step']} trajectories/step): step time vs synchronous")
-        for col in ("placement", "k", "step s", "x sync", "staleness", "dropped", "engine idle", "trainer idle"):
+        for col in ("placement", "k", "update", "admission", "push", "push wait s", "step s", "x sync", "staleness", "dropped",
+                    "engine idle", "trainer idle", "continued/step", "recompute tok/step"):
             table.add_column(col, justify="left" if col == "placement" else "right")
         for row in sim["rows"]:
-            table.add_row(row["placement"], str(row["k"]), f"{row['step_s']:.0f}", f"{row['ratio_vs_sync']:.3f}",
+            table.add_row(row["placement"], str(row["k"]), row["update_mode"], row["admission"], row["push"],
+                          f"{row['push_wait_s_per_step']:.1f}", f"{row['step_s']:.0f}",
+                          f"{row['ratio_vs_sync']:.3f}",
                           " ".join(f"{s}:{c}" for s, c in row["staleness"].items()), str(row["dropped_groups"]),
-                          f"{row['engine_idle_fraction']:.2f}", f"{row['trainer_idle_fraction']:.2f}")
+                          f"{row['engine_idle_fraction']:.2f}", f"{row['trainer_idle_fraction']:.2f}",
+                          f"{row['continued_turns_per_step']:.0f}", f"{row['update_recomputed_tokens_per_step']:,.0f}")
         console.print(table)
     kv = out.get("kv_pressure")
     if kv:

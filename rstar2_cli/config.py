@@ -161,6 +161,10 @@ class TrainConfig(_Section):
     # step s trains; no trajectory is trained more than k policy versions after it was sampled.
     # 0 = the release's synchronous step (rStar2-Agent trains synchronously), bit-identical.
     max_staleness: int = Field(0, ge=0, le=8)
+    # Partial rollouts (needs max_staleness >= 1): a weight update stops in-flight turns at a token
+    # boundary and they continue under the new weights, prefix recomputed (docs/async-rl.md §7);
+    # off: updates land between turns only, as verl's one-step-off and the release.
+    partial_rollout: bool = False
     seed: int = 0
     save_every: int = Field(10, ge=1)
     out_dir: str = "runs/rl"
@@ -198,6 +202,11 @@ class RecipeConfig(_Section):
             raise ValueError(
                 f"train.max_staleness={self.train.max_staleness} needs loss.tis: true: stale rollouts are "
                 "corrected by min(pi_prox/pi_behaviour, loss.tis_cap) (docs/async-rl.md)"
+            )
+        if self.train.partial_rollout and self.train.max_staleness < 1:
+            raise ValueError(
+                "train.partial_rollout: true needs train.max_staleness >= 1 (got 0): at 0 no rollout runs "
+                "during a weight update, so there is no turn to continue"
             )
         return self
 

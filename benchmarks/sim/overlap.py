@@ -18,14 +18,22 @@ The model (every choice is an assumption stated here and in docs/async-rl.md):
   * Separate placement: `engine_gpus` GPUs hold the engines, the rest train; train time scales
     as total / trainer GPUs (linear FSDP scaling: optimistic for the trainer side, so it does
     not flatter the overlap). On a new version each replica pauses as vLLM's
-    `pause_generation(mode="wait"|"abort")` does, loads the weights in `sync_s` and drops its
-    prefix cache; turns never mix two versions.
+    `pause_generation(mode="wait"|"abort"|"keep")` does, loads the weights in `sync_s` and drops
+    its prefix cache; under "wait" and "abort" turns never mix two versions, under "keep"
+    (partial rollouts) a running turn stops, re-prefills and continues on the new weights, and
+    its trajectory's staleness still counts from its oldest token.
   * consume="in_order": batch b may be generated with versions >= b - k, so it is submitted
     once version b - k is published, and step b trains on exactly batch b (the data order of
     the synchronous run; nothing can go stale). consume="completion": AReaL's rule, at most
     (v + k + 1) * B groups started and not dropped, and the trainer takes the first B groups to
     complete, dropping stale ones.
-  * Each replica serves older batches first (vLLM's priority scheduling, priority = batch).
+  * The push: `blocking_push=False` (the default) assumes the trainer hands the weights to a
+    staging buffer and moves on while each replica drains and loads; `blocking_push=True` is
+    what `WeightPusher(pause=True)` does today: the trainer's push returns only once every
+    replica has paused (mode "wait": drained its running turns) and loaded, and the batches the
+    new version admits start then.
+  * Each replica serves older batches first (vLLM's priority scheduling, priority = batch), or,
+    with `priority=False`, in arrival order (vLLM's default FCFS).
 """
 from __future__ import annotations
 
@@ -93,6 +101,8 @@ class OverlapConfig:
     max_staleness: int = 0
     consume: Consume = "in_order"
     update_mode: UpdateMode = "wait"
+    priority: bool = True             # older batches' turns first; False: FCFS
+    blocking_push: bool = False       # the trainer waits for every replica to pause and load
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -123,6 +133,10 @@ class OverlapResult:
     recomputed_tokens: int
     aborted_tokens: int
     weight_loads: int
+    continued_turns: int = 0            # "keep": turns stopped by an update and continued
+    update_recomputed_tokens: int = 0   # "keep": context those turns re-prefilled
+    tokens_by_staleness: Counter = field(default_factory=Counter)   # trained tokens by versions behind
+    push_wait_s: float = 0.0            # blocking_push: trainer time spent waiting for the replicas to load
     first_version: list[int] = field(repr=False, default_factory=list)
 
     @property
@@ -166,8 +180,11 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
     trainer_free_at, train_event = 0.0, None      # train_event: (end time, step) of the step running
     records: list[StepRecord] = []
     staleness: Counter = Counter()
+    tokens_by_staleness: Counter = Counter()
     dropped = [0, 0]                               # groups, trajectories
     pending_drops = 0
+    push: list = []                                # blocking_push: [version, started at] while pushing
+    push_wait = [0.0]
 
     def group_version(g: int) -> int:
         return min(cluster.first_version[i] for i in members[g])
@@ -183,7 +200,7 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
             if p == 0 and state["in_flight"] == 0:
                 policy.reset()           # nothing in flight: forget trajectory homes, as the trainer does
             for plan in batches[b][p * group_size:(p + 1) * group_size]:
-                i = cluster.submit(plan, now, priority=b, key=f"b{b}/{plan.key}")
+                i = cluster.submit(plan, now, priority=b if cfg.priority else 0, key=f"b{b}/{plan.key}")
                 owner.append(g)
                 members[g].append(i)
             state["started"] += 1
@@ -216,7 +233,7 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
     def try_train(now: float) -> None:
         nonlocal train_event, pending_drops
         s = state["next_step"]
-        if train_event is not None or s >= steps:
+        if train_event is not None or push or s >= steps:
             return
         got = collect(s)
         if got is None:
@@ -229,9 +246,24 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
             return
         for g in take:
             staleness.update(s - cluster.first_version[i] for i in members[g])
+            for i in members[g]:
+                for v, n in cluster.tokens_by_version[i].items():
+                    tokens_by_staleness[s - v] += n
         records.append(StepRecord(s, now, now + step_s, now - trainer_free_at, len(take), pending_drops))
         pending_drops = 0
         train_event = (now + step_s, s)
+
+    def push_done(t: float) -> None:
+        """blocking_push: once every replica holds the pushed version, the trainer is free."""
+        nonlocal trainer_free_at
+        if not push or any(rep.weights < push[0] for rep in cluster.reps):
+            return
+        done = max([t, push[1]] + [rep.loaded_at for rep in cluster.reps])
+        push_wait[0] += done - push[1]
+        push.clear()
+        trainer_free_at = done
+        admit(done)
+        try_train(done)
 
     admit(0.0)
     while state["next_step"] < steps:
@@ -241,12 +273,18 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
             train_event, trainer_free_at = None, now
             state["next_step"], state["version"] = s + 1, s + 1
             cluster.publish(s + 1, now)
+            if cfg.blocking_push and not placement.colocated:
+                push[:] = [s + 1, now]
+                push_done(now)
+                continue
             admit(now)
             try_train(now)
             continue
         if t_cluster is None:
             raise RuntimeError(f"simulation stalled before step {state['next_step']} (no work and no trainer step)")
         done = cluster.process_next()
+        if push:
+            push_done(t_cluster)
         for i in done:
             g = owner[i]
             left[g] -= 1
@@ -265,4 +303,7 @@ def simulate_overlap(batches: list[list[TrajectoryPlan]], group_size: int, model
         preemptions=sum(r.preemptions for r in cluster.reps),
         recomputed_tokens=sum(r.recomputed_tokens for r in cluster.reps),
         aborted_tokens=sum(r.aborted_tokens for r in cluster.reps),
-        weight_loads=sum(r.updates for r in cluster.reps), first_version=list(cluster.first_version))
+        weight_loads=sum(r.updates for r in cluster.reps), first_version=list(cluster.first_version),
+        continued_turns=sum(r.continued_turns for r in cluster.reps),
+        update_recomputed_tokens=sum(r.update_recomputed_tokens for r in cluster.reps),
+        tokens_by_staleness=tokens_by_staleness, push_wait_s=push_wait[0])

@@ -14,7 +14,10 @@ known turn lengths and tool latencies) through the SAME dispatch policies as
   * weight versions: `ReplicaCluster.publish(v)` pauses each replica the way vLLM's
     `pause_generation` does, then loads the weights, drops its prefix cache and resumes. Mode
     "wait": new requests queue, running turns finish (no turn mixes two versions); mode "abort":
-    running turns are aborted and regenerated from their start with the new weights.
+    running turns are aborted and regenerated from their start with the new weights; mode "keep"
+    (partial rollouts, vLLM's `pause_generation(mode="keep", clear_cache=True)`): running turns
+    stop at the step boundary, the weights load at once, and each stopped turn continues on the
+    new weights after re-prefilling its context and the tokens it had (`update_recomputed_tokens`).
 `simulate` runs one synchronous rollout step; `sim.overlap` drives the
 same cluster through many steps with rollout/training overlap.
 Deterministic given the seed; every setting is an assumption documented in `ReplicaModel`.
@@ -146,12 +149,15 @@ class _Replica:
     cached: dict[int, int] = field(default_factory=dict)               # traj -> cached prefix length
     epoch: int = 0                            # invalidates planned step events
     weights: int = 0                          # policy version loaded
+    loaded_at: float = 0.0                    # when it finished loading `weights`
     planned_steps: int = 0
     busy_s: float = 0.0
     paused_s: float = 0.0                     # loading weights
     preemptions: int = 0
     recomputed_tokens: int = 0
     aborted_tokens: int = 0
+    update_recomputed_tokens: int = 0         # "keep": context re-prefilled by turns continued across an update
+    continued_turns: int = 0                  # "keep": turns stopped by an update and continued
     updates: int = 0
 
     def used(self) -> int:
@@ -186,7 +192,7 @@ class SimResult:
     dispatched: list[int]
 
 
-UpdateMode = Literal["wait", "abort"]
+UpdateMode = Literal["wait", "abort", "keep"]
 
 
 def _footprint(plan: TrajectoryPlan) -> int:
@@ -203,8 +209,8 @@ class ReplicaCluster:
                  tracker: LoadTracker | None = None, load_weights_s: float = 0.0, update_mode: UpdateMode = "wait"):
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-        if update_mode not in ("wait", "abort"):
-            raise ValueError(f"update_mode must be 'wait' or 'abort', got {update_mode!r}")
+        if update_mode not in ("wait", "abort", "keep"):
+            raise ValueError(f"update_mode must be 'wait', 'abort' or 'keep', got {update_mode!r}")
         if load_weights_s < 0:
             raise ValueError(f"load_weights_s must be >= 0, got {load_weights_s}")
         self.model, self.policy, self.max_response_tokens = model, policy, max_response_tokens
@@ -220,6 +226,7 @@ class ReplicaCluster:
         self.ctx_of: list[int] = []
         self.first_version: list[int] = []      # weights that generated the first turn (-1: not yet)
         self.last_version: list[int] = []
+        self.tokens_by_version: list[dict[int, int]] = []         # per trajectory: version -> tokens generated
         self.finished_at: list[float] = []
         self.reserved: dict[int, tuple[int, int]] = {}            # traj -> (replica, reserved tokens)
         self.target = 0                                            # newest published version
@@ -235,6 +242,7 @@ class ReplicaCluster:
         self.ctx_of.append(plan.prompt_tokens)
         self.first_version.append(-1)
         self.last_version.append(-1)
+        self.tokens_by_version.append({})
         self.finished_at.append(0.0)
         self._dispatch(i, now)
         return i
@@ -248,6 +256,8 @@ class ReplicaCluster:
             self._catch_up(rep, now)
             if self.update_mode == "abort":
                 self._abort_turns(rep)
+            elif self.update_mode == "keep":
+                self._keep_turns(rep)
             self._schedule(r)
 
     def next_time(self) -> float | None:
@@ -274,6 +284,7 @@ class ReplicaCluster:
                 continue
             seq = rep.remove(order)
             i = seq.traj
+            self._count_tokens(i, rep.weights, seq.remaining)
             turn = self.plans[i].turns[self.turn_of[i]]
             r, res = self.reserved.pop(i)
             self.tracker.end(r, res, turn.gen_tokens)
@@ -310,6 +321,27 @@ class ReplicaCluster:
         heapq.heappush(rep.fresh, (self.priority[i], next(self._rank), _Seq(i, self.ctx_of[i], turn.gen_tokens)))
         self._schedule(r)
 
+    def _count_tokens(self, i: int, version: int, n: int) -> None:
+        if n > 0:
+            self.tokens_by_version[i][version] = self.tokens_by_version[i].get(version, 0) + n
+
+    def _keep_turns(self, rep: _Replica) -> None:
+        """vLLM pause(mode="keep", clear_cache=True): running turns stop where they are (their
+        KV freed, their tokens kept), the weights load now, and the stopped turns wait at the head
+        of the queue to re-prefill their context on the new weights and carry on."""
+        for order in sorted(rep.running):
+            seq = rep.remove(order)
+            done = rep.step - seq.admit_step
+            self._count_tokens(seq.traj, rep.weights, done)
+            rep.continued_turns += 1
+            rep.update_recomputed_tokens += seq.ctx + done
+            heapq.heappush(rep.resumed, (self.priority[seq.traj], -next(self._rank),
+                                         _Seq(seq.traj, seq.ctx + done, seq.remaining - done)))
+        rep.clock += self.load_weights_s
+        rep.paused_s += self.load_weights_s
+        rep.weights, rep.updates, rep.loaded_at = self.target, rep.updates + 1, rep.clock
+        rep.cached.clear()
+
     def _abort_turns(self, rep: _Replica) -> None:
         """vLLM pause(mode="abort"): running and preempted turns restart from their beginning."""
         partial = [(rep.running[o], rep.step - rep.running[o].admit_step) for o in sorted(rep.running)]
@@ -332,6 +364,7 @@ class ReplicaCluster:
         while rep.running and rep.used() + len(rep.running) > cap:
             seq = rep.remove(max(rep.running))
             done = rep.step - seq.admit_step
+            self._count_tokens(seq.traj, rep.weights, done)
             rep.preemptions += 1
             rep.recomputed_tokens += seq.ctx + done
             rep.cached.pop(seq.traj, None)
@@ -342,6 +375,7 @@ class ReplicaCluster:
             rep.clock += self.load_weights_s
             rep.paused_s += self.load_weights_s
             rep.weights, rep.updates, draining = self.target, rep.updates + 1, False
+            rep.loaded_at = rep.clock
             rep.cached.clear()
         prefill = 0
         while len(rep.running) < model.max_num_seqs:

@@ -102,7 +102,8 @@ def rl_stage(s: QuickstartSettings, prep: PreparedToy, sft_model: str, *, roc: b
     from rstar2_cli.rl.trainer import RLTrainer
 
     label = "roc" if roc else "grpo"
-    out = s.out / (f"rl_{label}" + (f"_k{s.max_staleness}" if s.max_staleness else ""))
+    out = s.out / (f"rl_{label}" + (f"_k{s.max_staleness}" if s.max_staleness else "")
+                   + ("_partial" if s.partial_rollout else ""))
     cfg = load_recipe_dict(toy_rl_recipe(s, sft_model, prep.train_file, out, roc=roc),
                            source=f"quickstart {label} recipe")
     run = RlRun(label)

@@ -72,6 +72,7 @@ class QuickstartSettings(BaseModel):
     max_response_tokens: int = Field(200, ge=32)
     max_turns: int = Field(4, ge=1)
     max_staleness: int = Field(0, ge=0, le=8)     # asynchronous GRPO-RoC (train.max_staleness); 0 = synchronous
+    partial_rollout: bool = False                  # train.partial_rollout (needs max_staleness >= 1)
     # held-out evaluation
     eval_every: int = Field(4, ge=1)               # RL steps between held-out curve points
     eval_samples: int = Field(1, ge=1)             # samples per held-out problem (avg@k)
@@ -115,5 +116,5 @@ def toy_rl_recipe(s: QuickstartSettings, model_path: str | Path, train_file: str
         "loss": {"tis": True} if s.max_staleness else {},
         "train": {"steps": s.rl_steps, "prompts_per_step": s.prompts_per_step, "group_size": s.group_size,
                   "micro_batch_tokens": 8192, "seed": s.seed, "save_every": 10_000, "out_dir": str(out_dir),
-                  "max_staleness": s.max_staleness},
+                  "max_staleness": s.max_staleness, "partial_rollout": s.partial_rollout},
     }

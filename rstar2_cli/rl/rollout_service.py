@@ -90,12 +90,16 @@ class RolloutService:
         if self.host.tp_size != engine_cfg.tensor_parallel_size:   # the launch plan's TP wins
             engine_cfg = engine_cfg.model_copy(update={"tensor_parallel_size": self.host.tp_size})
         first = self.host.node_index * len(slots)     # global replica index under a uniform plan
+        partial = cfg.train.partial_rollout            # older batches' turns first (priority = batch)
         self.engines = [VLLMEngine.from_config(weights, engine_cfg, max_model_len=max_len,
                                                seed=cfg.train.seed + first + i, gpu_ids=slot.gpu_ids,
-                                               weight_transfer=self.weight_transfer)
+                                               weight_transfer=self.weight_transfer,
+                                               scheduling_policy="priority" if partial else "fcfs")
                         for i, slot in enumerate(slots)]
         for e in self.engines:       # resumed: the engines hold the checkpoint's weights, version `step`
             e.weights_version = version   # (AReaL #1342: a restored engine left at version 0)
+            if partial:
+                e.pause_mode = "keep"     # updates stop turns at a token boundary (partial rollouts)
         self.scheduler = LoadBalancedScheduler(self.engines)
         if cfg.sandbox.url:
             from sandbox.service.client import RemoteSandbox
@@ -164,7 +168,8 @@ class RolloutService:
                 trajs = await run_agent_loop(
                     [(p.id, p.problem, p.answer) for p in mine], cfg.rollouts_per_prompt, self.scheduler,
                     self.tools, self.tokenizer, cfg.rollout, seed=cfg.train.seed * 1_000_003 + index,
-                    progress=self.progress, group_indices=positions, occurrence=drawn)
+                    progress=self.progress, group_indices=positions, occurrence=drawn,
+                    priority=index if cfg.train.partial_rollout else 0)
             with timer("reward"):
                 await asyncio.to_thread(self._grade, trajs)
             return positions, trajs, timer.sections()
@@ -232,3 +237,5 @@ class RolloutService:
         """A step that trained nothing: the engines' unchanged weights are the next version too."""
         for e in self.engines:
             e.weights_version += 1
+        if self.cfg.train.partial_rollout and self.engines:   # the per-token label follows the version
+            self._run(asyncio.gather(*(e.label_weights() for e in self.engines)))

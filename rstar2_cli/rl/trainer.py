@@ -97,7 +97,7 @@ class RLTrainer:
                                        model=self.policy.model, weights=engine_weights, version=self.step,
                                        progress=progress)
         self.pipeline = RolloutPipeline(cfg.train.max_staleness, cfg.train.steps, self.sampler, self.rollouts,
-                                        first_index=self.step)
+                                        first_index=self.step, partial=cfg.train.partial_rollout)
         if saved_pending is not None:
             ordinal = self.rollouts.host_ranks.index(self.info.rank) if self.host.is_host else None
             why = self.pipeline.load_checkpoint_state(saved_pending, self.step, ordinal,

@@ -99,8 +99,23 @@ async def _run_calls(attempts: list[ToolCall | ParseError], tool_runner, proto: 
     return outcomes
 
 
+def record_versions(traj: Trajectory, res: Any, start: int, context_tokens: int) -> None:
+    """One turn's versions: its first token's in `policy_versions`; with per-token spans (partial
+    rollouts), each change of version in `version_spans` (at `start` + the span's offset), and a
+    turn that spans an update counted as continued, with the context it re-prefilled on the new
+    weights (`context_tokens` of prompt and earlier turns, plus the tokens it had sampled)."""
+    traj.policy_versions.append(res.policy_version)
+    spans = list(getattr(res, "version_spans", ()))
+    for offset, version in spans:
+        if not traj.version_spans or traj.version_spans[-1][1] != version:
+            traj.version_spans.append([start + offset, version])
+    if len(spans) > 1:
+        traj.continued_turns += 1
+        traj.recompute_tokens += sum(context_tokens + offset for offset, _ in spans[1:])
+
+
 async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_runner,
-                       proto: _Protocol) -> Trajectory:
+                       proto: _Protocol, priority: int = 0) -> Trajectory:
     cfg = proto.cfg
     budget = cfg.max_response_tokens
     ids, mask, logprobs = traj.response_ids, traj.loss_mask, traj.logprobs
@@ -110,11 +125,12 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
         while True:
             req = GenRequest(prompt_ids=traj.prompt_ids + ids, max_tokens=budget - len(ids),
                              temperature=cfg.temperature, top_p=cfg.top_p, stop_token_ids=proto.stop_ids,
-                             seed=(seed + 1_000_003 * traj.num_turns) & 0x7FFFFFFF, logprobs=True)
+                             seed=(seed + 1_000_003 * traj.num_turns) & 0x7FFFFFFF, logprobs=True,
+                             priority=priority)
             res = await generator.generate(req, key=key)
             if len(res.logprobs) != len(res.token_ids):
                 raise RuntimeError(f"engine returned {len(res.logprobs)} logprobs for {len(res.token_ids)} tokens")
-            traj.policy_versions.append(res.policy_version)
+            record_versions(traj, res, len(ids), len(req.prompt_ids))
             ids.extend(res.token_ids)
             mask.extend([1] * len(res.token_ids))
             logprobs.extend(float(x) for x in res.logprobs)
@@ -172,14 +188,15 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
 async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_problem: int, generator,
                          tool_runner, tokenizer, cfg: RolloutConfig, *, seed: int = 0,
                          progress: bool = True, group_indices: list[int] | None = None,
-                         occurrence: list[int] | None = None) -> list[Trajectory]:
+                         occurrence: list[int] | None = None, priority: int = 0) -> list[Trajectory]:
     """Roll out `samples_per_problem` trajectories for each (prompt_id, problem_text, gold).
 
     Returns trajectories grouped by problem, in input order (sample_index 0..n-1 within a group).
     Each input position is one sampled instance: its trajectories carry `group_index` (the
     position, or `group_indices[position]`: the global batch position when this call rolls out a
     shard). A problem listed twice is two instances; `occurrence[position]` (default: counted in
-    this list) gives a later draw its own seeds and session keys.
+    this list) gives a later draw its own seeds and session keys. `priority`: the engines' request
+    priority of every turn (lower first: the batch index, so older batches' turns go first).
     Raises only if every trajectory failed (e.g. the engine is down); otherwise failed ones come
     back with finish_reason "error" and infra_error "engine_error".
     """
@@ -207,7 +224,7 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
 
     async def run_all(on_done=None) -> None:
         async def one(t, key, s):
-            await _rollout_one(t, key, s, generator, tool_runner, proto)
+            await _rollout_one(t, key, s, generator, tool_runner, proto, priority)
             if on_done is not None:
                 on_done(t)
         await asyncio.gather(*(one(*j) for j in jobs))

@@ -18,6 +18,9 @@ alone. Every result carries the `weights_version` that generated it. Asynchronou
 (`train.max_staleness` >= 1) updates replicas while rollouts run: `pause_for_update` (vLLM's
 pause_generation, mode "wait") lets the running turns finish on the old weights and queues new
 ones until `resume_after_update`, so a weight update lands between requests, never inside a turn.
+With partial rollouts (`pause_mode = "keep"`) running requests stop at a token boundary instead and
+continue on the new weights with their prefix re-prefilled; `GenResult.version_spans` says which
+version sampled which tokens.
 
 GPU placement (`from_config(..., gpu_ids=...)`): `gpu_visibility.visible_gpus` while the engine is
 built, so the engine-core process vLLM spawns gets those GPUs; the trainer keeps its own device.
@@ -62,6 +65,7 @@ class GenRequest:
     seed: int | None = None
     logprobs: bool = True            # return the sampled token's logprob per generated token
     ignore_eos: bool = False         # benchmarks: force exactly max_tokens tokens
+    priority: int = 0                # vLLM request priority (lower first; needs scheduling_policy="priority")
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -80,7 +84,10 @@ class GenResult:
     logprobs: list[float]            # same length as token_ids ([] when the request had logprobs=False)
     finish_reason: str               # "stop" (stop token / eos) | "length"
     stop_token_id: int | None        # which stop token ended it, if any
-    policy_version: int = 0          # the weights that generated it (engine.weights_version)
+    policy_version: int = 0          # the weights that generated its first token (engine.weights_version)
+    # partial rollouts (pause mode "keep"): (first index in token_ids, version) per run of tokens
+    # sampled by one version, from vLLM's own per-output weight-version spans; [] = all policy_version
+    version_spans: list[tuple[int, int]] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -97,8 +104,23 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
-def _to_result(out: Any, want_logprobs: bool, version: int = 0) -> GenResult:
-    """vLLM `CompletionOutput` -> GenResult (sampled-token logprobs, stop token identified)."""
+def version_spans(spans: Any, version: int) -> list[tuple[int, int]]:
+    """vLLM's `CompletionOutput.weight_versions` ([start, end) per label, the label the engine core
+    held when it sampled them: `update_weight_version`) as (start, version) runs. A label that is
+    not a number is vLLM's "default" (no update labelled yet): the version the request started on."""
+    out: list[tuple[int, int]] = []
+    for span in spans or ():
+        if span.end <= span.start:
+            continue
+        v = int(span.version) if str(span.version).isdigit() else version
+        if not out or out[-1][1] != v:
+            out.append((int(span.start), v))
+    return out
+
+
+def _to_result(out: Any, want_logprobs: bool, version: int = 0, spans: bool = False) -> GenResult:
+    """vLLM `CompletionOutput` -> GenResult (sampled-token logprobs, stop token identified;
+    `spans`: the per-token weight versions too)."""
     ids = list(out.token_ids)
     logprobs: list[float] = []
     if want_logprobs:
@@ -107,8 +129,9 @@ def _to_result(out: Any, want_logprobs: bool, version: int = 0) -> GenResult:
     stop_id = out.stop_reason if isinstance(out.stop_reason, int) else None
     if finish == "stop" and stop_id is None and ids:
         stop_id = ids[-1]            # EOS: vLLM reports stop_reason=None, the id is the last token
+    runs = version_spans(getattr(out, "weight_versions", None), version) if spans else []
     return GenResult(token_ids=ids, logprobs=logprobs, finish_reason=finish, stop_token_id=stop_id,
-                     policy_version=version)
+                     policy_version=runs[0][1] if runs else version, version_spans=runs)
 
 
 class VLLMEngine:
@@ -118,6 +141,10 @@ class VLLMEngine:
     vLLM refreshes after every engine step through a stat logger we register); it is therefore
     exact but lags dispatch by up to one step — the scheduler adds its own in-flight count.
     """
+
+    # "wait": an update lands between requests; "keep" (train.partial_rollout): in-flight requests
+    # stop at a token boundary and continue on the new weights (`pause_for_update`)
+    pause_mode = "wait"
 
     def __init__(self, engine_args: Any, *, weight_chunk_bytes: int = 256 << 20):
         self._loop = asyncio.new_event_loop()
@@ -148,14 +175,16 @@ class VLLMEngine:
     @classmethod
     def from_config(cls, model_path: str, cfg: "EngineConfig", max_model_len: int, seed: int = 0,
                     *, kv_cache_tokens: int | None = None, dtype: str = "auto",
-                    gpu_ids: Sequence[int] | None = None, weight_transfer: str = "chunked") -> "VLLMEngine":
+                    gpu_ids: Sequence[int] | None = None, weight_transfer: str = "chunked",
+                    scheduling_policy: str = "fcfs") -> "VLLMEngine":
         """Build a replica from the recipe's `engine` section. `dtype` is `model.dtype` of the
         recipe ("auto": bf16 on GPU, fp32 on CPU, so CPU logprobs match an fp32 trainer).
         `kv_cache_tokens` caps the KV cache (benchmarks use it to create memory pressure).
         `gpu_ids` (GPU only; ignored on CPU): the node-local GPUs of this replica, one per
         tensor-parallel rank, as indices into this process's CUDA_VISIBLE_DEVICES if it is set.
         `weight_transfer`: "ipc" or "nccl" enables vLLM's weight-transfer engine of that backend
-        (GPU; see the weight_sync package); "chunked" uses only our worker extension."""
+        (GPU; see the weight_sync package); "chunked" uses only our worker extension.
+        `scheduling_policy`: vLLM's "fcfs" or "priority" (`GenRequest.priority`, lower first)."""
         import torch
 
         on_cpu = not torch.cuda.is_available()
@@ -188,6 +217,7 @@ class VLLMEngine:
             worker_extension_cls=sync["worker_extension_cls"], weight_transfer_config=sync["weight_transfer_config"],
             enable_sleep_mode=bool(cfg.colocate and not on_cpu),   # training shares the GPUs
             disable_log_stats=True,   # no periodic log lines; our stat logger still gets stats
+            scheduling_policy=scheduling_policy,
         )
         if gpu_ids is None or on_cpu:
             return cls(args)
@@ -259,8 +289,9 @@ class VLLMEngine:
             self._busy_since = time.monotonic()
         self._inflight += 1
         try:
+            extra = {"priority": req.priority} if req.priority else {}
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(req.prompt_ids)),
-                                                params, request_id=uuid.uuid4().hex):
+                                                params, request_id=uuid.uuid4().hex, **extra):
                 final = out
         finally:
             self._inflight -= 1
@@ -268,7 +299,7 @@ class VLLMEngine:
                 self._busy_total += time.monotonic() - self._busy_since
         if final is None or not final.outputs:
             raise RuntimeError("vLLM returned no output for a request")
-        return _to_result(final.outputs[0], req.logprobs, version)
+        return _to_result(final.outputs[0], req.logprobs, version, spans=self.pause_mode == "keep")
 
     async def generate(self, req: GenRequest) -> GenResult:
         return await self._on_loop(self._generate_on_loop(req))
@@ -288,23 +319,36 @@ class VLLMEngine:
         return self._busy_total + (time.monotonic() - self._busy_since if self._inflight else 0.0)
 
     async def pause_for_update(self) -> None:
-        """vLLM's `pause_generation(mode="wait", clear_cache=True)`: new requests queue, running
-        ones finish on the current weights, then the KV and prefix caches are dropped, so no turn
-        mixes two versions and no KV of old weights is reused. Needs vLLM's engine-core process
-        ("wait" is refused in-process)."""
+        """vLLM's `pause_generation(mode=self.pause_mode, clear_cache=True)`. "wait": new requests
+        queue, running ones finish on the current weights, then the KV and prefix caches are
+        dropped, so no turn mixes two versions and no KV of old weights is reused (needs vLLM's
+        engine-core process: refused in-process). "keep" (partial rollouts): the scheduler stops
+        at the next step boundary, and clearing the cache preempts every running request
+        (`Scheduler.reset_prefix_cache(reset_running_requests=True)`: its KV blocks freed, its
+        sampled tokens kept), so after `resume_after_update` each one re-prefills its prompt and
+        the tokens so far on the new weights and samples on; no KV of old weights survives."""
         self._pending_version = self.weights_version + 1
         try:
-            await self._on_loop(self._llm.pause_generation(mode="wait", clear_cache=True))
+            await self._on_loop(self._llm.pause_generation(mode=self.pause_mode, clear_cache=True))
         except BaseException:
             self._pending_version = None
             raise
 
     async def resume_after_update(self) -> None:
-        """Release the requests queued by `pause_for_update` onto the new weights."""
+        """Release the requests queued by `pause_for_update` onto the new weights. In "keep" mode
+        the engine core is first told the new version's label, which vLLM stamps on every token
+        it samples from now on (`CompletionOutput.weight_versions`)."""
         try:
+            if self.pause_mode == "keep":
+                await self.label_weights()
             await self._on_loop(self._llm.resume_generation())
         finally:
             self._pending_version = None
+
+    async def label_weights(self) -> None:
+        """Tell vLLM's engine core the version held now (`AsyncLLM.update_weight_version`): the
+        label its outputs carry per token."""
+        await self._on_loop(self._llm.update_weight_version(str(self.weights_version)))
 
     def submit_llm_call(self, method: str, *args: Any) -> "concurrent.futures.Future":
         """Start `AsyncLLM.<method>(*args)` on this replica's loop thread from any thread (vLLM's

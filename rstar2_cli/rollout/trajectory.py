@@ -42,8 +42,14 @@ class Trajectory:
                                         # such a trajectory leaves its group before advantages
     tool_time: float = 0.0              # seconds spent waiting on tools
     # weights that sampled it (version v = the engines' weights after v optimizer steps): one per
-    # turn, since a weight update may land between two turns (never inside one)
+    # turn, the version of its first token (a weight update lands between two turns, or, with
+    # train.partial_rollout, inside one: then version_spans holds the rest)
     policy_versions: list[int] = field(default_factory=list)
+    # per-token versions, compactly: [first index in response_ids, version] at every change of
+    # version among the generated tokens ([] = each turn sampled by its policy_versions entry)
+    version_spans: list[list[int]] = field(default_factory=list)
+    continued_turns: int = 0            # turns stopped by a weight update and continued on the new weights
+    recompute_tokens: int = 0           # context tokens re-prefilled on the new weights for those turns
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -52,5 +58,27 @@ class Trajectory:
 
     @property
     def policy_version(self) -> int:
-        """The oldest weights among its turns: what its staleness is counted from."""
-        return min(self.policy_versions) if self.policy_versions else 0
+        """The oldest weights among its tokens: what its staleness is counted from (a turn's first
+        token is its oldest: versions only grow while it runs)."""
+        versions = self.policy_versions + [v for _, v in self.version_spans]
+        return min(versions) if versions else 0
+
+    def token_versions(self) -> list[int]:
+        """The version that sampled each response token (tool tokens: the version of the turn
+        they follow; they are outside the loss)."""
+        if not self.version_spans:
+            return []
+        first = self.version_spans[0][0]      # tokens before the first span: the first turn's version
+        out = [self.policy_versions[0] if self.policy_versions else self.version_spans[0][1]] * first
+        spans = self.version_spans + [[len(self.response_ids), -1]]
+        for (start, v), (end, _) in zip(spans, spans[1:]):
+            out.extend([v] * (end - start))
+        return out
+
+    def tokens_per_version(self) -> dict[int, int]:
+        """Generated (loss-mask 1) tokens by the version that sampled them ({} without spans)."""
+        out: dict[int, int] = {}
+        for v, m in zip(self.token_versions(), self.loss_mask):
+            if m:
+                out[v] = out.get(v, 0) + 1
+        return out
