@@ -3,10 +3,11 @@
 Which categories run: the three single-turn Python AST categories, whose questions and ground
 truth ship inside the bfcl-eval wheel (`bfcl_eval/data/BFCL_v4_{simple_python,multiple,
 parallel}.json` and `possible_answer/`; BFCL v4 kept v3's AST sets and renamed the files). They
-need no network. Left out: the executable categories (they call live REST APIs), the live_*
-sets (they are v3's user-contributed split, not in the paper's BFCL v3 row definition here), the
-multi-turn, memory and web-search categories (stateful backends, web access), and the Java and
-JavaScript sets (other languages' type checkers, outside a Python-tool model's domain).
+need no network. Not run: the executable categories (they call live REST APIs), the multi-turn,
+memory and web-search categories (stateful backends, web access), the Java and JavaScript sets,
+and the live_* sets (user-contributed questions; AST-checked and bundled too, but outside the
+non-live simple / multiple / parallel row this module reports). So the number is BFCL's non-live
+AST accuracy, not BFCL v3's overall score.
 
 Protocol: one assistant turn. The question's messages are rendered with the release's chat
 template and the question's functions in its `<tools>` block (as BFCL's Hermes handler does for

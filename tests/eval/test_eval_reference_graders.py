@@ -185,3 +185,16 @@ def test_missing_extra_names_it(monkeypatch):
     monkeypatch.setattr(md, "version", fake)
     with pytest.raises(reference.MissingExtraError, match=r"rstar2\[eval-extra\]"):
         reference._require("bfcl_eval", "BFCL grading")
+
+
+def test_eval_extra_pins_agree_with_the_install_list():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["eval-extra"]
+    listed = [l.strip() for l in (root / "requirements" / "eval-extra.txt").read_text().splitlines()
+              if l.strip() and not l.startswith("#")]
+    assert sorted(extra) == sorted(listed)
+    assert f"lm-eval=={reference.LM_EVAL_VERSION}" in extra and f"bfcl-eval=={reference.BFCL_EVAL_VERSION}" in extra
+    assert "eval-extra.txt" in (root / "scripts" / "install.sh").read_text()
