@@ -81,20 +81,22 @@ def markdown(rows: list[dict[str, Any]], model: str, compare_model: str | None =
 
 
 def run_table(run_one: Callable[[str, str, Path], dict[str, Any]], model: str, out_dir: Path,
-              benchmarks: Sequence[str], compare_model: str | None = None) -> dict[str, Any]:
-    """Run every benchmark in `benchmarks` (paper order) for `model` (and `compare_model`), then
-    write paper_table.md and paper_table.json under `out_dir`. `run_one(bench, model, out)`
-    evaluates one benchmark into folder `out` and returns its results dict."""
+              benchmarks: Sequence[str], compare_model: str | None = None, with_left_out: bool = True) -> dict[str, Any]:
+    """Run every benchmark in `benchmarks` for `model` (and `compare_model`), then write
+    paper_table.md and paper_table.json under `out_dir`, rows in the paper's order (names it does
+    not list, e.g. a custom `--data` set, after them). `run_one(bench, model, out)` evaluates one
+    benchmark into folder `out` and returns its results dict. `with_left_out`: list the paper rows
+    that are not run, with the reason."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for bench, label in ROWS:
-        if bench not in benchmarks:
-            if bench in LEFT_OUT:
-                rows.append(table_row(bench, label, None))
-            continue
-        res = run_one(bench, model, out_dir / "A" / bench)
-        other = run_one(bench, compare_model, out_dir / "B" / bench) if compare_model else None
-        rows.append(table_row(bench, label, res, other))
+    labels = dict(ROWS)
+    order = [b for b in labels if b in benchmarks] + [b for b in benchmarks if b not in labels]
+    # all of A, then all of B: one checkpoint is loaded at a time
+    runs = {(side, b): run_one(b, ckpt, out_dir / side / b)
+            for side, ckpt in (("A", model), ("B", compare_model)) if ckpt for b in order}
+    shown = [b for b in labels if b in benchmarks or (with_left_out and b in LEFT_OUT)]
+    shown += [b for b in order if b not in labels]
+    rows = [table_row(b, labels.get(b, b), runs[("A", b)], runs.get(("B", b))) if b in order
+            else table_row(b, labels[b], None) for b in shown]
     table = {"model": model, "compare_model": compare_model, "rows": rows}
     (out_dir / JSON_FILE).write_text(json.dumps(table, indent=2))
     (out_dir / MD_FILE).write_text(markdown(rows, model, compare_model))

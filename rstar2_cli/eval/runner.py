@@ -115,6 +115,30 @@ async def _generate(s: EvalSettings, family, problems, tokenizer, out_file: Path
                     f.write(json.dumps(sample_record(t, g)) + "\n")
 
 
+class EngineReuse:
+    """One vLLM engine per checkpoint across several `run_eval` calls (`eval all` runs seven
+    benchmarks on one checkpoint: one load, not seven). `get(s)` starts the engine of `s.model`,
+    closing the previous checkpoint's; None for --engine openai (a client, nothing to load)."""
+
+    def __init__(self) -> None:
+        self.model: str | None = None
+        self.engine = None
+
+    def get(self, s: EvalSettings):
+        if s.engine != "vllm":
+            return None
+        if s.model != self.model:
+            self.close()
+            self.engine = asyncio.run(_make_engine(s))
+            self.model = s.model
+        return self.engine
+
+    def close(self) -> None:
+        if self.engine is not None:
+            asyncio.run(self.engine.close())
+        self.engine, self.model = None, None
+
+
 def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[str, Any]:
     """Run (or resume) one evaluation and write results.json; returns the results dict.
 

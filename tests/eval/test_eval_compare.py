@@ -46,3 +46,33 @@ def test_compare_rejects_disjoint_or_foreign_files(tmp_path):
     bad.write_text("{}")
     with pytest.raises(ValueError, match="bad.json: no per_problem"):
         compare_files(bad, bad)
+
+
+def _fake_results(bench: str, solved: dict[str, float], k: int = 2) -> dict:
+    metrics = {"problems": len(solved), "samples_per_problem": k, f"avg@{k}": sum(solved.values()) / len(solved),
+               f"avg@{k}_std": 0.0, "response_tokens": {"mean": 10.0, "median": 10.0}, "tool_call_rate": 0.5}
+    if bench == "bfcl":
+        metrics["bfcl"] = {"simple": 1.0, "overall": 0.75}
+    return {"benchmark": bench, "metrics": metrics, "reference": None,
+            "per_problem": [{"problem_id": q, "solved_fraction": f} for q, f in solved.items()]}
+
+
+def test_table_rows_in_paper_order_with_left_out_and_compare(tmp_path):
+    from rstar2_cli.eval.paper_table import JSON_FILE, MD_FILE, ROWS, run_table
+
+    calls = []
+
+    def run_one(bench, model, out):
+        calls.append((bench, model))
+        return _fake_results(bench, {"q1": 1.0, "q2": 0.5} if model == "A" else {"q1": 0.5, "q2": 0.5})
+
+    table = run_table(run_one, "A", tmp_path, ["bfcl", "aime24", "custom"], compare_model="B")
+    assert calls == [("aime24", "A"), ("bfcl", "A"), ("custom", "A"), ("aime24", "B"), ("bfcl", "B"), ("custom", "B")]
+    assert [r["benchmark"] for r in table["rows"]] == ["aime24", "bfcl", "arena_hard", "custom"]
+    aime, bfcl, arena, _ = table["rows"]
+    assert aime["score"] == 0.75 and bfcl["score"] == 0.75 and not arena["run"]
+    assert aime["compare"]["diff"] == pytest.approx(0.25)
+    md = (tmp_path / MD_FILE).read_text()
+    assert "| AIME24 | 75.0 | 75.0 ± 0.0 | 2 | 10 | 50.0 |" in md and "+25.0" in md
+    assert json.loads((tmp_path / JSON_FILE).read_text())["compare_model"] == "B"
+    assert [r["benchmark"] for r in run_table(run_one, "A", tmp_path, ["aime24"], with_left_out=False)["rows"]] == ["aime24"]
