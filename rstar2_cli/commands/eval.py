@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
 
         from rstar2_cli.data.problems import DataError
         from rstar2_cli.eval.reference import MissingExtraError
-        from rstar2_cli.eval.runner import EngineReuse, run_eval
+        from rstar2_cli.eval.runner import run_eval
 
         if benchmark == "all" and data:
             fail("--data names one benchmark's file; `eval all` reads every set from --data-dir")
@@ -80,21 +80,10 @@ def register(app: typer.Typer) -> None:
             if benchmark != "all" and not compare:
                 run_eval(settings_for(benchmark, model, out))
                 return
-            from pathlib import Path
+            from rstar2_cli.eval.paper_table import MD_FILE, default_table_dir, evaluate_table
 
-            from rstar2_cli.eval.paper_table import MD_FILE, run_table
-
-            root = Path(out) if out else Path("runs") / "eval" / f"{benchmark}-{Path(model.rstrip('/')).name}"
-            engines = EngineReuse()
-
-            def run_one(bench: str, ckpt: str, out_dir: Path) -> dict:
-                one = settings_for(bench, ckpt, str(out_dir))
-                return run_eval(one, engine=engines.get(one))
-
-            try:
-                run_table(run_one, model, root, benches, compare, with_left_out=benchmark == "all")
-            finally:
-                engines.close()
+            root = default_table_dir(benchmark, model, out)
+            evaluate_table(settings_for, model, root, benches, compare, with_left_out=benchmark == "all")
             typer.echo((root / MD_FILE).read_text())
         except (DataError, MissingExtraError) as e:
             fail(str(e))

@@ -101,3 +101,26 @@ def run_table(run_one: Callable[[str, str, Path], dict[str, Any]], model: str, o
     (out_dir / JSON_FILE).write_text(json.dumps(table, indent=2))
     (out_dir / MD_FILE).write_text(markdown(rows, model, compare_model))
     return table
+
+
+def default_table_dir(benchmark: str, model: str, out: str | None) -> Path:
+    return Path(out) if out else Path("runs") / "eval" / f"{benchmark}-{Path(model.rstrip('/')).name}"
+
+
+def evaluate_table(settings_for: Callable[[str, str, str], Any], model: str, out_dir: Path,
+                   benchmarks: Sequence[str], compare_model: str | None = None,
+                   with_left_out: bool = True) -> dict[str, Any]:
+    """`run_table` with `run_eval` on `settings_for(bench, ckpt, out)` (EvalSettings), loading
+    each checkpoint's engine once for all its benchmarks."""
+    from rstar2_cli.eval.runner import EngineReuse, run_eval
+
+    engines = EngineReuse()
+
+    def run_one(bench: str, ckpt: str, out: Path) -> dict[str, Any]:
+        s = settings_for(bench, ckpt, str(out))
+        return run_eval(s, engine=engines.get(s))
+
+    try:
+        return run_table(run_one, model, out_dir, benchmarks, compare_model, with_left_out)
+    finally:
+        engines.close()

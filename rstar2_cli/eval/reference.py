@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 EXTRA = "eval-extra"
-EXTRA_HINT = f"pip install 'rstar2[{EXTRA}]' (or bash scripts/install.sh)"
+# --no-deps: a plain `pip install 'rstar2[eval-extra]'` would resolve bfcl-eval's numpy==1.26.4 pin
+EXTRA_HINT = f"install rstar2[{EXTRA}] with `pip install --no-deps -r requirements/eval-extra.txt` (as scripts/install.sh does)"
 # The exact versions pyproject's eval-extra pins; the reference tests compare against these.
 LM_EVAL_VERSION = "0.4.13"
 BFCL_EVAL_VERSION = "2026.3.23"

@@ -74,3 +74,31 @@ def test_no_tools_is_one_turn_without_schema(tiny_model, all_data, tmp_path, tin
     run_eval(s, engine=tiny_engine, tools=sandbox_pool)
     rows = [json.loads(l) for l in (tmp_path / "nt" / TRAJ_FILE).read_text().splitlines()]
     assert all(r["turns"] == 1 and r["tool_calls"] == 0 for r in rows)
+
+
+@pytest.mark.vllm
+def test_cli_compare_loads_one_engine_and_writes_the_table(tiny_model, all_data, tmp_path, monkeypatch):
+    """The command end to end: `rstar2 eval aime24 CKPT --compare CKPT` starts its own engine
+    (once: A and B are the same checkpoint) and prints the table it wrote."""
+    from typer.testing import CliRunner
+
+    from rstar2_cli.cli import app
+    from rstar2_cli.eval import runner
+
+    starts = []
+    real = runner._make_engine
+
+    async def counting(s):
+        starts.append(s.model)
+        return await real(s)
+
+    monkeypatch.setattr(runner, "_make_engine", counting)
+    out = tmp_path / "cli"
+    res = CliRunner().invoke(app, ["eval", "aime24", str(tiny_model), "--compare", str(tiny_model), "--data-dir",
+                                   str(all_data), "--out", str(out), "--samples", "1", "--limit", "1",
+                                   "--max-tokens", "16", "--max-turns", "1"])
+    assert res.exit_code == 0, res.output
+    assert starts == [str(tiny_model)]
+    assert "| AIME24 |" in res.output and (out / MD_FILE).is_file()
+    rows = json.loads((out / JSON_FILE).read_text())["rows"]
+    assert [r["benchmark"] for r in rows] == ["aime24"] and rows[0]["compare"]["n"] == 1
