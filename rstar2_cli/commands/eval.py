@@ -1,4 +1,5 @@
-"""`rstar2 eval SET CKPT`: the paper's evaluation protocol on a benchmark or a custom set."""
+"""`rstar2 eval SET CKPT`: the paper's evaluation protocol on a benchmark or a custom set;
+`rstar2 eval all CKPT`: the paper's table (eval/paper_table.py); `--compare CKPT2`: A against B."""
 from __future__ import annotations
 
 from typing import Optional
@@ -11,9 +12,9 @@ from rstar2_cli.commands import fail
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_cmd(
-        benchmark: str = typer.Argument(..., help="aime24 | aime25 | math500 | hmmt25 | custom (with --data)"),
+        benchmark: str = typer.Argument(..., help="aime24 | aime25 | math500 | hmmt25 | gpqa_diamond | ifeval | bfcl | all (the paper's table) | custom (with --data)"),
         model: str = typer.Argument(..., help="checkpoint folder (HF format), or the served model name with --engine openai"),
-        data: Optional[str] = typer.Option(None, "--data", help="a jsonl with id, problem, answer"),
+        data: Optional[str] = typer.Option(None, "--data", help="the set's rows from a file (math: id, problem, answer; gpqa_diamond, ifeval, bfcl: their Hub / package columns)"),
         data_dir: Optional[str] = typer.Option(None, "--data-dir", envvar="RSTAR2_DATA_DIR", help="local folder laid out like shared/data"),
         out: Optional[str] = typer.Option(None, "--out", help="output folder (default runs/eval/SET-MODEL); reruns resume"),
         samples: int = typer.Option(16, "--samples", help="samples per problem (avg@k)"),
@@ -31,13 +32,15 @@ def register(app: typer.Typer) -> None:
         max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
         system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="replace the release's system prompt (as the RL recipe's rollout.system_prompt)"),
         tools_in_prompt: bool = typer.Option(True, "--tools-in-prompt/--no-tools-in-prompt", help="list the tool schema in the prompt (release: yes)"),
+        use_tools: bool = typer.Option(True, "--tools/--no-tools", help="--no-tools: no tool schema and one turn (reasoning only)"),
+        compare: Optional[str] = typer.Option(None, "--compare", help="a second checkpoint: both run, and the report gives A - B with a 95 % interval per benchmark"),
         protocol_from: Optional[str] = typer.Option(None, "--protocol-from", help="an RL recipe: take its prompt and tool protocol (rollout.system_prompt, tools_in_prompt, response texts, ...) for a checkpoint trained with it; default: the release's (--system-prompt still overrides)"),
     ) -> None:
         """Evaluate a checkpoint with tool-integrated generation: avg@k pass@1, pass@k, maj@k, lengths, tool stats."""
         from pydantic import ValidationError
 
         from rstar2_cli.config import ConfigError
-        from rstar2_cli.eval.settings import EvalSettings, protocol_of_recipe
+        from rstar2_cli.eval.settings import BENCHMARKS, EvalSettings, protocol_of_recipe
 
         layout = {"system_prompt": system_prompt, "tools_in_prompt": tools_in_prompt}
         if protocol_from:
@@ -46,24 +49,41 @@ def register(app: typer.Typer) -> None:
             except ConfigError as e:
                 fail(str(e))
             layout["system_prompt"] = system_prompt if system_prompt is not None else layout["system_prompt"]
-        try:
-            settings = EvalSettings(
-                benchmark=benchmark,
-                model=model, data=data, data_dir=data_dir, out_dir=out, samples=samples,
-                temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
-                limit=limit, seed=seed, answer_mode=answer_mode, engine=engine, base_url=base_url,
-                tokenizer=tokenizer, sandbox_url=sandbox_url, max_model_len=max_model_len,
-                **layout,
-            )
-        except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(x) for x in err["loc"])
-            raise typer.BadParameter(f"{loc + ': ' if loc else ''}{err['msg']}") from None
+
+        def settings_for(bench: str, ckpt: str, out_dir: Optional[str]) -> EvalSettings:
+            try:
+                return EvalSettings(
+                    benchmark=bench,
+                    model=ckpt, data=data, data_dir=data_dir, out_dir=out_dir, samples=samples,
+                    temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
+                    limit=limit, seed=seed, answer_mode=answer_mode, engine=engine, base_url=base_url,
+                    tokenizer=tokenizer, sandbox_url=sandbox_url, max_model_len=max_model_len,
+                    use_tools=use_tools, **layout,
+                )
+            except ValidationError as e:
+                err = e.errors()[0]
+                loc = ".".join(str(x) for x in err["loc"])
+                raise typer.BadParameter(f"{loc + ': ' if loc else ''}{err['msg']}") from None
 
         from rstar2_cli.data.problems import DataError
+        from rstar2_cli.eval.reference import MissingExtraError
         from rstar2_cli.eval.runner import run_eval
 
+        if benchmark == "all" and data:
+            fail("--data names one benchmark's file; `eval all` reads every set from --data-dir")
+        benches = BENCHMARKS if benchmark == "all" else [benchmark]
+        for bench in benches:   # every setting is checked before anything runs
+            settings_for(bench, model, out)
+            if compare:
+                settings_for(bench, compare, out)
         try:
-            run_eval(settings)
-        except DataError as e:
+            if benchmark != "all" and not compare:
+                run_eval(settings_for(benchmark, model, out))
+                return
+            from rstar2_cli.eval.paper_table import MD_FILE, default_table_dir, evaluate_table
+
+            root = default_table_dir(benchmark, model, out)
+            evaluate_table(settings_for, model, root, benches, compare, with_left_out=benchmark == "all")
+            typer.echo((root / MD_FILE).read_text())
+        except (DataError, MissingExtraError) as e:
             fail(str(e))

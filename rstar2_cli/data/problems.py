@@ -40,6 +40,12 @@ HUB_IDS: dict[str, HubSource] = {
     "aime25": HubSource("math-ai/aime25", "test", "id", "problem", "answer"),
     "math500": HubSource("HuggingFaceH4/MATH-500", "test", "unique_id", "problem", "answer"),
     "hmmt25": HubSource("MathArena/hmmt_feb_2025", "train", "problem_idx", "problem", "answer"),
+    # Generalization sets (eval/benchmarks.py reads their own columns; problem/answer name the main
+    # ones). GPQA is gated: accept its terms on the dataset page and `huggingface-cli login`.
+    # BFCL's questions ship inside the bfcl-eval package (eval/bfcl.py), so it has no hub id.
+    "gpqa_diamond": HubSource("Idavidrein/gpqa", "train", "Record ID", "Question", "Correct Answer",
+                              config="gpqa_diamond"),
+    "ifeval": HubSource("google/IFEval", "train", "key", "prompt", "instruction_id_list"),
     # Upstream repeats each of its 17,917 prompts 100 times; dedup in prepare_math removes them.
     # The problem sits inside the DAPO instruction template, which prepare_math strips.
     "dapo_math_17k": HubSource(

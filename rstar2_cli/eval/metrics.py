@@ -140,9 +140,11 @@ def _mean_median(values: Sequence[float]) -> dict[str, float]:
 
 
 def usage_stats(records: Sequence[SampleRecord]) -> dict[str, Any]:
-    """Mean/median response tokens, turns and tool calls; tool-error rate = errors / calls."""
+    """Mean/median response tokens, turns and tool calls; tool-error rate = errors / calls;
+    tool-call rate = the fraction of samples that made at least one call."""
     calls = sum(r.tool_calls for r in records)
     return {
+        "tool_call_rate": sum(r.tool_calls > 0 for r in records) / len(records) if records else 0.0,
         "response_tokens": _mean_median([r.response_tokens for r in records]),
         "turns": _mean_median([r.turns for r in records]),
         "tool_calls": _mean_median([r.tool_calls for r in records]),

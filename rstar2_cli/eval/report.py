@@ -21,6 +21,11 @@ def metrics_table(results: dict[str, Any]) -> Table:
     for name in ("response_tokens", "turns", "tool_calls"):
         t.add_row(f"{name.replace('_', ' ')} (mean / median)", f"{m[name]['mean']:.1f} / {m[name]['median']:.1f}")
     t.add_row("tool-error rate", f"{100 * m['tool_error_rate']:.1f} %")
+    if "tool_call_rate" in m:
+        t.add_row("tool-call rate (samples with a call)", f"{100 * m['tool_call_rate']:.1f} %")
+    for family in ("ifeval", "bfcl"):   # the reference's own numbers (eval/ifeval.py, eval/bfcl.py)
+        for key, value in m.get(family, {}).items():
+            t.add_row(f"{family} {key.replace('_', ' ')}", f"{100 * value:.1f} %")
     return t
 
 

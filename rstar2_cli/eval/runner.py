@@ -46,13 +46,14 @@ def load_done(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
     return done
 
 
-def sample_record(traj, grade) -> dict[str, Any]:
-    return {
+def sample_record(traj, grade: dict[str, Any]) -> dict[str, Any]:
+    """One trajectories.jsonl row: the trajectory's stats and text, and its family's grade fields."""
+    row = {
         "problem_id": traj.prompt_id,
         "sample_index": traj.sample_index,
-        "reward": grade.reward,
-        "extracted": grade.extracted,
-        "grade_reason": grade.reason,
+        "reward": grade["reward"],
+        "extracted": grade.get("extracted"),
+        "grade_reason": grade.get("grade_reason"),
         "gold": traj.gold,
         "response_tokens": traj.response_length,
         "generated_tokens": int(sum(traj.loss_mask)),
@@ -63,6 +64,8 @@ def sample_record(traj, grade) -> dict[str, Any]:
         "error": traj.extra.get("error"),
         "text": traj.text,
     }
+    row.update({k: v for k, v in grade.items() if k not in row})
+    return row
 
 
 async def _make_engine(s: EvalSettings):
@@ -77,15 +80,13 @@ async def _make_engine(s: EvalSettings):
     return VLLMEngine.from_config(s.model, cfg, max_model_len=max_len, seed=s.seed)
 
 
-async def _generate(s: EvalSettings, problems, tokenizer, out_file: Path, engine=None, tools=None) -> None:
+async def _generate(s: EvalSettings, family, problems, tokenizer, out_file: Path, engine=None, tools=None) -> None:
     """Roll out every problem that is not complete in `out_file`, appending chunk by chunk.
 
     `engine` / `tools`: an already running generator and sandbox to reuse (the quickstart and
     the tests share one); otherwise they are started here and closed at the end."""
-    from rstar2_cli.reward import grade_batch
-    from rstar2_cli.rollout.agent_loop import run_agent_loop
+    from rstar2_cli.eval.benchmarks import grade_in_thread
 
-    rollout_cfg = s.rollout_config()
     async with AsyncExitStack() as stack:
         if engine is None:
             engine = await _make_engine(s)
@@ -107,25 +108,35 @@ async def _generate(s: EvalSettings, problems, tokenizer, out_file: Path, engine
         per_chunk = max(1, CHUNK_TRAJECTORIES // s.samples)
         for start in range(0, len(problems), per_chunk):
             chunk = problems[start : start + per_chunk]
-            trajs = await run_agent_loop(
-                [(p.id, p.problem, p.answer) for p in chunk],
-                s.samples,
-                generator,
-                tools,
-                tokenizer,
-                rollout_cfg,
-                seed=s.seed,
-                progress=s.progress,
-            )
-            grades = await asyncio.to_thread(
-                grade_batch,
-                [(t.text, t.gold) for t in trajs],
-                timeout=s.grade_timeout,
-                mode=s.answer_mode,
-            )
+            trajs = await family.rollout(chunk, s, generator, tools, tokenizer)
+            grades = await grade_in_thread(family, trajs, {p.id: p for p in chunk}, s)
             with out_file.open("a") as f:
                 for t, g in zip(trajs, grades):
                     f.write(json.dumps(sample_record(t, g)) + "\n")
+
+
+class EngineReuse:
+    """One vLLM engine per checkpoint across several `run_eval` calls (`eval all` runs seven
+    benchmarks on one checkpoint: one load, not seven). `get(s)` starts the engine of `s.model`,
+    closing the previous checkpoint's; None for --engine openai (a client, nothing to load)."""
+
+    def __init__(self) -> None:
+        self.model: str | None = None
+        self.engine = None
+
+    def get(self, s: EvalSettings):
+        if s.engine != "vllm":
+            return None
+        if s.model != self.model:
+            self.close()
+            self.engine = asyncio.run(_make_engine(s))
+            self.model = s.model
+        return self.engine
+
+    def close(self) -> None:
+        if self.engine is not None:
+            asyncio.run(self.engine.close())
+        self.engine, self.model = None, None
 
 
 def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[str, Any]:
@@ -136,14 +147,16 @@ def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[
     `tools_in_prompt`, `protocol`) is part of the settings, so results.json records it."""
     from transformers import AutoTokenizer
 
-    from rstar2_cli.data.problems import load_problems
+    from rstar2_cli.eval.benchmarks import family_of
     from rstar2_cli.eval.metrics import as_records, per_problem_summary, summarize
+    from rstar2_cli.eval.reference import versions as reference_versions
     from rstar2_cli.eval.report import print_report
 
     out = Path(s.out_dir) if s.out_dir else default_out_dir(s)
     out.mkdir(parents=True, exist_ok=True)
     source = s.data or s.benchmark
-    problems = load_problems(source, data_dir=s.data_dir)
+    family = family_of(s.benchmark)
+    problems = family.load(s)
     if s.limit:
         problems = problems[: s.limit]
     traj_path = out / TRAJ_FILE
@@ -154,18 +167,22 @@ def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[
         tokenizer = AutoTokenizer.from_pretrained(s.tokenizer or s.model)
         # The sandbox pool and vLLM engines run their own event-loop threads, so a fresh loop
         # here can drive engines and sandboxes that callers started elsewhere.
-        asyncio.run(_generate(s, todo, tokenizer, traj_path, engine=engine, tools=tools))
+        asyncio.run(_generate(s, family, todo, tokenizer, traj_path, engine=engine, tools=tools))
     wanted = {p.id for p in problems}
-    records = as_records(r for (pid, idx), r in load_done(traj_path).items() if idx < s.samples and pid in wanted)
+    rows = [r for (pid, idx), r in load_done(traj_path).items() if idx < s.samples and pid in wanted]
+    records = as_records(rows)
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= s.samples]
     metrics = summarize(records, ks=ks)
+    metrics.update(family.metrics(rows))
     results = {
         "benchmark": source,
+        "family": family.name,
         "model": s.model,
         "num_problems": len(problems),
         "resumed_problems": len(problems) - len(todo),
         "generation_seconds": round(time.time() - started, 2),
         "metrics": metrics,
+        "reference": None if family.name == "math" else reference_versions(),
         "settings": s.model_dump(mode="json"),
         "per_problem": per_problem_summary(records),
     }

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rstar2_cli.config import PROTOCOL_FIELDS, RolloutConfig
-from rstar2_cli.data.problems import EVAL_SET_NAMES as BENCHMARKS
+from rstar2_cli.eval.benchmarks import BENCHMARKS
 
 
 def protocol_of_rollout(rollout: RolloutConfig) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def protocol_of_recipe(path: str) -> dict[str, Any]:
 class EvalSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    benchmark: str                                   # aime24 | aime25 | math500 | hmmt25 | custom
+    benchmark: str                                   # eval.benchmarks.BENCHMARKS, or custom with `data`
     model: str                                       # checkpoint folder, or the served model name
     data: str | None = None                          # a jsonl with id, problem, answer (custom set)
     data_dir: str | None = None                      # local folder laid out like shared/data
@@ -51,6 +51,8 @@ class EvalSettings(BaseModel):
     answer_mode: Literal["outcome", "strict_answer_tag", "last_boxed"] = "outcome"   # as reward.mode
     system_prompt: str | None = None                 # as the RL recipe's rollout.system_prompt
     tools_in_prompt: bool = True                     # as rollout.tools_in_prompt
+    use_tools: bool = True                           # False (--no-tools): no tool schema and one turn, so
+                                                     # the answer comes from reasoning alone
     protocol: dict[str, Any] = Field(default_factory=dict)   # rollout.<field> of the RL recipe, for
                                                      # the fields in config.PROTOCOL_FIELDS; {}: the release's
     engine: Literal["vllm", "openai"] = "vllm"
@@ -64,9 +66,9 @@ class EvalSettings(BaseModel):
 
     def rollout_config(self) -> RolloutConfig:
         """The agent loop's settings for this evaluation."""
-        return RolloutConfig(max_turns=self.max_turns, max_response_tokens=self.max_tokens,
+        return RolloutConfig(max_turns=self.max_turns if self.use_tools else 1, max_response_tokens=self.max_tokens,
                              temperature=self.temperature, top_p=self.top_p, system_prompt=self.system_prompt,
-                             tools_in_prompt=self.tools_in_prompt, **self.protocol)
+                             tools_in_prompt=self.tools_in_prompt and self.use_tools, **self.protocol)
 
     @model_validator(mode="after")
     def _check(self) -> "EvalSettings":

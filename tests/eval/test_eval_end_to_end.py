@@ -6,7 +6,8 @@ import json
 import pytest
 
 from rstar2_cli.eval.runner import RESULTS_FILE, TRAJ_FILE, run_eval
-from rstar2_cli.eval.settings import BENCHMARKS, EvalSettings
+from rstar2_cli.eval.benchmarks import MATH_SETS as BENCHMARKS
+from rstar2_cli.eval.settings import EvalSettings
 
 pytestmark = pytest.mark.slow
 
