@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from rstar2_cli.commands import fail
+from rstar2_cli.commands import checks, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         """Evaluate a checkpoint with tool-integrated generation: avg@k pass@1, pass@k, maj@k, lengths, tool stats."""
         from pydantic import ValidationError
 
-        from rstar2_cli.config import ConfigError
+        from rstar2_cli.config import ConfigError, first_error
         from rstar2_cli.eval.settings import EvalSettings, protocol_of_recipe
 
         layout = {"system_prompt": system_prompt, "tools_in_prompt": tools_in_prompt}
@@ -56,9 +56,8 @@ def register(app: typer.Typer) -> None:
                 **layout,
             )
         except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(x) for x in err["loc"])
-            raise typer.BadParameter(f"{loc + ': ' if loc else ''}{err['msg']}") from None
+            fail(str(first_error(e, "eval")))
+        checks.eval_settings(settings)
 
         from rstar2_cli.data.problems import DataError
         from rstar2_cli.eval.runner import run_eval
