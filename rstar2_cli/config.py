@@ -269,16 +269,17 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def first_error(e: ValidationError, source: str) -> ConfigError:
-    """The first validation error as one line: `source: a.b: message (got value)`."""
+    """The first validation error as one line: `source: a.b: message (got value)`; a whole-model
+    check (no field) reads `source: message`."""
     err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-    msg = err["msg"]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")          # pydantic's prefix for a validator's ValueError
     if err["type"] == "extra_forbidden":
         msg = "unknown field"
     extra = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
     value = err.get("input")
     shown = f" (got {value!r})" if err["type"] != "extra_forbidden" and not isinstance(value, dict) else ""
-    return ConfigError(f"{source}: {loc}: {msg}{shown}{extra}")
+    return ConfigError(f"{source}: {loc + ': ' if loc else ''}{msg}{shown}{extra}")
 
 
 def load_recipe_dict(raw: dict[str, Any], overrides: list[str] | None = None,

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from rstar2_cli.commands import fail
+from rstar2_cli.commands import checks, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         """Evaluate a checkpoint with tool-integrated generation: avg@k pass@1, pass@k, maj@k, lengths, tool stats."""
         from pydantic import ValidationError
 
-        from rstar2_cli.config import ConfigError
+        from rstar2_cli.config import ConfigError, first_error
         from rstar2_cli.eval.settings import BENCHMARKS, EvalSettings, protocol_of_recipe
 
         layout = {"system_prompt": system_prompt, "tools_in_prompt": tools_in_prompt}
@@ -50,9 +50,9 @@ def register(app: typer.Typer) -> None:
                 fail(str(e))
             layout["system_prompt"] = system_prompt if system_prompt is not None else layout["system_prompt"]
 
-        def settings_for(bench: str, ckpt: str, out_dir: Optional[str]) -> EvalSettings:
+        def settings_for(bench: str, ckpt: str, out_dir: Optional[str], check: bool = False) -> EvalSettings:
             try:
-                return EvalSettings(
+                settings = EvalSettings(
                     benchmark=bench,
                     model=ckpt, data=data, data_dir=data_dir, out_dir=out_dir, samples=samples,
                     temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
@@ -61,9 +61,10 @@ def register(app: typer.Typer) -> None:
                     use_tools=use_tools, **layout,
                 )
             except ValidationError as e:
-                err = e.errors()[0]
-                loc = ".".join(str(x) for x in err["loc"])
-                raise typer.BadParameter(f"{loc + ': ' if loc else ''}{err['msg']}") from None
+                fail(str(first_error(e, "eval")))
+            if check:
+                checks.eval_settings(settings)
+            return settings
 
         from rstar2_cli.data.problems import DataError
         from rstar2_cli.eval.reference import MissingExtraError
@@ -73,9 +74,9 @@ def register(app: typer.Typer) -> None:
             fail("--data names one benchmark's file; `eval all` reads every set from --data-dir")
         benches = BENCHMARKS if benchmark == "all" else [benchmark]
         for bench in benches:   # every setting is checked before anything runs
-            settings_for(bench, model, out)
+            settings_for(bench, model, out, check=True)
             if compare:
-                settings_for(bench, compare, out)
+                settings_for(bench, compare, out, check=True)
         try:
             if benchmark != "all" and not compare:
                 run_eval(settings_for(benchmark, model, out))

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from rstar2_cli.commands import fail
+from rstar2_cli.commands import checks, fail
 
 prepare_app = typer.Typer(help="Prepare datasets: the RL math set, SFT conversions.", no_args_is_help=True)
 
@@ -30,9 +30,9 @@ def math_command(
                                                                      "(default $RSTAR2_DATA_DIR)."),
     integer_only: bool = typer.Option(True, "--integer-only/--no-integer-only", help="Keep integer answers only."),
     near_dup_threshold: float = typer.Option(0.9, "--near-dup-threshold", help="MinHash Jaccard threshold."),
-    ngram: int = typer.Option(8, "--ngram", help="Word n-gram size for decontamination."),
+    ngram: int = typer.Option(8, "--ngram", min=1, help="Word n-gram size for decontamination."),
     boilerplate_min_problems: int = typer.Option(
-        10, "--boilerplate-min-problems",
+        10, "--boilerplate-min-problems", min=0,
         help="Ignore eval n-grams found in this many training problems (0 = plain n-gram rule)."),
     no_hub: bool = typer.Option(False, "--no-hub", help="Never download from the Hugging Face hub."),
 ) -> None:
@@ -41,9 +41,12 @@ def math_command(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from rstar2_cli.config import first_error
     from rstar2_cli.data.prepare_math import PrepareMathConfig, SourceSpec, prepare_math, provenance_path, stats_table
     from rstar2_cli.data.problems import DataError
 
+    if spec is not None:
+        checks.input_file(spec, "--spec")
     settings = dict(eval_sets=eval_set or None, data_dir=data_dir, integer_only=integer_only,
                     near_dup_threshold=near_dup_threshold, ngram=ngram,
                     boilerplate_min_problems=boilerplate_min_problems, allow_hub=not no_hub)
@@ -57,10 +60,14 @@ def math_command(
             config = PrepareMathConfig(sources=[SourceSpec.parse(s) for s in source], out=out,
                                        **{k: v for k, v in settings.items() if v is not None})
     except ValidationError as e:
-        err = e.errors()[0]
-        fail(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}")
+        fail(str(first_error(e, "prepare math")))
     except DataError as e:
         fail(str(e))
+    checks.output_file(config.out, "--out")
+    for src in config.sources:
+        checks.problem_source(src.path, "--source", config.data_dir, hub_ids=True, allow_hub=config.allow_hub)
+    for name in config.eval_sets:
+        checks.problem_source(name, "--eval-set", config.data_dir, allow_hub=config.allow_hub)
 
     console = Console()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -86,14 +93,17 @@ def sft_command(
     out: Path = typer.Option(..., "--out", "-o", help="Output .jsonl in rstar2 messages format."),
     fmt: str = typer.Option(..., "--format", "-f",
                             help="Input format: openai, sharegpt, glaive, toolace, apigen_mt."),
-    show_errors: int = typer.Option(10, "--show-errors", help="How many skipped-row reasons to print."),
+    show_errors: int = typer.Option(10, "--show-errors", min=0, help="How many skipped-row reasons to print."),
 ) -> None:
     """Convert a function-calling / chat dataset to rstar2's SFT messages format."""
     from rich.console import Console
 
     from rstar2_cli.data.problems import DataError
-    from rstar2_cli.data.sft_convert import convert_file
+    from rstar2_cli.data.sft_convert import FORMATS, convert_file
 
+    checks.input_file(in_path, "IN_PATH")
+    checks.choice(fmt, FORMATS, "--format")
+    checks.output_file(out, "--out")
     try:
         stats = convert_file(in_path, out, fmt)
     except DataError as e:
@@ -115,9 +125,9 @@ def hard_command(
     out: Path = typer.Option(Path("data/math_hard.jsonl"), "--out", "-o", help="The hard subset (.jsonl)."),
     samples: int = typer.Option(8, "--samples", min=1, help="Rollouts per problem; kept if not all solved."),
     temperature: float = typer.Option(1.0, "--temperature"),
-    max_tokens: int = typer.Option(12288, "--max-tokens"),
-    max_turns: int = typer.Option(10, "--max-turns"),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N problems."),
+    max_tokens: int = typer.Option(12288, "--max-tokens", min=1),
+    max_turns: int = typer.Option(10, "--max-turns", min=1),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N problems."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", envvar="RSTAR2_DATA_DIR"),
     sandbox_url: Optional[str] = typer.Option(None, "--sandbox-url", help="A running serve-sandbox (default: embedded)."),
     seed: int = typer.Option(0, "--seed"),
@@ -128,6 +138,13 @@ def hard_command(
     from rstar2_cli.data.mine_hard import mine_hard
     from rstar2_cli.data.problems import DataError
 
+    checks.model_dir(policy, "--policy")
+    checks.output_file(out, "--out")
+    checks.problem_source(data, "--data", data_dir)
+    if temperature < 0:
+        fail(f"--temperature {temperature}: must be >= 0")
+    if sandbox_url is not None:
+        checks.url(sandbox_url, "--sandbox-url")
     try:
         summary = mine_hard(policy, data, out, samples=samples, data_dir=data_dir, temperature=temperature,
                             max_tokens=max_tokens, max_turns=max_turns, limit=limit, seed=seed,

@@ -27,6 +27,8 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
         from rich.console import Console
 
+        from rstar2_cli.commands import checks, fail
+        from rstar2_cli.config import first_error
         from rstar2_cli.quickstart.pipeline import run_quickstart
         from rstar2_cli.quickstart.report import results_table
         from rstar2_cli.quickstart.seeds import parse_seeds, run_seeds, seeds_table
@@ -38,10 +40,11 @@ def register(app: typer.Typer) -> None:
                                                      compare_grpo=compare_grpo, sft_steps=sft_steps,
                                                      rl_steps=steps, eval_every=eval_every,
                                                      max_staleness=max_staleness)
-        except (ValidationError, ValueError) as e:
-            errs = getattr(e, "errors", None)
-            msg = f"{'.'.join(map(str, errs()[0]['loc']))}: {errs()[0]['msg']}" if callable(errs) else str(e)
-            raise typer.BadParameter(msg) from None
+        except ValidationError as e:
+            fail(str(first_error(e, "quickstart")))
+        except ValueError as e:
+            fail(str(e))
+        checks.output_dir(settings.out, "--out")
         console = Console()
         if seed_list is not None:
             summary = run_seeds(settings, seed_list)

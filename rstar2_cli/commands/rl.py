@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from rstar2_cli.commands import fail
+from rstar2_cli.commands import checks, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
                                                      "without either, print every node's command)"),
         master_addr: Optional[str] = typer.Option(None, "--master-addr",
                                                   help="head node address (default: SLURM's first host, else 127.0.0.1)"),
-        master_port: int = typer.Option(29500, "--master-port"),
+        master_port: int = typer.Option(29500, "--master-port", min=1, max=65535),
         engine_gpus: Optional[int] = typer.Option(None, "--engine-gpus", min=1,
                                                   help="GPUs (over all nodes) that hold only engines, with "
                                                        "engine.colocate=false; the rest train"),
@@ -95,6 +95,8 @@ def register(app: typer.Typer) -> None:
             console.print(Syntax(dump_recipe(cfg), "yaml"))
             console.print(render_plan(plan))
             return
+        if plan.launch_mode == "direct" or len(plan.nodes) == 1 or sizes.node_rank is not None:
+            checks.rl_recipe(cfg)        # this machine trains: the recipe's paths must be here
 
         for problem in plan.memory.problems if plan.memory else ():
             console.print(f"[bold yellow]warning[/]: memory: {problem} (rstar2 rl ... --dry-run shows the table)")

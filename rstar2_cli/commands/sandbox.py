@@ -7,9 +7,10 @@ from typing import Optional
 
 import typer
 
-from rstar2_cli.commands import fail
+from rstar2_cli.commands import checks, fail
 
 ISOLATIONS = ("auto", "nsjail", "bwrap", "namespaces", "none")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")   # uvicorn.config.LOG_LEVELS
 
 
 def pool_kwargs(workers, isolation, unsafe, timeout, memory_mb, max_output_bytes) -> dict:
@@ -28,27 +29,36 @@ def register(app: typer.Typer) -> None:
     @app.command("serve-sandbox")
     def serve_sandbox(
         host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
-        port: int = typer.Option(8088, help="Port (rStar2-Agent's tool config expects 8088)."),
+        port: int = typer.Option(8088, min=1, max=65535, help="Port (rStar2-Agent's tool config expects 8088)."),
         redis: Optional[str] = typer.Option(None, help="redis://host:port: queue calls in Redis for --worker processes."),
         worker: bool = typer.Option(False, "--worker", help="Run Redis workers (needs --redis) instead of the HTTP API."),
-        procs: int = typer.Option(1, help="--worker: supervised worker processes (dead ones are replaced)."),
-        concurrency: Optional[int] = typer.Option(None, help="--worker: calls in flight per process [default: 2x workers]."),
-        workers: Optional[int] = typer.Option(None, help="Sandbox pool size (zygote processes) [default: CPU count]."),
+        procs: int = typer.Option(1, min=1, help="--worker: supervised worker processes (dead ones are replaced)."),
+        concurrency: Optional[int] = typer.Option(None, min=1, help="--worker: calls in flight per process [default: 2x workers]."),
+        workers: Optional[int] = typer.Option(None, min=1, help="Sandbox pool size (zygote processes) [default: CPU count]."),
         isolation: str = typer.Option("auto", help=" | ".join(ISOLATIONS) + "."),
         unsafe_no_isolation: bool = typer.Option(False, "--unsafe-no-isolation", help="Allow running code unconfined."),
         timeout: float = typer.Option(10.0, help="Default per-call wall/CPU timeout, seconds."),
-        memory_mb: int = typer.Option(1024, help="Per-call memory allowance, MiB."),
-        max_output_bytes: int = typer.Option(65536, help="Per-call stdout+stderr cap, bytes."),
-        max_queue: int = typer.Option(512, help="Calls admitted at once; /run answers 429 beyond it."),
-        max_batch: int = typer.Option(4096, help="Submissions per batch request."),
+        memory_mb: int = typer.Option(1024, min=1, help="Per-call memory allowance, MiB."),
+        max_output_bytes: int = typer.Option(65536, min=1, help="Per-call stdout+stderr cap, bytes."),
+        max_queue: int = typer.Option(512, min=1, help="Calls admitted at once; /run answers 429 beyond it."),
+        max_batch: int = typer.Option(4096, min=1, help="Submissions per batch request."),
         max_body_mb: float = typer.Option(32.0, help="Largest request body, MiB (413 beyond)."),
         long_batch_wait: float = typer.Option(600.0, help="Seconds a long-batch call waits for room before queue_timeout."),
         lease: float = typer.Option(10.0, help="Redis: seconds without heartbeat before a worker counts as dead."),
-        max_attempts: int = typer.Option(2, help="Redis: runs of a call before a worker death becomes an error result."),
+        max_attempts: int = typer.Option(2, min=1, help="Redis: runs of a call before a worker death becomes an error result."),
         check: bool = typer.Option(False, "--check", help="Print which protections are active; exit 0 if isolated, else 1."),
-        log_level: str = typer.Option("warning", help="uvicorn/worker log level."),
+        log_level: str = typer.Option("warning", help="uvicorn log level: " + " | ".join(LOG_LEVELS) + "."),
     ) -> None:
         """Serve the Python tool sandbox over code-judge's HTTP API (what rStar2-Agent's tool config calls)."""
+        checks.choice(isolation, ISOLATIONS, "--isolation")
+        checks.choice(log_level, LOG_LEVELS, "--log-level")
+        for flag, value in (("--timeout", timeout), ("--max-body-mb", max_body_mb),
+                            ("--long-batch-wait", long_batch_wait), ("--lease", lease)):
+            checks.positive(value, flag)
+        if redis is not None:
+            checks.url(redis, "--redis", ("redis", "rediss", "unix"))
+        if not (check or worker):
+            checks.free_port(host, port)
         from rich.console import Console
 
         from sandbox.jail.backends import SandboxUnavailable
@@ -84,42 +94,50 @@ def register(app: typer.Typer) -> None:
     def bench_tools(
         url: Optional[str] = typer.Option(None, help="Benchmark a running server (http://host:port) instead of the embedded pool."),
         concurrency: str = typer.Option("1,8,64", help="Comma-separated concurrency levels."),
-        calls: int = typer.Option(200, help="Calls per (workload, concurrency)."),
+        calls: int = typer.Option(200, min=1, help="Calls per (workload, concurrency)."),
         workloads: str = typer.Option("trivial,sympy,numpy,error,timeout", help="Comma-separated workloads."),
         no_baseline: bool = typer.Option(False, "--no-baseline", help="Skip the subprocess.run baseline."),
-        baseline_calls: int = typer.Option(24, help="Calls per baseline row (the baseline is slow)."),
+        baseline_calls: int = typer.Option(24, min=1, help="Calls per baseline row (the baseline is slow)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report here as JSON."),
-        workers: Optional[int] = typer.Option(None, help="Embedded pool size [default: CPU count]."),
+        workers: Optional[int] = typer.Option(None, min=1, help="Embedded pool size [default: CPU count]."),
         isolation: str = typer.Option("auto", help="Embedded pool: " + " | ".join(ISOLATIONS) + "."),
         unsafe_no_isolation: bool = typer.Option(False, "--unsafe-no-isolation", help="Allow an unconfined embedded pool."),
         client: str = typer.Option("plain", help="plain | codejudge (also wrapped and over HTTP long-batch, as the "
                                                  "rStar release's client sends them) | redis (Redis mode with 1 "
                                                  "and 2 worker hosts against local mode)."),
-        batch_size: int = typer.Option(8, help="--client codejudge: submissions per long-batch request."),
-        port: int = typer.Option(18088, help="--client codejudge: port of the server subprocess it starts."),
-        rounds: int = typer.Option(3, help="--client codejudge: rounds the rows take turns in (a shared "
+        batch_size: int = typer.Option(8, min=1, help="--client codejudge: submissions per long-batch request."),
+        port: int = typer.Option(18088, min=1, max=65535, help="--client codejudge: port of the server subprocess it starts."),
+        rounds: int = typer.Option(3, min=1, help="--client codejudge: rounds the rows take turns in (a shared "
                                            "machine's load then hits every row alike)."),
     ) -> None:
         """Measure tool-call throughput and latency against a naive subprocess baseline."""
         from rich.console import Console
 
-        from rstar2_cli.sandbox_bench.plain import BenchConfig, bench_main
+        from rstar2_cli.sandbox_bench.plain import WORKLOADS, BenchConfig, bench_main
         from sandbox.jail.backends import SandboxUnavailable
 
-        if client not in ("plain", "codejudge", "redis"):
-            fail(f"--client {client!r}: choose plain, codejudge or redis")
+        checks.choice(client, ("plain", "codejudge", "redis"), "--client")
+        checks.choice(isolation, ISOLATIONS, "--isolation")
+        levels = checks.int_list(concurrency, "--concurrency")
+        names = [w.strip() for w in workloads.split(",") if w.strip()]
+        for name in names or [workloads]:
+            checks.choice(name, WORKLOADS, "--workloads")
+        if url is not None:
+            checks.url(url, "--url")
+        if json_path is not None:
+            checks.output_file(json_path, "--json")
+        if client == "codejudge":
+            checks.free_port("127.0.0.1", port)
         if client != "plain":
             from rstar2_cli.sandbox_bench.codejudge import client_bench_main
             from rstar2_cli.sandbox_bench.redis_hosts import redis_bench_main
 
             try:
-                level = int(concurrency.split(",")[-1])
                 kwargs = pool_kwargs(workers, isolation, unsafe_no_isolation, 10.0, 1024, 65536)
-                names = [w.strip() for w in workloads.split(",") if w.strip()]
                 if client == "redis":
-                    redis_bench_main(kwargs, names, level, calls, json_path, Console())
+                    redis_bench_main(kwargs, names, levels[-1], calls, json_path, Console())
                 else:
-                    client_bench_main(kwargs, names, level, calls, batch_size, port, json_path, Console(), rounds)
+                    client_bench_main(kwargs, names, levels[-1], calls, batch_size, port, json_path, Console(), rounds)
             except SandboxUnavailable as e:
                 fail(f"{e} [to benchmark anyway: --unsafe-no-isolation]")
             except ValueError as e:
@@ -127,12 +145,8 @@ def register(app: typer.Typer) -> None:
             return
 
         try:
-            levels = [int(c) for c in concurrency.split(",") if c.strip()]
-        except ValueError:
-            fail(f"--concurrency {concurrency!r}: expected comma-separated integers like 1,8,64")
-        try:
             cfg = BenchConfig(concurrency=levels, calls=calls, baseline=not no_baseline, baseline_calls=baseline_calls,
-                              workloads=[w.strip() for w in workloads.split(",") if w.strip()])
+                              workloads=names)
             kwargs = pool_kwargs(workers, isolation, unsafe_no_isolation, 10.0, 1024, 65536)
             bench_main(cfg, url, kwargs, json_path, Console())
         except SandboxUnavailable as e:

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from rstar2_cli.commands import fail
+from rstar2_cli.commands import checks, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -25,6 +25,13 @@ def register(app: typer.Typer) -> None:
 
         try:
             cfg = load_sft_config(recipe, list(overrides))
+        except ConfigError as e:
+            fail(str(e))
+        checks.model_dir(cfg.model, "model")
+        for path in cfg.data:
+            checks.input_file(path, "data")
+        checks.output_dir(cfg.out_dir, "out_dir")
+        try:
             summary = run_sft(cfg)
         except (ConfigError, SftDataError) as e:
             fail(str(e))

@@ -87,6 +87,8 @@ class PrepareMathConfig(BaseModel):
             data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError) as e:
             raise DataError(f"{path}: cannot read spec: {e}") from None
+        if not isinstance(data, dict):
+            raise DataError(f"{path}: a spec is a mapping (sources:, out:, ...), got {type(data).__name__}")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**data)
 

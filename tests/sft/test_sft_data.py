@@ -47,9 +47,10 @@ def test_missing_file_is_named(tmp_path):
         load_conversations([str(tmp_path / "nope.jsonl")])
 
 
-def test_cli_reports_bad_data_in_one_line_and_exits_2(tmp_path):
+def test_cli_reports_bad_data_in_one_line_and_exits_2(tiny_model, tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD, '{"messages": [{"role": "user", "content": "hi"}]}'])
-    res = CliRunner().invoke(app, ["sft", "--set", f"data={path}", "--set", f"out_dir={tmp_path / 'run'}"])
+    res = CliRunner().invoke(app, ["sft", "--set", f"model={tiny_model}", "--set", f"data={path}",
+                                   "--set", f"out_dir={tmp_path / 'run'}"])
     assert res.exit_code == 2
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert lines == [f"error: {path}:2: no assistant message to learn from"]

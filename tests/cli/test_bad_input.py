@@ -1,0 +1,248 @@
+"""Every command meets bad input with one line: each case runs `rstar2 ...` as a user does (a
+fresh process, the console entry's `app()`), and must exit with status 2 printing exactly one
+non-empty line, `error: ...`, that names the bad value, with no traceback, and without a network
+attempt (an audit hook ends the process at the first lookup or connection to a non-local host).
+
+The cases start from placeholders the fixture fills: {model} (a folder that passes the checkpoint
+checks, though it holds no real weights: nothing may load it), {empty} (a plain folder), {file}
+(a plain file), {problems} (a problems .jsonl), {sft} (an SFT .jsonl), {tmp}, {busy} (a port this
+test listens on) and {closed} (a local port nothing listens on). Each process gets $RSTAR2_DATA_DIR
+with copies of the four eval sets, an empty Hugging Face cache, and runs in {tmp}.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+UNSET = None
+
+# Runs the CLI as the `rstar2` console script does, after installing a hook that ends the process
+# with status 97 at the first name lookup or TCP/UDP connection to a host other than this one.
+RUNNER = r"""
+import os, socket, sys
+LOCAL = ("localhost", "127.", "::1", "0.0.0.0")
+def local(host):
+    host = host.decode() if isinstance(host, bytes) else str(host or "localhost")
+    return host.startswith(LOCAL)
+def hook(event, args):
+    if event == "socket.getaddrinfo" and not local(args[0]) or (
+            event == "socket.connect" and args[0].family in (socket.AF_INET, socket.AF_INET6)
+            and not local(args[1][0])):
+        os.write(2, f"network: {event} {args[-1] if event == 'socket.connect' else args[0]}\n".encode())
+        os._exit(97)
+sys.addaudithook(hook)
+sys.argv[0] = "rstar2"
+from rstar2_cli.cli import app
+sys.exit(app())
+"""
+
+# (case id, argv, a fragment the one line must hold, environment changes)
+CASES = [
+    # the three first tries of a new user, with and without a local copy of the eval sets
+    ("eval-missing-checkpoint", ["eval", "aime25", "/nonexistent/ckpt"], "MODEL /nonexistent/ckpt: no such folder", {}),
+    ("eval-missing-checkpoint-no-data", ["eval", "aime25", "/nonexistent/ckpt"], "/nonexistent/ckpt",
+     {"RSTAR2_DATA_DIR": UNSET}),
+    ("eval-folder-not-a-model", ["eval", "aime25", "{empty}"], "{empty}: not a model folder (no config.json)", {}),
+    ("eval-folder-not-a-model-no-data", ["eval", "aime25", "{empty}"], "not a model folder",
+     {"RSTAR2_DATA_DIR": UNSET}),
+    ("serve-sandbox-port-out-of-range", ["serve-sandbox", "--port", "99999"], "--port 99999", {}),
+    # eval
+    ("eval-checkpoint-is-a-file", ["eval", "aime25", "{file}"], "a file, not a model folder", {}),
+    ("eval-hub-id-not-cached", ["eval", "aime25", "org/not-cached"], "org/not-cached: no such folder", {}),
+    ("eval-config-not-json", ["eval", "aime25", "{badconfig}"], "config.json", {}),
+    ("eval-no-weights", ["eval", "aime25", "{noweights}"], "no weights", {}),
+    ("eval-no-tokenizer", ["eval", "aime25", "{notokenizer}"], "no tokenizer files", {}),
+    ("eval-unknown-benchmark", ["eval", "aime26", "{model}"], "aime26", {}),
+    ("eval-zero-samples", ["eval", "aime25", "{model}", "--samples", "0"], "samples", {}),
+    ("eval-negative-temperature", ["eval", "aime25", "{model}", "--temperature", "-1"], "temperature", {}),
+    ("eval-missing-data-file", ["eval", "custom", "{model}", "--data", "/nonexistent.jsonl"],
+     "--data /nonexistent.jsonl: no such file", {}),
+    ("eval-output-under-a-file", ["eval", "aime25", "{model}", "--out", "{file}/out"], "--out {file}/out", {}),
+    ("eval-data-dir-missing", ["eval", "aime25", "{model}", "--data-dir", "/nonexistent"], "/nonexistent", {}),
+    ("eval-no-local-set-and-hub-down", ["eval", "aime25", "{model}"], "benchmark aime25",
+     {"RSTAR2_DATA_DIR": UNSET, "HF_ENDPOINT": "http://127.0.0.1:{closed}"}),
+    ("eval-openai-bad-base-url", ["eval", "aime25", "served", "--engine", "openai", "--tokenizer", "{model}",
+                                  "--base-url", "ftp://host/v1"], "--base-url ftp://host/v1", {}),
+    ("eval-openai-no-tokenizer", ["eval", "aime25", "served", "--engine", "openai", "--base-url",
+                                  "http://127.0.0.1:{closed}/v1"], "served", {}),
+    ("eval-bad-sandbox-url", ["eval", "aime25", "{model}", "--sandbox-url", "localhost:8088"], "--sandbox-url", {}),
+    ("eval-missing-protocol-recipe", ["eval", "aime25", "{model}", "--protocol-from", "/nonexistent.yaml"],
+     "/nonexistent.yaml", {}),
+    ("eval-missing-arguments", ["eval"], "Missing argument", {}),
+    # serve-sandbox and bench-tools
+    ("serve-sandbox-port-zero", ["serve-sandbox", "--port", "0"], "--port 0", {}),
+    ("serve-sandbox-port-not-a-number", ["serve-sandbox", "--port", "http"], "--port http", {}),
+    ("serve-sandbox-port-in-use", ["serve-sandbox", "--port", "{busy}"], "--port {busy} on 127.0.0.1", {}),
+    ("serve-sandbox-zero-timeout", ["serve-sandbox", "--timeout", "0"], "--timeout 0", {}),
+    ("serve-sandbox-unknown-isolation", ["serve-sandbox", "--isolation", "jail"], "--isolation jail", {}),
+    ("serve-sandbox-unknown-log-level", ["serve-sandbox", "--log-level", "loud"], "--log-level loud", {}),
+    ("serve-sandbox-redis-not-a-redis-url", ["serve-sandbox", "--redis", "http://host"], "--redis http://host", {}),
+    ("serve-sandbox-zero-workers", ["serve-sandbox", "--workers", "0"], "--workers 0", {}),
+    ("serve-sandbox-worker-without-redis", ["serve-sandbox", "--worker"], "--redis", {}),
+    ("bench-tools-bad-concurrency", ["bench-tools", "--concurrency", "1,x"], "--concurrency 1,x", {}),
+    ("bench-tools-zero-concurrency", ["bench-tools", "--concurrency", "0"], "--concurrency 0", {}),
+    ("bench-tools-unknown-workload", ["bench-tools", "--workloads", "trivial,nope"], "--workloads nope", {}),
+    ("bench-tools-json-under-a-file", ["bench-tools", "--json", "{file}/r.json"], "--json {file}/r.json", {}),
+    ("bench-tools-bad-url", ["bench-tools", "--url", "nohost"], "--url nohost", {}),
+    ("bench-tools-unknown-client", ["bench-tools", "--client", "grpc"], "--client grpc", {}),
+    ("bench-tools-port-out-of-range", ["bench-tools", "--client", "codejudge", "--port", "70000"],
+     "--port 70000", {}),
+    # prepare
+    ("prepare-math-no-source", ["prepare", "math"], "--source", {}),
+    ("prepare-math-missing-source", ["prepare", "math", "--source", "/nonexistent.jsonl", "--out", "{tmp}/o.jsonl"],
+     "--source /nonexistent.jsonl: no such file", {}),
+    ("prepare-math-unknown-eval-set", ["prepare", "math", "--source", "{problems}", "--out", "{tmp}/o.jsonl",
+                                       "--eval-set", "aime26"], "--eval-set aime26", {}),
+    ("prepare-math-output-under-a-file", ["prepare", "math", "--source", "{problems}", "--out", "{file}/o.jsonl"],
+     "--out {file}/o.jsonl", {}),
+    ("prepare-math-output-type", ["prepare", "math", "--source", "{problems}", "--out", "{tmp}/o.csv"], "o.csv", {}),
+    ("prepare-math-missing-spec", ["prepare", "math", "--spec", "/nonexistent.yaml"], "/nonexistent.yaml", {}),
+    ("prepare-math-spec-not-a-mapping", ["prepare", "math", "--spec", "{listyaml}"], "{listyaml}", {}),
+    ("prepare-math-threshold-above-one", ["prepare", "math", "--source", "{problems}", "--out", "{tmp}/o.jsonl",
+                                          "--near-dup-threshold", "2"], "near_dup_threshold", {}),
+    ("prepare-math-zero-ngram", ["prepare", "math", "--ngram", "0"], "--ngram 0", {}),
+    ("prepare-math-named-set-and-hub-down", ["prepare", "math", "--source", "dapo_math_17k", "--out",
+                                             "{tmp}/o.jsonl"], "--source dapo_math_17k",
+     {"RSTAR2_DATA_DIR": UNSET, "HF_ENDPOINT": "http://127.0.0.1:{closed}"}),
+    ("prepare-sft-missing-input", ["prepare", "sft", "/nonexistent.jsonl", "--out", "{tmp}/o.jsonl", "--format",
+                                   "openai"], "/nonexistent.jsonl: no such file", {}),
+    ("prepare-sft-unknown-format", ["prepare", "sft", "{sft}", "--out", "{tmp}/o.jsonl", "--format", "alpaca"],
+     "--format alpaca", {}),
+    ("prepare-sft-output-is-a-folder", ["prepare", "sft", "{sft}", "--out", "{empty}", "--format", "openai"],
+     "--out {empty}: a folder, not a file", {}),
+    ("prepare-hard-policy-not-a-model", ["prepare", "hard", "--policy", "{empty}"], "--policy {empty}", {}),
+    ("prepare-hard-missing-data", ["prepare", "hard", "--policy", "{model}", "--data", "/nonexistent.jsonl"],
+     "--data /nonexistent.jsonl", {}),
+    ("prepare-hard-zero-samples", ["prepare", "hard", "--policy", "{model}", "--samples", "0"], "--samples 0", {}),
+    ("prepare-hard-output-under-a-file", ["prepare", "hard", "--policy", "{model}", "--data", "{problems}", "--out",
+                                          "{file}/hard.jsonl"], "--out {file}/hard.jsonl", {}),
+    # sft
+    ("sft-missing-recipe", ["sft", "/nonexistent.yaml"], "/nonexistent.yaml: recipe file not found", {}),
+    ("sft-bad-override-value", ["sft", "--set", "lr=fast"], "lr", {}),
+    ("sft-override-without-value", ["sft", "--set", "lr"], "--set 'lr'", {}),
+    ("sft-unknown-field", ["sft", "--set", "epoch=3"], "epoch: unknown field", {}),
+    ("sft-default-hub-model-not-cached", ["sft"], "model Qwen/Qwen3-14B-Base", {}),
+    ("sft-model-not-a-model", ["sft", "--set", "model={empty}"], "model {empty}", {}),
+    ("sft-missing-data", ["sft", "--set", "model={model}", "--set", "data=/nonexistent.jsonl"],
+     "data /nonexistent.jsonl: no such file", {}),
+    ("sft-output-is-a-file", ["sft", "--set", "model={model}", "--set", "data={sft}", "--set", "out_dir={file}"],
+     "out_dir {file}", {}),
+    # rl
+    ("rl-no-recipe-or-stage", ["rl"], "--stage", {}),
+    ("rl-missing-recipe", ["rl", "/nonexistent.yaml"], "/nonexistent.yaml", {}),
+    ("rl-stage-out-of-range", ["rl", "--stage", "4"], "--stage 4", {}),
+    ("rl-unknown-field", ["rl", "--stage", "1", "--set", "optim.lrr=1"], "optim.lrr: unknown field", {}),
+    ("rl-stage-2-before-stage-1", ["rl", "--stage", "2"], "model.path runs/stage1/final: no such folder", {}),
+    ("rl-missing-train-data", ["rl", "--stage", "1", "--set", "model.path={model}", "--set",
+                               "data.train=/nonexistent.jsonl"], "data.train /nonexistent.jsonl", {}),
+    ("rl-unknown-eval-set", ["rl", "--stage", "1", "--set", "model.path={model}", "--set", "data.train={problems}",
+                             "--set", "train.eval_sets=[aime26]"], "train.eval_sets aime26", {}),
+    ("rl-output-under-a-file", ["rl", "--stage", "1", "--set", "model.path={model}", "--set",
+                                "data.train={problems}", "--set", "train.out_dir={file}/rl"],
+     "train.out_dir {file}/rl", {}),
+    ("rl-master-port-out-of-range", ["rl", "--stage", "1", "--master-port", "70000"], "--master-port 70000", {}),
+    ("rl-bad-sizes", ["rl", "--stage", "1", "--gpus", "12", "--nodes", "8", "--master-addr", "h", "--dry-run"],
+     "not divisible by nodes", {}),
+    # quickstart and the top level
+    ("quickstart-bad-seed-list", ["quickstart", "--seeds", "0,one"], "--seeds", {}),
+    ("quickstart-zero-steps", ["quickstart", "--steps", "0"], "--steps 0", {}),
+    ("quickstart-output-is-a-file", ["quickstart", "--out", "{file}"], "--out {file}", {}),
+    ("unknown-command", ["evaluate"], "evaluate", {}),
+    ("unknown-option", ["version", "--verbose"], "--verbose", {}),
+]
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad_input")
+    model = root / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    (model / "model.safetensors").write_bytes(b"")
+    (model / "tokenizer_config.json").write_text("{}")
+    variants = {"badconfig": {"config.json": "{not json"}, "noweights": {"model.safetensors": None},
+                "notokenizer": {"tokenizer_config.json": None}}
+    p = {"model": str(model), "tmp": str(root)}
+    for name, changes in variants.items():
+        folder = root / name
+        folder.mkdir()
+        for f in ("config.json", "model.safetensors", "tokenizer_config.json"):
+            text = changes.get(f, (model / f).read_text())
+            if text is not None:
+                (folder / f).write_text(text)
+        p[name] = str(folder)
+    (root / "empty").mkdir()
+    (root / "file").write_text("not a folder\n")
+    data = root / "data"
+    data.mkdir()
+    row = json.dumps({"id": "1", "problem": "What is 1+1?", "answer": "2"})
+    for name in ("aime24", "aime25", "math500", "hmmt25", "problems"):
+        (data / f"{name}.jsonl").write_text(row + "\n")
+    (root / "sft.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                                             {"role": "assistant", "content": "hello"}]}) + "\n")
+    (root / "list.yaml").write_text("- a\n")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))     # bound, never listening: connections are refused
+    p.update(empty=str(root / "empty"), file=str(root / "file"), problems=str(data / "problems.jsonl"),
+             sft=str(root / "sft.jsonl"), listyaml=str(root / "list.yaml"), data=str(data),
+             busy=str(busy.getsockname()[1]), closed=str(closed.getsockname()[1]))
+    yield p
+    busy.close()
+    closed.close()
+
+
+def run_case(places: dict[str, str], argv: list[str], env_changes: dict) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "RSTAR2_", "TRANSFORMERS_"))}
+    env.update(PYTHONPATH=str(REPO), RSTAR2_DATA_DIR=places["data"], HF_HOME=f"{places['tmp']}/hf", COLUMNS="200")
+    for key, value in env_changes.items():
+        if value is UNSET:
+            env.pop(key, None)
+        else:
+            env[key] = value.format(**places)
+    args = [a.format(**places) for a in argv]
+    return subprocess.run([sys.executable, "-c", RUNNER, *args], capture_output=True, text=True, env=env,
+                          cwd=places["tmp"], timeout=120)
+
+
+@pytest.fixture(scope="module")
+def results(places):
+    """Every case's process, run four at a time (each costs about one interpreter start-up)."""
+    with ThreadPoolExecutor(4) as pool:
+        futures = {case: pool.submit(run_case, places, argv, env) for case, argv, _, env in CASES}
+    return {case: f.result() for case, f in futures.items()}
+
+
+@pytest.mark.parametrize("case, argv, fragment, env", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_naming_the_value(results, places, case, argv, fragment, env):
+    proc = results[case]
+    output = proc.stdout + proc.stderr
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert not output.startswith("network:"), output
+    assert "Traceback" not in output, output
+    assert proc.returncode == 2, output
+    assert len(lines) == 1 and lines[0].startswith("error: "), output
+    assert fragment.format(**places) in lines[0], output
+
+
+def test_every_command_has_a_case():
+    """A new command (or prepare subcommand) gets its bad-input cases here too."""
+    from typer.main import get_command
+
+    from rstar2_cli.cli import app
+
+    root = get_command(app)
+    names = {n for n, c in root.commands.items() if not hasattr(c, "commands")}
+    names |= {f"{n} {s}" for n, c in root.commands.items() for s in getattr(c, "commands", {})}
+    covered = {" ".join(argv[:2]) if argv[0] == "prepare" else argv[0] for _, argv, _, _ in CASES}
+    assert names <= covered, sorted(names - covered)
