@@ -1,17 +1,24 @@
 """rstar2 against TRL's GRPOTrainer on the quickstart's agentic toy task: held-out accuracy over wall-clock time.
 
 Why: the first question a user asks is "why not the GRPOTrainer I already have?". This runs the
-same RL work three times from one SFT checkpoint (built by the quickstart's own code and seed):
-  rstar2          RLTrainer, the quickstart's GRPO-RoC recipe (vLLM, concurrent agent loop, sandbox)
+same RL work from one SFT checkpoint per seed (built by the quickstart's own code, SFT mix and seed):
+  rstar2          RLTrainer, the quickstart's GRPO-RoC recipe (vLLM, concurrent agent loop, sandbox),
+                  synchronous (train.max_staleness 0, the paper's step)
+  rstar2_k1       the same with train.max_staleness 1 (asynchronous, TIS on, rl/async_rollouts.py)
   trl_sandbox     TRL GRPOTrainer with `tools=[python_code_with_standard_io]` running in our sandbox
   trl_subprocess  the same, the tool written as a TRL user would: subprocess.run per call
+  trl_async       TRL's own asynchronous GRPO (`trl.experimental.async_grpo`), where it can run
 Same problems, held-out set, prompts per step, rollouts kept per prompt, max tokens, temperature,
-learning rate, steps, reward function and tool semantics; the held-out curve of every row is
-measured by the same `run_eval` (the quickstart's `heldout_eval`) on a vLLM engine, and its time
-is taken out of the row's clock. Each row runs in its own process, one after the other.
+learning rate, AdamW weight decay (`--weight-decay`, named in the table), steps, reward function
+and tool semantics; the held-out curve of every row is measured by the same `run_eval` (the
+quickstart's `heldout_eval`) on a vLLM engine, and its time is taken out of the row's clock.
+Each row runs in its own process, one after the other; a row that cannot run says why in one
+line and the table still prints. At k = 1 the next batch's rollouts keep running while a
+held-out point is measured (off the clock), so that row's time to target is a lower bound; its
+step split (step, train phase, trainer and engine idle) is the figure to read.
 
     python benchmarks/bench_vs_trl.py --smoke --json /tmp/bench_vs_trl.json     # CI size
-    python benchmarks/bench_vs_trl.py --json runs/bench_vs_trl/result.json      # the comparison
+    python benchmarks/bench_vs_trl.py --seeds 0,1 --json runs/bench_vs_trl/result.json   # the comparison
 """
 from __future__ import annotations
 
@@ -28,8 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-ROWS = ("rstar2", "trl_sandbox", "trl_subprocess")
+ROWS = ("rstar2", "rstar2_k1", "trl_sandbox", "trl_subprocess", "trl_async")
+DEFAULT_ROWS = ("rstar2", "rstar2_k1", "trl_sandbox", "trl_async")
 TARGET = 0.9
+# both sides' AdamW weight decay: the quickstart's (OptimConfig's default, verl actor.optim.weight_decay)
+WEIGHT_DECAY = 0.01
 # CI size: a tiny SFT (the rows must run and report, not learn), two RL steps each.
 SMOKE = dict(n_train=64, n_heldout=8, sft_examples=64, sft_steps=20, sft_batch_size=8, rl_steps=2,
              prompts_per_step=4, group_size=2, eval_every=1, max_response_tokens=128)
@@ -104,20 +114,23 @@ def _done(s, heldout: list[dict], stop_at_target: bool, clock: Clock, budget_s: 
     return budget_s is not None and clock.now() >= budget_s
 
 
-def run_rstar2(s, prepared: dict, opts: dict) -> dict[str, Any]:
+def run_rstar2(s, prepared: dict, opts: dict, row: str = "rstar2") -> dict[str, Any]:
     from rstar2_cli.config import load_recipe_dict
     from rstar2_cli.quickstart.settings import toy_rl_recipe
     from rstar2_cli.rl.trainer import RLTrainer
 
-    cfg = load_recipe_dict(toy_rl_recipe(s, prepared["sft_checkpoint"], prepared["train_file"], s.out / "rstar2" / "rl",
-                                         roc=True), source="bench_vs_trl rstar2 recipe")
+    if row == "rstar2_k1":
+        s = s.model_copy(update={"max_staleness": 1})
+    recipe = toy_rl_recipe(s, prepared["sft_checkpoint"], prepared["train_file"], s.out / row / "rl", roc=True)
+    recipe["optim"]["weight_decay"] = opts["weight_decay"]
+    cfg = load_recipe_dict(recipe, source=f"bench_vs_trl {row} recipe")
     clock = Clock()
     trainer = RLTrainer(cfg, progress=opts["progress"])
     setup = clock.now()
     steps, heldout = [], []
 
     def point(step: int) -> None:
-        res = clock.pause_for(_heldout, s, prepared, "rstar2", step, trainer.rollouts.engines[0],
+        res = clock.pause_for(_heldout, s, prepared, row, step, trainer.rollouts.engines[0],
                                trainer.rollouts.tools)
         heldout.append({"step": step, "seconds": clock.now(), **res})
 
@@ -129,6 +142,9 @@ def run_rstar2(s, prepared: dict, opts: dict) -> dict[str, Any]:
                           "generation": m.get("time/rollout", 0.0), "tools": m.get("time/tools", 0.0),
                           "reward": m.get("time/reward", 0.0),
                           "update": m.get("time/train", 0.0) + m.get("time/sync", 0.0),
+                          "train": m.get("time/train", 0.0), "sync": m.get("time/sync", 0.0),
+                          "trainer_idle_frac": m.get("async/trainer_idle_frac"),
+                          "engine_idle_frac": m.get("async/engine_idle_frac"),
                           "reward_mean": m.get("rollout/reward_mean", 0.0)})
             if trainer.step % s.eval_every == 0 or trainer.step == cfg.train.steps:
                 point(trainer.step)
@@ -137,6 +153,7 @@ def run_rstar2(s, prepared: dict, opts: dict) -> dict[str, Any]:
     finally:
         trainer.close()
     return {"generation_backend": "vLLM (rstar2 engine, continuous batching, concurrent agent loop)",
+            "max_staleness": cfg.train.max_staleness, "weight_decay": cfg.optim.weight_decay,
             "tools_overlap_generation": True, "setup_seconds": setup, "steps": steps, "heldout": heldout}
 
 
@@ -164,7 +181,7 @@ def run_trl(s, prepared: dict, opts: dict, tool_kind: str) -> dict[str, Any]:
     spec = tb.TrlRunSpec(steps=s.rl_steps, prompts_per_step=s.prompts_per_step, group_size=s.group_size,
                          lr=s.rl_lr, max_response_tokens=s.max_response_tokens, max_turns=s.max_turns,
                          temperature=1.0, seed=s.seed, use_vllm=opts["trl_vllm"],
-                         micro_batches=min(4, s.prompts_per_step))
+                         micro_batches=min(4, s.prompts_per_step), weight_decay=opts["weight_decay"])
     clock = Clock()
     tok = tb.trl_tokenizer(sft)
     trainer = tb.timed_trainer_class()(
@@ -220,7 +237,30 @@ def run_trl(s, prepared: dict, opts: dict, tool_kind: str) -> dict[str, Any]:
     backend = ("vLLM colocate (TRL's LLM, vllm_mode='colocate')" if opts["trl_vllm"]
                else "transformers generate (TRL use_vllm=False)")
     return {"generation_backend": backend, "tools_overlap_generation": False, "setup_seconds": setup,
+            "weight_decay": trainer.args.weight_decay,
             "tool_calls": tools_clock.calls, "steps": steps, "heldout": heldout}
+
+
+class RowUnavailable(RuntimeError):
+    """A row that cannot run on this machine; its message is the one-line reason the table prints."""
+
+
+def trl_async_unavailable(cuda: bool) -> str:
+    """Why `trl.experimental.async_grpo` does not run here (installed trl: async_grpo_trainer.py and
+    weight_transfer.py): its rollouts come from a separate `trl vllm-serve` server, and full-model
+    weights reach that server only through vLLM's NCCL weight-transfer engine; the other sync path
+    loads LoRA adapters, which would not be the same full fine-tuning."""
+    if not cuda:
+        return ("trl.experimental.async_grpo syncs full weights to its vLLM server over NCCL only "
+                "(weight_transfer.py), and NCCL has no CPU backend")
+    return ("trl.experimental.async_grpo needs a separate `trl vllm-serve` server with NCCL weight transfer; "
+            "this benchmark does not launch one")
+
+
+def run_trl_async(s, prepared: dict, opts: dict) -> dict[str, Any]:
+    import torch
+
+    raise RowUnavailable(trl_async_unavailable(torch.cuda.is_available()))
 
 
 def row_main(row: str, out: Path) -> None:
@@ -230,9 +270,18 @@ def row_main(row: str, out: Path) -> None:
     s = QuickstartSettings.model_validate(job["settings"])
     opts = job["opts"]
     started = time.perf_counter()
-    res = run_rstar2(s, job["prepared"], opts) if row == "rstar2" else run_trl(s, job["prepared"], opts, row[4:])
-    res["process_seconds"] = time.perf_counter() - started
     (s.out / row).mkdir(parents=True, exist_ok=True)
+    try:
+        if row.startswith("rstar2"):
+            res = run_rstar2(s, job["prepared"], opts, row)
+        elif row == "trl_async":
+            res = run_trl_async(s, job["prepared"], opts)
+        else:
+            res = run_trl(s, job["prepared"], opts, row[4:])
+    except RowUnavailable as e:
+        (s.out / row / "row.json").write_text(json.dumps({"unavailable": str(e)}))
+        return
+    res["process_seconds"] = time.perf_counter() - started
     (s.out / row / "row.json").write_text(json.dumps(res, indent=1))
 
 
@@ -243,6 +292,10 @@ def summarize(row: dict[str, Any]) -> dict[str, Any]:
     steps = row["steps"][1:] or row["steps"]     # the first step includes warm-up
     mean = {k: sum(st[k] for st in steps) / max(1, len(steps))
             for k in ("step_seconds", "generation", "tools", "reward", "update")}
+    for k in ("train", "trainer_idle_frac", "engine_idle_frac"):
+        vals = [st[k] for st in steps if st.get(k) is not None]
+        if vals:
+            mean[k] = sum(vals) / len(vals)
     return {"start_accuracy": row["heldout"][0]["accuracy"], "final_accuracy": row["heldout"][-1]["accuracy"],
             "steps_run": len(row["steps"]), "train_seconds": row["heldout"][-1]["seconds"],
             "seconds_to_target": hit["seconds"] if hit else None, "step_to_target": hit["step"] if hit else None,
@@ -258,11 +311,14 @@ def accuracy_at(row: dict[str, Any], seconds: float) -> float:
 
 
 def compare(rows: dict[str, dict]) -> dict[str, Any]:
+    """Each row against rstar2 (synchronous): speed-up = the row's time to target / rstar2's."""
     base = rows["rstar2"]
     sb = summarize(base)
     out: dict[str, Any] = {}
     budget = sb["seconds_to_target"] or sb["train_seconds"]
     for name, row in rows.items():
+        if "unavailable" in row or "failed" in row:
+            continue
         sr = summarize(row)
         sr["accuracy_at_rstar2_budget"] = accuracy_at(row, budget)
         if name != "rstar2":
@@ -285,17 +341,27 @@ def print_table(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    cmp = result["comparison"]
-    t = Table(title=f"rstar2 vs TRL GRPOTrainer, toy task ({result['config']['prompts_per_step']} prompts x "
-                    f"{result['config']['group_size']} rollouts/step, target {TARGET:.0%} held-out)")
-    for col in ("row", "generation", "held-out start -> end", "time to target", "speed-up", f"acc @ rstar2 budget",
-                "step s (gen / tools / reward / update)", "steps"):
+    cmp = result.get("comparison", {})
+    t = Table(title=f"rstar2 vs TRL GRPOTrainer, toy task, seed {result['config']['seed']} "
+                    f"({result['config']['prompts_per_step']} prompts x {result['config']['group_size']} rollouts/step, "
+                    f"AdamW weight decay {result['options']['weight_decay']} on every row, "
+                    f"target {TARGET:.0%} held-out)")
+    for col in ("row", "generation", "held-out start -> end", "time to target", "row time / rstar2's",
+                "acc @ rstar2 budget", "step s (gen / tools / reward / update)", "k=1: train s, trainer / engine idle",
+                "steps"):
         t.add_column(col, justify="left" if col in ("row", "generation") else "right")
     for name in ROWS:
-        if name not in cmp:
+        r = result["rows"].get(name)
+        if r is None:
             continue
-        c, r = cmp[name], result["rows"][name]
+        if name not in cmp:
+            why = r.get("unavailable") or r.get("failed") or "rstar2 row missing: no comparison"
+            t.add_row(name, f"could not run: {why}", *[""] * 7)
+            continue
+        c = cmp[name]
         m = c["mean_step"]
+        idle = (f"{m['train']:.1f}, {m['trainer_idle_frac']:.0%} / {m['engine_idle_frac']:.0%}"
+                if "trainer_idle_frac" in m else "")
         tt = f"{c['seconds_to_target'] / 60:.2f} min" if c["seconds_to_target"] else "not reached"
         sp = "1.00x" if name == "rstar2" else (
             "n/a" if c["speedup_to_target"] is None else
@@ -303,7 +369,7 @@ def print_table(result: dict[str, Any]) -> None:
         t.add_row(name, r["generation_backend"].split(" (")[0], f"{c['start_accuracy']:.0%} -> {c['final_accuracy']:.0%}",
                   tt, sp, f"{c['accuracy_at_rstar2_budget']:.0%}",
                   f"{m['step_seconds']:.1f} ({m['generation']:.1f} / {m['tools']:.2f} / {m['reward']:.2f} / "
-                  f"{m['update']:.1f})", str(c["steps_run"]))
+                  f"{m['update']:.1f})", idle, str(c["steps_run"]))
     Console(width=max(160, Console().width)).print(t)
 
 
@@ -315,7 +381,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name in ROWS:
-        if name in result["rows"]:
+        if "heldout" in result["rows"].get(name, {}):
             pts = result["rows"][name]["heldout"]
             ax.plot([p["seconds"] / 60 for p in pts], [100 * p["accuracy"] for p in pts], marker="o", label=name)
     ax.axhline(100 * TARGET, color="grey", ls=":", lw=1, label=f"target {TARGET:.0%}")
@@ -330,13 +396,57 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def run_seed(args: argparse.Namespace, seed: int | None, out: Path) -> dict[str, Any]:
+    """Prepare (SFT) once, then every row in its own process, for one seed; the result dict."""
+    args = argparse.Namespace(**{**vars(args), "seed": seed, "out": out})
+    s = make_settings(args)
+    s.out.mkdir(parents=True, exist_ok=True)
+    prepared = prepare(s, args.progress)
+    opts = {"progress": args.progress, "stop_at_target": args.stop_at_target, "trl_vllm": args.trl_generation == "vllm",
+            "budget_s": None if args.budget_min is None else 60 * args.budget_min, "weight_decay": args.weight_decay}
+    (out / "job.json").write_text(json.dumps({"settings": s.model_dump(mode="json"), "prepared": prepared,
+                                              "opts": opts}, indent=1))
+    rows: dict[str, dict] = {}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    for row in args.rows:
+        t = time.perf_counter()
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--row", row],
+                              env=env, stderr=subprocess.PIPE, text=True)
+        sys.stderr.write(proc.stderr[-20000:])
+        path = s.out / row / "row.json"
+        if proc.returncode or not path.is_file():
+            last = next((ln for ln in reversed(proc.stderr.strip().splitlines()) if ln.strip()), "no output")
+            rows[row] = {"failed": f"exit {proc.returncode}: {last.strip()[:200]}"}
+        else:
+            rows[row] = json.loads(path.read_text())
+        path.unlink(missing_ok=True)             # a later run must not read this one's result
+        rows[row]["wall_seconds_with_eval"] = time.perf_counter() - t
+    result = {"config": {k: getattr(s, k) for k in ("seed", "preset", "rl_steps", "prompts_per_step", "group_size",
+                                                   "rl_lr", "max_response_tokens", "max_turns", "eval_every",
+                                                   "n_train", "n_heldout", "sft_steps", "mix_guess",
+                                                   "mix_buggy_repair", "mix_correct")},
+              "options": {**opts, "rows": args.rows, "target": TARGET}, "sft_seconds": prepared.get("seconds"),
+              "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()}, "rows": rows}
+    if "heldout" in rows.get("rstar2", {}):
+        result["comparison"] = compare({k: v for k, v in rows.items()})
+    print_table(result)
+    png = out / "accuracy_vs_minutes.png"
+    plot(result, png)
+    result["png"] = str(png)
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/bench_vs_trl"))
     ap.add_argument("--json", type=Path, default=None, help="write the result here (also <out>/result.json)")
     ap.add_argument("--smoke", action="store_true", help="CI size: a tiny SFT and 2 RL steps per row")
-    ap.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    ap.add_argument("--rows", nargs="+", choices=ROWS, default=list(DEFAULT_ROWS))
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds, each from its own SFT start (<out>/seed_N)")
+    ap.add_argument("--weight-decay", dest="weight_decay", type=float, default=WEIGHT_DECAY,
+                    help="AdamW weight decay of every row")
     ap.add_argument("--rl-steps", dest="rl_steps", type=int, default=None)
     ap.add_argument("--prompts-per-step", dest="prompts_per_step", type=int, default=None)
     ap.add_argument("--group-size", dest="group_size", type=int, default=None, help="G rollouts kept per prompt")
@@ -355,38 +465,62 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row_main(args.row, args.out)
         return {}
 
-    s = make_settings(args)
-    s.out.mkdir(parents=True, exist_ok=True)
-    prepared = prepare(s, args.progress)
-    opts = {"progress": args.progress, "stop_at_target": args.stop_at_target, "trl_vllm": args.trl_generation == "vllm",
-            "budget_s": None if args.budget_min is None else 60 * args.budget_min}
-    (args.out / "job.json").write_text(json.dumps({"settings": s.model_dump(mode="json"), "prepared": prepared,
-                                                   "opts": opts}, indent=1))
-    rows: dict[str, dict] = {}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    for row in args.rows:
-        t = time.perf_counter()
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--out", str(args.out), "--row", row],
-                              env=env)
-        if proc.returncode:
-            raise SystemExit(f"bench_vs_trl: row {row!r} failed (exit {proc.returncode}); see the output above")
-        rows[row] = json.loads((s.out / row / "row.json").read_text())
-        rows[row]["wall_seconds_with_eval"] = time.perf_counter() - t
-    result = {"config": {k: getattr(s, k) for k in ("seed", "preset", "rl_steps", "prompts_per_step", "group_size",
-                                                   "rl_lr", "max_response_tokens", "max_turns", "eval_every",
-                                                   "n_train", "n_heldout", "sft_steps")},
-              "options": {**opts, "rows": args.rows, "target": TARGET}, "sft_seconds": prepared.get("seconds"),
-              "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()}, "rows": rows}
-    if "rstar2" in rows:
-        result["comparison"] = compare(rows)
-        print_table(result)
-    png = args.out / "accuracy_vs_minutes.png"
-    plot(result, png)
-    result["png"] = str(png)
+    if args.seeds:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+        per_seed = {str(seed): run_seed(args, seed, args.out / f"seed_{seed}") for seed in seeds}
+        result = {"seeds": per_seed, "summary": seed_summary(per_seed)}
+        print_seed_summary(result["summary"])
+    else:
+        result = run_seed(args, args.seed, args.out)
     for path in filter(None, (args.out / "result.json", args.json)):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1))
     return result
+
+
+def seed_summary(per_seed: dict[str, dict]) -> dict[str, Any]:
+    """Per row: each seed's time to target and its ratio to rstar2's (row time / rstar2 time)."""
+    out: dict[str, Any] = {}
+    for seed, res in per_seed.items():
+        for name, c in res.get("comparison", {}).items():
+            if name.startswith("_"):
+                continue
+            out.setdefault(name, {})[seed] = {"seconds_to_target": c["seconds_to_target"],
+                                              "ratio_to_rstar2": 1.0 if name == "rstar2" else c["speedup_to_target"],
+                                              "lower_bound": c.get("speedup_is_lower_bound", False),
+                                              "mean_step_seconds": c["mean_step"]["step_seconds"]}
+        for name, r in res["rows"].items():
+            if "unavailable" in r or "failed" in r:
+                out.setdefault(name, {})[seed] = {"could_not_run": r.get("unavailable") or r.get("failed")}
+    return out
+
+
+def print_seed_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    seeds = sorted({seed for per in summary.values() for seed in per}, key=int)
+    t = Table(title=f"time to {TARGET:.0%} held-out per seed, and row time / rstar2's (>= 1: rstar2 faster)")
+    t.add_column("row")
+    for seed in seeds:
+        t.add_column(f"seed {seed}", justify="right")
+    for name in ROWS:
+        if name not in summary:
+            continue
+        cells = []
+        for seed in seeds:
+            c = summary[name].get(seed)
+            if c is None:
+                cells.append("")
+            elif "could_not_run" in c:
+                cells.append(f"could not run: {c['could_not_run'][:70]}")
+            else:
+                tt = f"{c['seconds_to_target'] / 60:.2f} min" if c["seconds_to_target"] else "not reached"
+                ratio = "n/a" if c["ratio_to_rstar2"] is None else (
+                    f"{'>= ' if c['lower_bound'] else ''}{c['ratio_to_rstar2']:.2f}x")
+                cells.append(f"{tt}, {ratio}")
+        t.add_row(name, *cells)
+    Console(width=max(160, Console().width)).print(t)
 
 
 if __name__ == "__main__":

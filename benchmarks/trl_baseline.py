@@ -168,6 +168,7 @@ class TrlRunSpec:
     seed: int
     use_vllm: bool
     micro_batches: int = 4           # gradient accumulation: one optimizer step per generation batch
+    weight_decay: float = 0.0        # AdamW; bench_vs_trl passes the rstar2 recipe's
 
 
 def grpo_config(spec: TrlRunSpec, out_dir: str | Path):
@@ -184,7 +185,7 @@ def grpo_config(spec: TrlRunSpec, out_dir: str | Path):
         max_completion_length=spec.max_response_tokens,                          # tool tokens count, as ours
         max_tool_calling_iterations=spec.max_turns - 1,                           # max_turns generations
         temperature=spec.temperature, top_p=1.0,
-        learning_rate=spec.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        learning_rate=spec.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=spec.weight_decay,
         adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0,
         beta=0.0, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, scale_rewards="group",  # no KL, token-level, Clip-Higher
         use_vllm=spec.use_vllm, vllm_mode="colocate", vllm_max_model_length=512,

@@ -154,8 +154,11 @@ class TrainConfig(_Section):
     steps: int = Field(100, ge=1)
     prompts_per_step: int = Field(512, ge=1)
     group_size: int = Field(16, ge=1)                 # G kept per prompt (2G rolled out with RoC)
-    micro_batch_tokens: int = Field(16384, ge=1)      # packing budget per micro-batch
+    micro_batch_tokens: int = Field(16384, ge=1)      # tokens per micro-batch (packed, or padded B x L; rl/packing.py)
     logprob_chunk_tokens: int = Field(1024, ge=1)     # tokens per chunk of the log-prob head (peak memory = chunk x vocab)
+    # attention kernel of the update: auto = flash_attention_2 over packed rows where flash-attn runs (CUDA/ROCm,
+    # bf16), else sdpa over length-bucketed rows; never attention across trajectories (rl/attention.py)
+    attn_implementation: Literal["auto", "flash_attention_2", "sdpa"] = "auto"
     ppo_mini_batches: int = Field(1, ge=1)            # optimizer steps per batch (release: 1)
     # Asynchronous GRPO-RoC (rl/async_rollouts.py): batches for steps s+1..s+k are rolled out while
     # step s trains; no trajectory is trained more than k policy versions after it was sampled.

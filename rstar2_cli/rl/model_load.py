@@ -63,9 +63,12 @@ def _prepare(model, gradient_checkpointing: bool):
     return model
 
 
-def place_model(model, *, sharded: bool, device: torch.device, mp_policy=None, gradient_checkpointing: bool = False):
+def place_model(model, *, sharded: bool, device: torch.device, mp_policy=None, gradient_checkpointing: bool = False,
+                attn_implementation: str | None = None):
     """A materialised model (e.g. built by a test) as fp32 on `device`, FSDP2-sharded when `sharded`
-    (`mp_policy` None: fp32 compute, see `shard_model`)."""
+    (`mp_policy` None: fp32 compute, see `shard_model`), running `attn_implementation` if given."""
+    if attn_implementation is not None and model.config._attn_implementation != attn_implementation:
+        model.set_attn_implementation(attn_implementation)
     model = _prepare(model.float(), gradient_checkpointing)
     if sharded:
         shard_model(model, mp_policy)
@@ -73,24 +76,25 @@ def place_model(model, *, sharded: bool, device: torch.device, mp_policy=None, g
 
 
 def build_policy_model(path: str, *, sharded: bool, device: torch.device, mp_policy=None,
-                       gradient_checkpointing: bool = False, method: str = DEFAULT_LOAD_METHOD):
+                       gradient_checkpointing: bool = False, method: str = DEFAULT_LOAD_METHOD,
+                       attn_implementation: str = "sdpa"):
     """The fp32 policy model on `device`, FSDP2-sharded when `sharded` (a process group exists).
 
     `method` (sharded only): "slices" or "broadcast" (meta device, local shards only) or "full"
     (every rank loads the whole model with `from_pretrained`, then shards it: the baseline
     of benchmarks/bench_load_memory.py). Unsharded runs always use `from_pretrained`.
-    `mp_policy` None: fp32 compute (see `shard_model`)."""
+    `mp_policy` None: fp32 compute (see `shard_model`); `attn_implementation` as rl/attention.py chose."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     if method not in LOAD_METHODS:
         raise ValueError(f"load method {method!r}: expected one of {', '.join(LOAD_METHODS)}")
     if not sharded or method == "full":
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
         return place_model(model, sharded=sharded, device=device, mp_policy=mp_policy,
                            gradient_checkpointing=gradient_checkpointing)
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn_implementation)
     with contextlib.suppress(OSError):   # no generation_config.json: keep the one from config.json
         model.generation_config = GenerationConfig.from_pretrained(path)
     _prepare(model, gradient_checkpointing)

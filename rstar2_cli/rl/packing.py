@@ -1,14 +1,25 @@
-"""Pack trajectories into micro-batches by token budget: one row per micro-batch.
+"""Lay trajectories out as micro-batches by token budget, so that no token attends across trajectories.
 
-Why packing and not padding: agent trajectories vary from a few hundred to many thousand tokens;
-padding a batch to its longest member wastes most of the compute. Sequences are concatenated in
-one row with `position_ids` restarting at 0 for each; with `attention_mask=None`, transformers
-(>= 4.54, `masking_utils.find_packed_sequence_indices`) turns restarting position ids into a
-block-diagonal causal mask for sdpa/eager/flash attention, so no token attends across sequences.
-`tests/rl/test_rl_packing.py` checks that packed logprobs equal per-sequence logprobs.
+Two layouts (`LAYOUTS`), chosen with the attention kernel (rl/attention.py):
 
-Placement is first-fit decreasing (deterministic). A sequence longer than the budget gets a
-micro-batch of its own rather than being cut.
+  packed  sequences concatenated in one `[1, T]` row, `position_ids` restarting at 0 for each. For
+          `flash_attention_2`: with `attention_mask=None` transformers turns restarting position ids
+          into `cu_seqlens` and calls the variable-length kernel (`modeling_flash_attention_utils.
+          _is_packed_sequence`), so each sequence attends only to itself and no mask exists. Placement
+          is first-fit decreasing.
+  padded  sequences sorted by length and cut into `[B, L]` buckets (B x L <= budget), right-padded,
+          `position_ids` = 0..L-1 in every row. For SDPA: with no mask and increasing position ids
+          transformers skips the mask and SDPA runs its causal kernel (`masking_utils.
+          _ignore_causal_mask_sdpa`); causality alone keeps each row's real tokens from seeing the
+          padding after them, and padding is never scored. A packed row under SDPA would instead make
+          transformers build a dense `[1, 1, T, T]` block-diagonal mask and SDPA compute all T^2
+          blocks (`find_packed_sequence_indices`): `benchmarks/bench_update.py` measures both.
+
+A bucket closes when the next (shorter) sequence would leave more than `1 - MIN_FILL` of its
+row as padding, which bounds the wasted linear FLOPs; `docs/benchmarks.md` has the figures the
+value was chosen from. A sequence longer than the budget gets a micro-batch of its own rather than
+being cut. Both layouts are deterministic. `tests/rl/test_rl_packing.py` checks that log-probs and
+gradients in either layout equal per-sequence ones.
 """
 from __future__ import annotations
 
@@ -17,37 +28,47 @@ from typing import Sequence
 
 import torch
 
+LAYOUTS = ("packed", "padded")
+# padded: a bucket's rows are at least this full (shortest / longest member); chosen from
+# benchmarks/bench_update.py's layout sweep (docs/benchmarks.md)
+MIN_FILL = 0.8
+
 
 @dataclass
 class Span:
     index: int          # position of the sequence in the caller's list
-    start: int          # offset of its first prompt token in the row
+    start: int          # offset of its first prompt token in its row
     prompt_len: int
     response_len: int
+    row: int = 0        # the row of the micro-batch it sits in
 
 
 @dataclass
 class PackedRow:
-    input_ids: torch.Tensor      # [1, L]
-    position_ids: torch.Tensor   # [1, L]
+    """One micro-batch: `[B, L]` token and position ids (B = 1 for the packed layout)."""
+    input_ids: torch.Tensor      # [B, L]
+    position_ids: torch.Tensor   # [B, L]
     spans: list[Span]
 
     def logit_positions(self) -> torch.Tensor:
-        """Row positions whose logits predict the response tokens, span after span."""
-        idx = [torch.arange(s.start + s.prompt_len - 1, s.start + s.prompt_len + s.response_len - 1)
+        """Flat positions (row * L + column) whose logits predict the response tokens, span after span."""
+        width = self.input_ids.shape[1]
+        idx = [torch.arange(s.start + s.prompt_len - 1, s.start + s.prompt_len + s.response_len - 1) + s.row * width
                for s in self.spans]
         return torch.cat(idx) if idx else torch.zeros(0, dtype=torch.long)
 
     def target_ids(self) -> torch.Tensor:
-        ids = self.input_ids[0]
-        tgt = [ids[s.start + s.prompt_len: s.start + s.prompt_len + s.response_len] for s in self.spans]
-        return torch.cat(tgt) if tgt else torch.zeros(0, dtype=torch.long)
+        return self.input_ids.reshape(-1)[self.logit_positions() + 1]
+
+    @property
+    def tokens(self) -> int:
+        """Real (non-padding) tokens."""
+        return sum(s.prompt_len + s.response_len for s in self.spans)
 
 
 def plan_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
     """First-fit decreasing: lists of indices whose lengths sum to <= budget (or one long item)."""
-    if budget < 1:
-        raise ValueError(f"micro_batch_tokens must be >= 1, got {budget}")
+    _check_budget(budget)
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
     room: list[int] = []
@@ -63,11 +84,38 @@ def plan_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return [sorted(b) for b in bins]
 
 
-def pack_sequences(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], budget: int) -> list[PackedRow]:
-    """(prompt_ids, response_ids) pairs -> packed rows. Prompts must be non-empty."""
+def plan_buckets(lengths: Sequence[int], budget: int, min_fill: float = MIN_FILL) -> list[list[int]]:
+    """Length-sorted buckets: each holds n sequences with n x (its longest) <= budget (or one long
+    item) and no member shorter than `min_fill` x its longest; longest first within a bucket."""
+    _check_budget(budget)
+    if not 0.0 <= min_fill <= 1.0:
+        raise ValueError(f"min_fill must be in [0, 1], got {min_fill}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    buckets: list[list[int]] = []
+    for i in order:
+        cur = buckets[-1] if buckets else None
+        if (cur is None or (len(cur) + 1) * lengths[cur[0]] > budget
+                or lengths[i] < min_fill * lengths[cur[0]]):
+            buckets.append([i])
+        else:
+            cur.append(i)
+    return buckets
+
+
+def _check_budget(budget: int) -> None:
+    if budget < 1:
+        raise ValueError(f"micro_batch_tokens must be >= 1, got {budget}")
+
+
+def _check_prompts(seqs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
     for i, (p, _) in enumerate(seqs):
         if len(p) == 0:
             raise ValueError(f"sequence {i}: empty prompt_ids (the first response token needs a context)")
+
+
+def pack_sequences(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], budget: int) -> list[PackedRow]:
+    """(prompt_ids, response_ids) pairs -> packed `[1, T]` rows. Prompts must be non-empty."""
+    _check_prompts(seqs)
     lengths = [len(p) + len(r) for p, r in seqs]
     rows = []
     for members in plan_bins(lengths, budget):
@@ -82,3 +130,32 @@ def pack_sequences(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], budget: 
         rows.append(PackedRow(torch.tensor([ids], dtype=torch.long),
                               torch.tensor([pos], dtype=torch.long), spans))
     return rows
+
+
+def pad_sequences(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], budget: int,
+                  min_fill: float = MIN_FILL, pad_id: int = 0) -> list[PackedRow]:
+    """(prompt_ids, response_ids) pairs -> right-padded `[B, L]` buckets (`plan_buckets`).
+    `pad_id` only has to be a valid token id: padding sits after every real token of its row."""
+    _check_prompts(seqs)
+    lengths = [len(p) + len(r) for p, r in seqs]
+    rows = []
+    for members in plan_buckets(lengths, budget, min_fill):
+        width = lengths[members[0]]
+        ids = torch.full((len(members), width), pad_id, dtype=torch.long)
+        spans = []
+        for b, i in enumerate(members):
+            p, r = seqs[i]
+            ids[b, :lengths[i]] = torch.tensor(list(p) + list(r), dtype=torch.long)
+            spans.append(Span(i, 0, len(p), len(r), row=b))
+        pos = torch.arange(width, dtype=torch.long).expand(len(members), width).contiguous()
+        rows.append(PackedRow(ids, pos, spans))
+    return rows
+
+
+def micro_batches(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], budget: int, layout: str) -> list[PackedRow]:
+    """The micro-batches of `seqs` in `layout` (one of `LAYOUTS`)."""
+    if layout == "packed":
+        return pack_sequences(seqs, budget)
+    if layout == "padded":
+        return pad_sequences(seqs, budget)
+    raise ValueError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")

@@ -28,6 +28,11 @@ mini-batches see a moved policy and Clip-Higher acts. The LR schedule advances o
 update() call that took an optimizer step (one RL step), like verl; the trainer skips update()
 altogether on a step with nothing left after filtering.
 
+Attention: each trajectory attends only to itself, never across a micro-batch
+(`train.attn_implementation`, rl/attention.py): flash-attn's variable-length kernel over packed
+rows on GPU, else SDPA's causal kernel over length-bucketed padded rows (rl/packing.py). The
+update and the proximal pass use the same layout.
+
 Log-probs: only the loss positions of each packed row are scored (tool-response tokens never
 reach the LM head), `logprob_chunk_tokens` at a time, from the decoder's last hidden states
 (rl/logprobs.py): the head's peak memory is chunk x vocab, not micro-batch x vocab.
@@ -42,10 +47,11 @@ import numpy as np
 import torch
 
 from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.attention import LAYOUT_OF, resolve_attention
 from rstar2_cli.rl.logprobs import final_hidden_states, head_weight, token_logprobs, token_logprobs_with_loss
 from rstar2_cli.rl.model_load import build_policy_model, place_model
 from rstar2_cli.rl.loss import LossStats, clip_higher_loss, loss_stats, tis_weights
-from rstar2_cli.rl.packing import PackedRow, pack_sequences
+from rstar2_cli.rl.packing import LAYOUTS, PackedRow, micro_batches
 from rstar2_cli.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:  # only for annotations: benchmarks/gpu_smoke.py runs this without pydantic
@@ -95,9 +101,12 @@ class PolicyTrainer:
     def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, loss_cfg: LossConfig, *,
                  micro_batch_tokens: int, ppo_mini_batches: int = 1, dual_clip: float | None = None,
                  model=None, info: rl_dist.DistInfo | None = None, logprob_chunk_tokens: int = 1024,
-                 max_staleness: int = 0):
+                 max_staleness: int = 0, attn_implementation: str = "auto", layout: str | None = None):
         """`info`: this process's ranks and device, from `rl_dist.setup_distributed()` (the
-        caller's entry point starts torch.distributed); default: the process as it stands."""
+        caller's entry point starts torch.distributed); default: the process as it stands.
+        `attn_implementation`: see rl/attention.py. `layout`: the micro-batch layout, by default the
+        one that goes with the kernel; `benchmarks/bench_update.py` sets "packed" under SDPA to
+        measure the dense-mask baseline."""
         if ppo_mini_batches < 1:
             raise ValueError(f"ppo_mini_batches must be >= 1, got {ppo_mini_batches}")
         self.model_cfg, self.optim_cfg, self.loss_cfg = model_cfg, optim_cfg, loss_cfg
@@ -110,13 +119,18 @@ class PolicyTrainer:
         self.device = self.info.device
         self.dtype = compute_dtype(model_cfg.dtype, self.device)
         self.sharded = self.info.world_size > 1
+        self.attention = resolve_attention(attn_implementation, self.device, self.dtype)
+        if layout is not None and layout not in LAYOUTS:
+            raise ValueError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+        self.layout = layout or LAYOUT_OF[self.attention.implementation]
         mp = None
         if self.sharded:
             from torch.distributed.fsdp import MixedPrecisionPolicy
 
             mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
         placing = dict(sharded=self.sharded, device=self.device, mp_policy=mp,
-                       gradient_checkpointing=model_cfg.gradient_checkpointing)
+                       gradient_checkpointing=model_cfg.gradient_checkpointing,
+                       attn_implementation=self.attention.implementation)
         # Sharded: built on the meta device, only this rank's shards read (rl/model_load.py).
         self.model = (build_policy_model(model_cfg.path, **placing) if model is None
                       else place_model(model, **placing))
@@ -137,7 +151,7 @@ class PolicyTrainer:
         where `select` is true (span after span); call under `_autocast`."""
         hidden = final_hidden_states(self.model, row.input_ids.to(self.device), row.position_ids.to(self.device))
         positions = row.logit_positions()[select.cpu()].to(self.device)
-        return hidden[0, positions], head_weight(self.model), row.target_ids()[select.cpu()].to(self.device)
+        return hidden.reshape(-1, hidden.shape[-1])[positions], head_weight(self.model), row.target_ids()[select.cpu()].to(self.device)
 
     def _dummy_pass(self, backward: bool) -> None:
         """A zero-weighted pass so this rank joins the FSDP collectives of the other ranks."""
@@ -148,7 +162,7 @@ class PolicyTrainer:
             (out.logits.float().sum() * 0.0).backward()
 
     def _rows(self, batch: Sequence[Trajectory]) -> list[PackedRow]:
-        return pack_sequences([(t.prompt_ids, t.response_ids) for t in batch], self.micro_batch_tokens)
+        return micro_batches([(t.prompt_ids, t.response_ids) for t in batch], self.micro_batch_tokens, self.layout)
 
     def _aligned_count(self, n: int) -> int:
         return int(rl_dist.all_reduce_max([float(n)], self.device)[0])

@@ -73,7 +73,10 @@ class RLTrainer:
         self.policy = PolicyTrainer(cfg.model, cfg.optim, cfg.loss, micro_batch_tokens=cfg.train.micro_batch_tokens,
                                     ppo_mini_batches=cfg.train.ppo_mini_batches, dual_clip=cfg.loss.dual_clip,
                                     info=self.info, logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
-                                    max_staleness=cfg.train.max_staleness)
+                                    max_staleness=cfg.train.max_staleness,
+                                    attn_implementation=cfg.train.attn_implementation)
+        if self.info.is_main:
+            log.info("attention: %s", self.policy.attention.reason)
         self.sampler = DataSampler(len(self.problems), min(cfg.train.prompts_per_step, len(self.problems)),
                                    seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         self.step = 0

@@ -3,7 +3,17 @@
 The dataset is tokenized here (ids + assistant masks from `masks.py`) and handed to TRL
 pre-tokenized, so SFT and RL see identical token layouts and TRL only builds labels (-100 where
 the mask is 0), batches, packs (`packing: true`, best-fit-decreasing, padding-free with per-document
-position ids) and trains. LoRA goes through PEFT; with `lora.merge` the saved adapter is merged
+position ids) and trains.
+
+Packing needs flash-attn: a packed row reaches the model as `position_ids` with no mask, which
+`flash_attention_2` turns into variable-length sequences (`cu_seqlens`), but for which SDPA gets a
+dense block-diagonal `[1, 1, T, T]` mask from transformers and computes all T^2 blocks (the RL
+update's layouts, rl/packing.py, have the figures). So `packing: true` is honoured only where
+`attn_implementation` resolves to `flash_attention_2` (rstar2_cli/rl/attention.py); under SDPA the
+conversations are batched with padding instead (padding-only masks, no cross-document blocks),
+with a warning, and `info["packing"]` says which ran.
+
+LoRA goes through PEFT; with `lora.merge` the saved adapter is merged
 into a fresh copy of the base model on the main process and saved as a plain HF folder
 (`out_dir/final`) that vLLM serves, so merging works the same after FSDP training.
 
@@ -112,6 +122,7 @@ def build_sft_trainer(cfg: SftConfig, *, progress: bool = False):
     from trl import SFTTrainer
 
     from rstar2_cli.protocol.template import install_chat_template
+    from rstar2_cli.rl.attention import choose_attention, flash_attention_available
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
@@ -124,8 +135,15 @@ def build_sft_trainer(cfg: SftConfig, *, progress: bool = False):
                                               force_reason=cfg.force_reason)
     on_gpu = torch.cuda.is_available()
     dtype, bf16 = _precision(cfg, on_gpu)
-    args = _training_args(cfg, on_gpu=on_gpu, bf16=bf16, world=world)   # first: it sets up torch.distributed
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
+    attention = choose_attention(cfg.attn_implementation, "cuda" if on_gpu else "cpu",
+                                 torch.bfloat16 if bf16 else dtype, on_gpu and flash_attention_available())
+    packing = cfg.packing and attention.layout == "packed"
+    if main and cfg.packing and not packing:
+        Console(stderr=True).print(f"[yellow]warning[/]: packing: true needs flash_attention_2 (under sdpa a packed "
+                                   f"row attends through a dense T x T mask); training padded batches: {attention.reason}")
+    args = _training_args(cfg.model_copy(update={"packing": packing}), on_gpu=on_gpu, bf16=bf16,
+                          world=world)   # first: it sets up torch.distributed
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype, attn_implementation=attention.implementation)
     peft_config = None
     if cfg.lora.r > 0:
         from peft import LoraConfig
@@ -139,7 +157,7 @@ def build_sft_trainer(cfg: SftConfig, *, progress: bool = False):
 
         trainer.remove_callback(PrinterCallback)     # the rich bar shows the loss instead of raw dicts
         trainer.add_callback(_rich_progress_callback())
-    info = {"examples": len(dataset), "dropped": dropped,
+    info = {"examples": len(dataset), "dropped": dropped, "packing": packing, "attention": attention.implementation,
             "global_batch": cfg.per_device_batch_size * args.gradient_accumulation_steps * world}
     if main and info["global_batch"] != cfg.batch_size:
         Console(stderr=True).print(f"[yellow]warning[/]: batch_size {cfg.batch_size} is not a multiple of "
@@ -183,6 +201,7 @@ def run_sft(cfg: SftConfig, *, progress: bool = True) -> dict[str, Any]:
     summary = {
         "final_checkpoint": str(final) if (not lora or cfg.lora.merge) else str(out / "adapter"),
         "examples": info["examples"], "dropped_too_long": info["dropped"], "global_batch": info["global_batch"],
+        "packing": info["packing"], "attention": info["attention"],
         "steps": trainer.state.global_step, "train_loss": result.training_loss,
         "first_logged_loss": losses[0] if losses else None, "last_logged_loss": losses[-1] if losses else None,
         "lora": lora, "settings": cfg.model_dump(mode="json"),

@@ -75,6 +75,8 @@ def test_grpo_config_matches_the_recipe_where_trl_allows(tmp_path):
     assert cfg.generation_batch_size == 32 and cfg.num_generations == 4 and cfg.num_iterations == 1
     assert cfg.max_completion_length == 200 and cfg.max_tool_calling_iterations == 3
     assert cfg.learning_rate == 3e-4 and cfg.lr_scheduler_type == "constant"
+    assert cfg.weight_decay == 0.0 and tb.grpo_config(tb.TrlRunSpec(**{**spec.__dict__, "weight_decay": 0.01}),
+                                                      tmp_path).weight_decay == 0.01
     with pytest.raises(ValueError, match="micro-batches"):
         tb.grpo_config(tb.TrlRunSpec(**{**spec.__dict__, "prompts_per_step": 3, "group_size": 2}), tmp_path)
 
@@ -86,8 +88,12 @@ def test_smoke_comparison_runs_both_trainers_and_reports(tmp_path):
 
     out = tmp_path / "bench"
     result = bench_vs_trl.main(["--smoke", "--out", str(out), "--json", str(tmp_path / "r.json")])
-    assert set(result["rows"]) == set(bench_vs_trl.ROWS)
+    assert set(result["rows"]) == set(bench_vs_trl.DEFAULT_ROWS)
+    assert "NCCL" in result["rows"]["trl_async"]["unavailable"]          # CPU: one line why, no curve
     for name, row in result["rows"].items():
+        if name == "trl_async":
+            continue
+        assert row["weight_decay"] == bench_vs_trl.WEIGHT_DECAY, name      # the same on every row
         assert len(row["steps"]) == 2, name
         assert [p["step"] for p in row["heldout"]] == [0, 1, 2], name
         assert all(0.0 <= p["accuracy"] <= 1.0 for p in row["heldout"])
@@ -96,8 +102,10 @@ def test_smoke_comparison_runs_both_trainers_and_reports(tmp_path):
         st = row["steps"][-1]
         assert st["step_seconds"] > 0 and st["generation"] > 0 and st["update"] >= 0
     assert "colocate" in result["rows"]["trl_sandbox"]["generation_backend"]   # TRL's recommended set-up
+    assert result["rows"]["rstar2_k1"]["max_staleness"] == 1
     cmp = result["comparison"]
-    assert "step_time_ratio" in cmp["trl_sandbox"] and "accuracy_at_rstar2_budget" in cmp["trl_subprocess"]
+    assert "step_time_ratio" in cmp["trl_sandbox"] and "accuracy_at_rstar2_budget" in cmp["rstar2_k1"]
+    assert "trainer_idle_frac" in cmp["rstar2_k1"]["mean_step"]
     assert json.loads((tmp_path / "r.json").read_text())["config"]["rl_steps"] == 2
     assert (out / "accuracy_vs_minutes.png").stat().st_size > 5_000
 
@@ -109,3 +117,19 @@ def test_accuracy_at_a_budget_is_the_last_point_reached_or_the_start():
                        {"seconds": 90.0, "accuracy": 0.7}]}
     # the start point's clock includes set-up: a budget that ends before it still means "the start"
     assert [bench_vs_trl.accuracy_at(row, s) for s in (28.0, 61.0, 100.0)] == [0.1, 0.5, 0.7]
+
+
+def test_a_row_that_cannot_run_says_why_and_the_table_still_prints(capsys):
+    import bench_vs_trl
+
+    point = {"step": 0, "seconds": 1.0, "accuracy": 0.4}
+    base = {"generation_backend": "vLLM (x)", "setup_seconds": 1.0, "heldout": [point, {**point, "step": 2,
+            "seconds": 60.0, "accuracy": 0.95}], "steps": [{"step_seconds": 30.0, "generation": 10.0, "tools": 0.1,
+                                                            "reward": 0.1, "update": 19.0}] * 2}
+    rows = {"rstar2": base, "trl_async": {"unavailable": bench_vs_trl.trl_async_unavailable(cuda=False)},
+            "trl_sandbox": {"failed": "exit 1: AttributeError: boom"}}
+    result = {"config": {"seed": 0, "prompts_per_step": 8, "group_size": 4}, "options": {"weight_decay": 0.01},
+              "rows": rows, "comparison": bench_vs_trl.compare(rows)}
+    bench_vs_trl.print_table(result)
+    out = capsys.readouterr().out
+    assert "could not run" in out and "NCCL" in out and "boom" in out and "weight decay 0.01" in out
