@@ -51,12 +51,13 @@ TORCHRUN_SHUTDOWN_MARGIN_S = 30
 
 
 class Preempted(Exception):
-    """The run stopped on a preemption signal; `checkpoint` is the folder written (None: none was
-    needed, no step ran since the last one)."""
+    """The run stopped on a preemption signal after step `step`; `checkpoint` holds that step
+    (written for the signal, or the periodic one of that very step; None: no step ran and there
+    is no checkpoint, a resumed run starts fresh)."""
 
     def __init__(self, step: int, checkpoint, signal_name: str):
         self.step, self.checkpoint, self.signal_name = step, checkpoint, signal_name
-        where = f"checkpoint {checkpoint}" if checkpoint is not None else "no new step to checkpoint"
+        where = f"checkpoint {checkpoint}" if checkpoint is not None else "no step ran, no checkpoint"
         super().__init__(f"preempted by {signal_name} after step {step}: {where}; "
                          f"continue with `rstar2 rl --resume auto`")
 

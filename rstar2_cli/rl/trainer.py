@@ -122,6 +122,7 @@ class RLTrainer:
         engine_weights = cfg.model.path
         mode = resume_mode(resume)
         ckpt = checkpoint.latest_checkpoint(self.out_dir) if mode else None
+        self.last_checkpoint: Path | None = ckpt
         if mode == "latest" and ckpt is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {self.out_dir}")
         if ckpt is not None:
@@ -247,6 +248,7 @@ class RLTrainer:
             extra["async_pending"] = pending
         checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step, self.rng,
                                    final=final, extra=extra)
+        self.last_checkpoint = target
         return target
 
     def train(self) -> Path:
@@ -263,7 +265,8 @@ class RLTrainer:
                 self.writer.write(0, {"step": 0.0, **self.validate()})
             while self.step < self.cfg.train.steps:
                 if watch.agreed():   # every rank, every step boundary: all stop at the same step
-                    raise Preempted(self.step, self.save() if self.step != on_disk else None, watch.signal_name)
+                    raise Preempted(self.step, self.save() if self.step != on_disk else self.last_checkpoint,
+                                    watch.signal_name)
                 self.train_step()
                 if self.nonfinite["streak"] >= self.cfg.train.max_nonfinite_steps:
                     saved = self.save()
