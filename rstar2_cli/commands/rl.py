@@ -110,6 +110,12 @@ def register(app: typer.Typer) -> None:
             except MemoryPlanError as e:
                 fail(str(e))
             plan = dataclasses.replace(plan, memory=build_memory_plan(memory_spec_for(cfg, plan, gib, gpu_name)))
+        if plan.launch_mode == "torchrun":   # torchrun forwards SIGUSR1 too and waits for the checkpoint
+            from rstar2_cli.rl.preemption import torchrun_env
+
+            extra = tuple(torchrun_env(cfg.train.preempt_grace_s).items())
+            plan = dataclasses.replace(plan, nodes=tuple(dataclasses.replace(n, env=n.env + extra)
+                                                         for n in plan.nodes))
         k = cfg.train.max_staleness
         if k:
             where = ("their own GPUs" if gpus else "vLLM's engine-core process, beside the trainer on the same cores")

@@ -7,7 +7,8 @@ executes the same code as a CPU run: `run`, which the one-device launch calls in
 Exit codes, of a trainer process and of `rstar2 rl`: 0 done; 75 (`PREEMPTED_EXIT_CODE`) stopped
 by SIGTERM/SIGUSR1 after a checkpoint, continue with `--resume auto` (`rl/preemption.py`); 1 the
 run aborted (`RunAborted`: one line saying why); 2 a bad recipe. The node launcher forwards
-SIGTERM and SIGUSR1 to torchrun, which forwards them to its workers.
+SIGTERM and SIGUSR1 to torchrun, which forwards them to its workers (the plan's node environment,
+`preemption.torchrun_env`, tells it to).
 """
 from __future__ import annotations
 
@@ -82,7 +83,6 @@ def launch(plan, cfg, *, resume: bool | str, console, node_rank: int | None = No
     several (given, or SLURM_NODEID); else print every node's command. Returns the exit code
     (module docstring)."""
     from rstar2_cli.launch.plan_view import command_lines
-    from rstar2_cli.rl.preemption import torchrun_env
 
     if plan.launch_mode == "direct":
         code, final = run_for_exit_code(cfg, resume=resume)
@@ -92,8 +92,7 @@ def launch(plan, cfg, *, resume: bool | str, console, node_rank: int | None = No
     if len(plan.nodes) == 1 or node_rank is not None:
         node = plan.nodes[node_rank or 0]
         console.print(f"launching node {node.node_rank}: {node.command}")
-        env = {**os.environ, **torchrun_env(cfg.train.preempt_grace_s), **dict(node.env)}
-        return call_forwarding_signals(list(node.launch), env)
+        return call_forwarding_signals(list(node.launch), {**os.environ, **dict(node.env)})
     console.print("[bold]Run these on each node[/] (sandbox cluster first):")
     for line in command_lines(plan):
         console.print(line, soft_wrap=True)

@@ -22,9 +22,10 @@ What happens, in order:
 
 A run whose last step finishes after the signal ends normally (exit 0): nothing is left to run.
 
-Under torchrun the node launcher (`rl/launch_entry.py`) forwards SIGTERM and SIGUSR1 to torchrun
-and tells torchrun (`TORCHRUN_ENV`) to pass SIGUSR1 on to the workers too (it passes SIGTERM by
-default) and to wait `preempt_grace_s` plus a margin before its SIGKILL (its default is 30 s).
+Under torchrun the node launcher (`rl/launch_entry.py`) forwards SIGTERM and SIGUSR1 to torchrun,
+and each node's command carries `torchrun_env` (`rstar2 rl` adds it to the plan): torchrun passes
+SIGUSR1 on to the workers too (it passes SIGTERM by default) and waits `preempt_grace_s` plus a
+margin before its SIGKILL (its default is 30 s).
 
 Not handled: the vLLM engine processes take the signal's default action if they receive it
 themselves (SIGTERM sent to every process of a job, as SLURM does on preemption); a step whose

@@ -169,3 +169,15 @@ def test_fault_injection_steps_from_the_environment():
     assert fault_steps({FAULT_NONFINITE_ENV: "2, 5"}) == {2, 5}
     with pytest.raises(ValueError, match=FAULT_NONFINITE_ENV):
         fault_steps({FAULT_NONFINITE_ENV: "two"})
+
+
+def test_every_node_command_tells_torchrun_to_forward_usr1_and_wait_for_the_checkpoint():
+    from typer.testing import CliRunner
+
+    from rstar2_cli.cli import app
+
+    out = CliRunner().invoke(app, ["rl", "--stage", "1", "--gpus", "16", "--nodes", "2", "--master-addr", "h",
+                                   "--set", "train.preempt_grace_s=100", "--dry-run"], terminal_width=400)
+    assert out.exit_code == 0, out.output
+    assert out.output.count("PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1") == 2
+    assert out.output.count("PET_SHUTDOWN_TIMEOUT=130") == 2
