@@ -21,6 +21,9 @@ What happens, in order:
      checkpoint (a checkpoint becomes `latest` only once complete: `checkpoint.py`).
 
 A run whose last step finishes after the signal ends normally (exit 0): nothing is left to run.
+The step in progress is finished, never abandoned half-way (its rollout, update and weight push
+are not interrupted), so `preempt_grace_s` must cover one step and one checkpoint; the recipe's
+default (600 s) is sized for that, and item 4 bounds what a longer step costs.
 
 Under torchrun the node launcher (`rl/launch_entry.py`) forwards SIGTERM and SIGUSR1 to torchrun,
 and each node's command carries `torchrun_env` (`rstar2 rl` adds it to the plan): torchrun passes

@@ -279,12 +279,14 @@ class RLTrainer:
                     on_disk = self.step
             return self.save(final=True)
         finally:
-            watch.uninstall()
             try:
                 self.writer.plot()
             except Exception as e:   # a missing plotting backend must not hide the run's own outcome
                 log.warning("curves.png not written: %r", e)
-            self.close()
+            try:
+                self.close()
+            finally:                 # after close: a shutdown that hangs past the grace still exits 75
+                watch.uninstall()
 
 
 def train(cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = True,
