@@ -181,3 +181,28 @@ def test_every_node_command_tells_torchrun_to_forward_usr1_and_wait_for_the_chec
     assert out.exit_code == 0, out.output
     assert out.output.count("PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1") == 2
     assert out.output.count("PET_SHUTDOWN_TIMEOUT=130") == 2
+
+
+@pytest.mark.parametrize("raised,code", [("preempted", PREEMPTED_EXIT_CODE), ("aborted", 1), ("done", 0)])
+def test_a_trainer_process_exits_with_the_outcome_code_and_one_line(tmp_path, monkeypatch, capsys, raised, code):
+    from rstar2_cli.config import RecipeConfig, dump_recipe
+    from rstar2_cli.rl import launch_entry
+    from rstar2_cli.rl.preemption import Preempted
+    from rstar2_cli.rl.trainer import RunAborted
+
+    def fake_run(cfg, *, resume):
+        assert resume == "auto"
+        if raised == "preempted":
+            raise Preempted(3, tmp_path / "step_000003", "SIGUSR1")
+        if raised == "aborted":
+            raise RunAborted("step 5: 3 steps in a row with a non-finite loss")
+        return tmp_path / "final"
+
+    monkeypatch.setattr(launch_entry, "run", fake_run)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(dump_recipe(RecipeConfig()))
+    assert launch_entry.main(["--config", str(recipe), "--resume", "auto"]) == code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == (0 if raised == "done" else 1)
+    if raised == "preempted":
+        assert "preempted by SIGUSR1 after step 3" in err and "--resume auto" in err
