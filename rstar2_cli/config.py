@@ -178,6 +178,11 @@ class TrainConfig(_Section):
     eval_sets: list[str] = Field(default_factory=lambda: ["aime24"], min_length=1)  # names or .jsonl files
     eval_samples: int = Field(1, ge=1)                # k of avg@k per held-out problem
     eval_before_train: bool = True                    # also a point at step 0 (when eval_every > 0)
+    # faults (rl/preemption.py, rl/trainer.py)
+    preempt_grace_s: float = Field(600.0, gt=0.0)     # SIGTERM/SIGUSR1 -> finish the step and checkpoint within this;
+                                                      # past it exit 75 without it (the sbatch's --signal lead is larger)
+    max_nonfinite_steps: int = Field(3, ge=1)         # NaN/inf loss or grad norm skips the optimizer step; this many
+                                                      # in a row checkpoint and abort (a diverged run, not one bad batch)
 
 
 class RecipeConfig(_Section):

@@ -7,12 +7,34 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from rstar2_cli.commands import checks, fail
 
+RESUME_VALUES = ("latest", "auto")
+
+
+def with_resume_default(args: list[str]) -> list[str]:
+    """`--resume` with its optional value spelled out: a bare `--resume` (not followed by one of
+    RESUME_VALUES) means `--resume latest`, so `--resume`, `--resume auto` and `--resume=auto`
+    all parse (click options take a value or none, not both)."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        out.append(arg)
+        if arg == "--resume" and (i + 1 >= len(args) or args[i + 1] not in RESUME_VALUES):
+            out.append("latest")
+    return out
+
+
+class _RlCommand(TyperCommand):
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, with_resume_default(list(args)))
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("rl")
+    @app.command("rl", cls=_RlCommand)
     def rl_cmd(
         recipe: Optional[str] = typer.Argument(None, help="recipe YAML (default: recipes/stageN.yaml for --stage N)"),
         stage: Optional[int] = typer.Option(None, "--stage", min=1, max=3, help="paper stage 1, 2 or 3"),
@@ -32,7 +54,10 @@ def register(app: typer.Typer) -> None:
                                                   help="GPUs (over all nodes) that hold only engines, with "
                                                        "engine.colocate=false; the rest train"),
         redis_url: Optional[str] = typer.Option(None, "--redis", help="sandbox cluster queue for multi-node runs"),
-        resume: bool = typer.Option(False, "--resume", help="continue from the latest checkpoint in train.out_dir"),
+        resume: Optional[str] = typer.Option(
+            None, "--resume", metavar="[latest|auto]",
+            help="continue from the latest checkpoint in train.out_dir (`--resume`: it must exist); "
+                 "`--resume auto`: from it if there is one, else start fresh (a requeued job)"),
         dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and launch plan, run nothing"),
         gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory",
                                                  help="GiB per GPU for the memory table, or mi300x (192), h100 (80), "
@@ -51,13 +76,15 @@ def register(app: typer.Typer) -> None:
         from rstar2_cli.rl.stages import resolve_stage_recipe
 
         console = Console()
+        if resume is not None and resume not in RESUME_VALUES:
+            fail(f"--resume {resume!r}: expected {' or '.join(RESUME_VALUES)} (or no value: latest)")
         try:
             cfg = resolve_stage_recipe(recipe, stage, list(overrides), on_gpu=gpus > 0)
         except ConfigError as e:
             fail(str(e))
 
         resolved_path = Path(cfg.train.out_dir) / "resolved_recipe.yaml"
-        entry_args = ["--config", str(resolved_path)] + (["--resume"] if resume else [])
+        entry_args = ["--config", str(resolved_path)] + (["--resume", resume] if resume else [])
         try:
             sizes = resolve_launch(gpus, nodes=nodes, gpus_per_node=gpus_per_node, node_rank=node_rank,
                                    master_addr=master_addr)
@@ -83,6 +110,12 @@ def register(app: typer.Typer) -> None:
             except MemoryPlanError as e:
                 fail(str(e))
             plan = dataclasses.replace(plan, memory=build_memory_plan(memory_spec_for(cfg, plan, gib, gpu_name)))
+        if plan.launch_mode == "torchrun":   # torchrun forwards SIGUSR1 too and waits for the checkpoint
+            from rstar2_cli.rl.preemption import torchrun_env
+
+            extra = tuple(torchrun_env(cfg.train.preempt_grace_s).items())
+            plan = dataclasses.replace(plan, nodes=tuple(dataclasses.replace(n, env=n.env + extra)
+                                                         for n in plan.nodes))
         k = cfg.train.max_staleness
         if k:
             where = ("their own GPUs" if gpus else "vLLM's engine-core process, beside the trainer on the same cores")

@@ -1,8 +1,14 @@
 """What `rstar2 rl` runs: directly in this process, under torchrun, or printed for each node.
 
-`python -m rstar2_cli.rl.launch_entry --config resolved_recipe.yaml [--resume]` is the module
-torchrun starts on every rank (see `rstar2_cli/launch/topology.py`), so a multi-GPU run executes
-the same code as a CPU run: `run`, which the one-device launch calls in-process too.
+`python -m rstar2_cli.rl.launch_entry --config resolved_recipe.yaml [--resume [auto]]` is the
+module torchrun starts on every rank (see `rstar2_cli/launch/topology.py`), so a multi-GPU run
+executes the same code as a CPU run: `run`, which the one-device launch calls in-process too.
+
+Exit codes, of a trainer process and of `rstar2 rl`: 0 done; 75 (`PREEMPTED_EXIT_CODE`) stopped
+by SIGTERM/SIGUSR1 after a checkpoint, continue with `--resume auto` (`rl/preemption.py`); 1 the
+run aborted (`RunAborted`: one line saying why); 2 a bad recipe. The node launcher forwards
+SIGTERM and SIGUSR1 to torchrun, which forwards them to its workers (the plan's node environment,
+`preemption.torchrun_env`, tells it to).
 """
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import sys
 from pathlib import Path
 
 
-def run(cfg, *, resume: bool) -> Path:
+def run(cfg, *, resume: bool | str) -> Path:
     """What every trainer process runs: start torch.distributed (`rl/dist.py`; a no-op without
     torchrun), check the recipe's placement for the device this process got (`config.py`: a
     ConfigError), then train. Returns the final checkpoint folder."""
@@ -26,24 +32,67 @@ def run(cfg, *, resume: bool) -> Path:
     return train(cfg, resume=resume)
 
 
-def launch(plan, cfg, *, resume: bool, console, node_rank: int | None = None) -> int:
-    """Run the plan: in-process for one device; torchrun on one node, or on node `node_rank` of
-    several (given, or SLURM_NODEID); else print every node's command."""
+def run_for_exit_code(cfg, *, resume: bool | str, quiet: bool = False) -> tuple[int, Path | None]:
+    """`run`, its outcome as (exit code, final checkpoint or None); the reason of a non-zero
+    code is printed as one line on stderr (unless `quiet`: ranks other than 0 say nothing)."""
     from rstar2_cli.config import ConfigError
+    from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, Preempted
+    from rstar2_cli.rl.trainer import RunAborted
+
+    code, why = 0, None
+    try:
+        return 0, run(cfg, resume=resume)
+    except ConfigError as e:
+        code, why = 2, f"error: {e}"
+    except Preempted as e:
+        code, why = PREEMPTED_EXIT_CODE, str(e)
+    except RunAborted as e:
+        code, why = 1, f"error: {e}"
+    if not quiet:
+        print(why, file=sys.stderr, flush=True)
+    return code, None
+
+
+def call_forwarding_signals(argv: list[str], env: dict[str, str]) -> int:
+    """Run `argv` (torchrun) and wait for it, passing SIGTERM and SIGUSR1 on to it; if one came,
+    the exit code is PREEMPTED_EXIT_CODE unless it succeeded (torchrun itself exits non-zero
+    when it is signalled, whatever its workers did)."""
+    import signal
+
+    from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS
+
+    proc = subprocess.Popen(argv, env=env)
+    got: list[int] = []
+
+    def forward(signum, frame):
+        got.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in PREEMPTION_SIGNALS}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return PREEMPTED_EXIT_CODE if got and code != 0 else code
+
+
+def launch(plan, cfg, *, resume: bool | str, console, node_rank: int | None = None) -> int:
+    """Run the plan: in-process for one device; torchrun on one node, or on node `node_rank` of
+    several (given, or SLURM_NODEID); else print every node's command. Returns the exit code
+    (module docstring)."""
     from rstar2_cli.launch.plan_view import command_lines
 
     if plan.launch_mode == "direct":
-        try:
-            final = run(cfg, resume=resume)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        console.print(f"[green]done[/]: final checkpoint {final}")
-        return 0
+        code, final = run_for_exit_code(cfg, resume=resume)
+        if final is not None:
+            console.print(f"[green]done[/]: final checkpoint {final}")
+        return code
     if len(plan.nodes) == 1 or node_rank is not None:
         node = plan.nodes[node_rank or 0]
         console.print(f"launching node {node.node_rank}: {node.command}")
-        return subprocess.call(list(node.launch), env={**os.environ, **dict(node.env)})
+        return call_forwarding_signals(list(node.launch), {**os.environ, **dict(node.env)})
     console.print("[bold]Run these on each node[/] (sandbox cluster first):")
     for line in command_lines(plan):
         console.print(line, soft_wrap=True)
@@ -53,16 +102,17 @@ def launch(plan, cfg, *, resume: bool, console, node_rank: int | None = None) ->
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rstar2_cli.rl.launch_entry")
     ap.add_argument("--config", required=True, help="a resolved recipe YAML")
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--resume", nargs="?", const="latest", default=None, choices=("latest", "auto"),
+                    help="latest (the default value): the latest checkpoint; auto: it if there is one, else fresh")
     args = ap.parse_args(argv)
     from rstar2_cli.config import ConfigError, load_recipe
 
     try:
-        run(load_recipe(args.config), resume=args.resume)
+        cfg = load_recipe(args.config)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return 0
+    return run_for_exit_code(cfg, resume=args.resume, quiet=os.environ.get("RANK", "0") != "0")[0]
 
 
 if __name__ == "__main__":

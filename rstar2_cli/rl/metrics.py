@@ -154,6 +154,18 @@ class MetricsWriter:
                 raise RuntimeError("train.wandb is on but wandb is not installed: pip install wandb") from e
             self._wandb = wandb_mod.init(dir=str(out_dir))
 
+    def keep_through(self, step: int | None) -> None:
+        """Drop the rows after `step` (all of them if None): a resumed run writes the steps after
+        its checkpoint again, so the rows a stopped run wrote past it would be doubled."""
+        if not self.enabled or not self.path.is_file():
+            return
+        rows = self.path.read_text().splitlines(keepends=True)
+        kept = [r for r in rows if step is not None and r.strip() and json.loads(r).get("step", 0) <= step]
+        if len(kept) != len(rows):
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text("".join(kept))
+            tmp.replace(self.path)
+
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.enabled:
             return

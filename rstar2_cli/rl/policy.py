@@ -26,7 +26,9 @@ and clipping never fires; only TIS (vLLM vs trainer mismatch) reweights tokens. 
 ppo_mini_batches > 1 or train.max_staleness >= 1 a no-grad pass computes them first; the later
 mini-batches see a moved policy and Clip-Higher acts. The LR schedule advances once per
 update() call that took an optimizer step (one RL step), like verl; the trainer skips update()
-altogether on a step with nothing left after filtering.
+altogether on a step with nothing left after filtering. A mini-batch whose loss or gradient norm
+is NaN or inf takes no optimizer step (`nonfinite_skipped` counts them; the trainer's
+`train.max_nonfinite_steps` ends a run of them).
 
 Attention: each trajectory attends only to itself, never across a micro-batch
 (`train.attn_implementation`, rl/attention.py): flash-attn's variable-length kernel over packed
@@ -40,6 +42,7 @@ reach the LM head), `logprob_chunk_tokens` at a time, from the decoder's last hi
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -227,7 +230,7 @@ class PolicyTrainer:
             raise ValueError(f"{len(batch)} trajectories but {len(advantages)} advantages")
         old = None if self.reuses_update_logprobs else self.compute_logprobs(batch)
         chunks = [list(c) for c in np.array_split(np.arange(len(batch)), self.ppo_mini_batches)]
-        losses, norms, stats, vllm_diff = [], [], LossStats(), [0.0, 0.0]
+        losses, norms, stats, vllm_diff, taken = [], [], LossStats(), [0.0, 0.0], 0
         for chunk in chunks:
             tensors = {i: self._token_tensors(batch[i], advantages[i], None if old is None else old[i]) for i in chunk}
             local_tokens = sum(float(tensors[i].mask.sum()) for i in chunk)
@@ -250,14 +253,23 @@ class PolicyTrainer:
                 if tok.rollout is not None:
                     vllm_diff[0] += float(((old_lp - tok.rollout).abs() * tok.mask).sum())
                     vllm_diff[1] += float(tok.mask.sum())
-            norms.append(self._clip_grad_norm())
-            self.optimizer.step()
+            norm = self._clip_grad_norm()
+            loss_total = rl_dist.all_reduce_sum([loss_sum], self.device)[0]
+            norms.append(norm)
+            losses.append(loss_total)
+            # A NaN/inf loss or gradient norm: no optimizer step, so weights and AdamW moments stay
+            # as they were. Both are global (the norm over every rank's shards, the loss summed), so
+            # every rank decides alike.
+            if math.isfinite(norm) and math.isfinite(loss_total):
+                self.optimizer.step()
+                taken += 1
             self.optimizer.zero_grad(set_to_none=True)
-            losses.append(rl_dist.all_reduce_sum([loss_sum], self.device)[0])
         lr = self.scheduler.get_last_lr()[0]
-        if losses:                       # no optimizer step (no loss token anywhere): no LR step either
+        if taken:                        # no optimizer step (no loss token, or non-finite): no LR step either
             self.scheduler.step()
-        return self._summarise(losses, norms, stats, vllm_diff, lr, len(batch))
+        out = self._summarise(losses, norms, stats, vllm_diff, lr, len(batch))
+        out["optimizer_steps"], out["nonfinite_skipped"] = float(taken), float(len(losses) - taken)
+        return out
 
     def _clip_grad_norm(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)

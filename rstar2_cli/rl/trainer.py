@@ -19,6 +19,17 @@ documented): at k = 0 they run in the step itself, in this order; at k >= 1 they
 ahead, while earlier steps trained. The engines, the sandbox, the weight pusher and the exchange
 of rolled-out shards between nodes are the rollout service's (`rollout_service.py`). Checkpoints
 and metrics stay on rank 0.
+
+Faults: SIGTERM or SIGUSR1 ends the run at the next step boundary with a checkpoint and exit code
+75 (`preemption.py`); `--resume auto` continues from `latest` if there is one, else starts fresh.
+A step whose loss or gradient norm is NaN or inf takes no optimizer step (the same on every rank:
+both are global values, `PolicyTrainer.update`) and is counted (`faults/nonfinite_steps`);
+`train.max_nonfinite_steps` of them in a row checkpoint and abort (`RunAborted`). The checkpoint
+comes first because a skipped step changes neither the weights nor the optimizer state: it holds
+the last finite weights and the data position, so nothing since the last periodic save is lost
+and the run can be resumed with a changed recipe (a lower `optim.lr`, say).
+Fault injection for tests and benchmarks/chaos_rl.py: `RSTAR2_FAULT_NONFINITE_STEPS=3,4` gives
+those (1-based) steps NaN advantages, so their loss and gradients are NaN (read once, at start).
 """
 from __future__ import annotations
 
@@ -37,11 +48,39 @@ from rstar2_cli.rl.rollout_hosts import plan_rollout_host
 
 log = logging.getLogger(__name__)
 
+FAULT_NONFINITE_ENV = "RSTAR2_FAULT_NONFINITE_STEPS"
+RESUME_MODES = ("latest", "auto")
+
+
+class RunAborted(RuntimeError):
+    """A fault the run cannot continue past; the message is one line saying why and what was saved."""
+
+
+def fault_steps(env: dict) -> frozenset[int]:
+    """The 1-based steps `RSTAR2_FAULT_NONFINITE_STEPS` (comma-separated) names; empty if unset."""
+    raw = env.get(FAULT_NONFINITE_ENV, "").strip()
+    try:
+        return frozenset(int(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{FAULT_NONFINITE_ENV}={raw!r}: expected comma-separated step numbers") from None
+
+
+def resume_mode(resume: bool | str | None) -> str | None:
+    """`--resume` as given: True or "latest" (the latest checkpoint, which must exist), "auto"
+    (the latest if there is one, else a fresh start), False/None (a fresh start)."""
+    if resume is True or resume == "latest":
+        return "latest"
+    if resume is False or resume is None:
+        return None
+    if resume == "auto":
+        return "auto"
+    raise ValueError(f"--resume {resume!r}: expected one of {', '.join(RESUME_MODES)}")
+
 
 class RLTrainer:
     """Owns the policy, the rollout side, the data order and the metrics of one RL run."""
 
-    def __init__(self, cfg: RecipeConfig, *, resume: bool = False, progress: bool = True,
+    def __init__(self, cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = True,
                  on_step: Callable[[int, dict], None] | None = None):
         from transformers import AutoTokenizer
 
@@ -80,19 +119,28 @@ class RLTrainer:
         self.sampler = DataSampler(len(self.problems), min(cfg.train.prompts_per_step, len(self.problems)),
                                    seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         self.step = 0
+        self.nonfinite = {"total": 0, "streak": 0}   # steps with a skipped optimizer step: all, in a row
+        self._fault_nonfinite = fault_steps(os.environ)
         saved_pending = None
         engine_weights = cfg.model.path
-        if resume:
-            ckpt = checkpoint.latest_checkpoint(self.out_dir)
-            if ckpt is None:
-                raise FileNotFoundError(f"--resume: no checkpoint under {self.out_dir}")
+        mode = resume_mode(resume)
+        ckpt = checkpoint.latest_checkpoint(self.out_dir) if mode else None
+        self.last_checkpoint: Path | None = ckpt
+        if mode == "latest" and ckpt is None:
+            raise FileNotFoundError(f"--resume: no checkpoint under {self.out_dir}")
+        if ckpt is not None:
             state = checkpoint.load_checkpoint(ckpt, self.policy, self.sampler, reset_optimizer=False)
             self.step = state.step
             self.rng = state.rng if state.rng is not None else self.rng
             engine_weights = str(ckpt)   # a checkpoint folder is a plain HF model folder
             saved_pending = state.extra.get("async_pending")
+            self.nonfinite.update(state.extra.get("nonfinite", {}))
+        elif mode == "auto":
+            log.info("--resume auto: no checkpoint under %s, starting fresh", self.out_dir)
         self.writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, wandb=cfg.train.wandb,
                                     enabled=self.info.is_main, live=progress)
+        if mode:   # rows a stopped run wrote after its last checkpoint are written again by this one
+            self.writer.keep_through(self.step if ckpt is not None else None)
         if self.info.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "resolved_recipe.yaml").write_text(dump_recipe(cfg))
@@ -132,6 +180,8 @@ class RLTrainer:
         # 4. RoC: each group of oversample*G downsampled to G; 5. advantages over the kept G
         roc = select_for_training(batch.trajectories, cfg.roc, cfg.train.group_size, self.rng)
         kept, advantages = roc.trajectories, advantages_for_groups(roc.groups)
+        if self.step + 1 in self._fault_nonfinite:     # fault injection (module docstring)
+            advantages = [float("nan")] * len(advantages)
         update: dict[str, float] = {}
         if kept:
             # 6. the update on this rank's shard (colocated on GPU: the engines sleep meanwhile)
@@ -153,6 +203,7 @@ class RLTrainer:
         metrics = step_metrics(self.step, batch.trajectories, roc, update, timer,
                                max_response_tokens=cfg.rollout.max_response_tokens)
         metrics["train/skipped_empty"] = float(not kept)
+        metrics.update(self._count_nonfinite(update))
         metrics.update(batch.per_node)
         metrics.update(self.pipeline.overlap_metrics(batch, timer.seconds.get("sync", 0.0)))
         if validation_due(cfg, self.step):
@@ -161,6 +212,19 @@ class RLTrainer:
         if self.on_step is not None and self.info.is_main:
             self.on_step(self.step, metrics)
         return metrics
+
+    def _count_nonfinite(self, update: dict[str, float]) -> dict[str, float]:
+        """The streak of steps in a row whose optimizer step was skipped for a NaN/inf loss or
+        gradient norm (a step that trained nothing neither extends nor ends it)."""
+        if update.get("nonfinite_skipped", 0.0) > 0:
+            self.nonfinite["total"] += 1
+            self.nonfinite["streak"] += 1
+            log.warning("step %d: non-finite loss (%s) or gradient norm (%s): optimizer step skipped "
+                        "(%d in a row, train.max_nonfinite_steps=%d)", self.step, update.get("loss"),
+                        update.get("grad_norm"), self.nonfinite["streak"], self.cfg.train.max_nonfinite_steps)
+        elif update.get("optimizer_steps", 0.0) > 0:
+            self.nonfinite["streak"] = 0
+        return {"faults/nonfinite_steps": float(self.nonfinite["total"])}
 
     def validate(self) -> dict[str, float]:
         """Held-out eval of the current policy on rank 0's engine and sandbox (`validation.py`);
@@ -182,31 +246,53 @@ class RLTrainer:
 
         target = self.out_dir / ("final" if final else f"step_{self.step:06d}")
         pending = self.pipeline.checkpoint_state(self.rollouts.gather_from_hosts, self.host.is_host)
+        extra = {"nonfinite": dict(self.nonfinite)}
+        if pending is not None:
+            extra["async_pending"] = pending
         checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step, self.rng,
-                                   final=final, extra=None if pending is None else {"async_pending": pending})
+                                   final=final, extra=extra)
+        self.last_checkpoint = target
         return target
 
     def train(self) -> Path:
-        """Run until train.steps; checkpoint every save_every steps and at the end."""
+        """Run until train.steps; checkpoint every save_every steps and at the end. Raises
+        `preemption.Preempted` after the checkpoint a preemption signal asks for, and
+        `RunAborted` after `train.max_nonfinite_steps` non-finite steps in a row."""
+        from rstar2_cli.rl.preemption import PreemptionWatch, Preempted
         from rstar2_cli.rl.validation import validation_due
 
+        watch = PreemptionWatch(self.cfg.train.preempt_grace_s, self.info.device).install()
+        on_disk = self.step          # the state at the start is the start model or the checkpoint resumed
         try:
             if self.step == 0 and validation_due(self.cfg, 0):
                 self.writer.write(0, {"step": 0.0, **self.validate()})
             while self.step < self.cfg.train.steps:
+                if watch.agreed():   # every rank, every step boundary: all stop at the same step
+                    raise Preempted(self.step, self.save() if self.step != on_disk else self.last_checkpoint,
+                                    watch.signal_name)
                 self.train_step()
+                if self.nonfinite["streak"] >= self.cfg.train.max_nonfinite_steps:
+                    saved = self.save()
+                    raise RunAborted(
+                        f"step {self.step}: {self.nonfinite['streak']} steps in a row with a non-finite loss or "
+                        f"gradient norm (train.max_nonfinite_steps={self.cfg.train.max_nonfinite_steps}); "
+                        f"{saved} holds the last finite weights")
                 if self.step % self.cfg.train.save_every == 0 and self.step < self.cfg.train.steps:
                     self.save()
+                    on_disk = self.step
             return self.save(final=True)
         finally:
             try:
                 self.writer.plot()
             except Exception as e:   # a missing plotting backend must not hide the run's own outcome
                 log.warning("curves.png not written: %r", e)
-            self.close()
+            try:
+                self.close()
+            finally:                 # after close: a shutdown that hangs past the grace still exits 75
+                watch.uninstall()
 
 
-def train(cfg: RecipeConfig, *, resume: bool = False, progress: bool = True,
+def train(cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = True,
           on_step: Callable[[int, dict], None] | None = None) -> Path:
     """Run one RL stage; returns the final checkpoint folder (a plain HF model inside)."""
     return RLTrainer(cfg, resume=resume, progress=progress, on_step=on_step).train()

@@ -95,3 +95,65 @@ def test_every_step_is_given_its_cpus(tmp_path):
     subprocess.run(["bash", str(SBATCH)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
                    check=True)
     assert "--cpus-per-task=96" in next(s for s in log.read_text().splitlines() if "--kill-on-bad-exit=1" in s)
+
+
+def test_asks_for_the_preemption_signal_in_time_and_requeues_on_the_preempted_code():
+    import re
+
+    from rstar2_cli.config import TrainConfig
+    from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE
+
+    lead = re.search(r"^#SBATCH --signal=B:USR1@(\d+)$", TEXT, re.M)
+    assert lead, "no #SBATCH --signal=B:USR1@N line"
+    assert int(lead.group(1)) > TrainConfig().preempt_grace_s     # the step and the checkpoint fit before the kill
+    assert "#SBATCH --requeue" in TEXT and 'scontrol requeue "${SLURM_JOB_ID}"' in TEXT
+    assert f"PREEMPTED_EXIT_CODE={PREEMPTED_EXIT_CODE}\n" in TEXT
+    assert 'RL_CMD+=(--resume "${RESUME}")' in TEXT and 'RESUME="${RESUME:-auto}"' in TEXT
+
+
+def _preemption_stubs(tmp_path, rl_exit_on_usr1: int):
+    """srun runs its command (so signals sent to it reach the task, as srun forwards them); the
+    trainers' `rstar2 rl` records its arguments and exits `rl_exit_on_usr1` on SIGUSR1."""
+    bin_dir, log, ready = tmp_path / "bin", tmp_path / "events.log", tmp_path / "trainers.ready"
+    bin_dir.mkdir()
+    stubs = {
+        "srun": 'while [[ "$1" == -* ]]; do if [[ "$1" == -w ]]; then shift; fi; shift; done\nexec "$@"\n',
+        "scontrol": f'if [[ "$1" == requeue ]]; then echo "requeue $2" >> {log}; else echo n01; fi\n',
+        "redis-cli": "exit 0\n", "python3": "exit 0\n", "redis-server": "exec sleep 120\n",
+        "rstar2": f'''if [[ "$1" == serve-sandbox ]]; then [[ " $* " == *" --check "* ]] && exit 0; exec sleep 120; fi
+if [[ " $* " == *" --dry-run "* ]]; then exit 0; fi
+echo "rl $*" >> {log}
+trap 'echo "trainer got USR1" >> {log}; exit {rl_exit_on_usr1}' USR1
+touch {ready}
+while true; do sleep 0.1; done
+''',
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "n01",
+           "SLURM_CPUS_ON_NODE": "4", "SLURM_JOB_ID": "4242", "HOME": str(tmp_path)}
+    return env, log, ready
+
+
+@pytest.mark.parametrize("rl_exit,requeued", [(75, True), (0, False)])
+def test_usr1_reaches_the_trainers_and_only_a_preempted_exit_requeues(tmp_path, rl_exit, requeued):
+    """SLURM's USR1 to the batch shell (B:) goes on to the trainers' srun; the job is requeued
+    when they exit 75 (checkpointed), not when they finished the run."""
+    import signal
+    import time
+
+    env, log, ready = _preemption_stubs(tmp_path, rl_exit)
+    job = subprocess.Popen(["bash", str(SBATCH)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+        time.sleep(0.05)
+    job.send_signal(signal.SIGUSR1)
+    out, _ = job.communicate(timeout=60)
+    assert job.returncode == 0, out
+    events = log.read_text().splitlines()
+    assert "--resume auto" in events[0]
+    assert "trainer got USR1" in events
+    assert ("requeue 4242" in events) == requeued, out
