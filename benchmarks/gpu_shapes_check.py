@@ -7,8 +7,13 @@
 The model (its real config, written below; no download) is built on the meta device twice: as the
 trainer builds it (transformers, fp32, FSDP2 `fully_shard` per decoder layer and root over a
 1-rank gloo process group, rl/model_load.shard_model) and as a vLLM engine builds it (vLLM's own
-`Qwen3ForCausalLM` from a `VllmConfig`, TP 1). Nothing is allocated. One line per check:
+`Qwen3ForCausalLM` from a `VllmConfig`, TP 1). Nothing is allocated but the attention check's one CPU
+mask (T x T bools, 0.27 GB at 16K tokens). One line per check:
 
+  attention the micro-batch layout the trainer picks (rl/attention.py): SDPA over padded buckets of a
+           stage-2-like batch makes transformers' `create_causal_mask` build no mask (SDPA's causal
+           kernel), where one packed row of the same trajectories would get a dense T x T mask; with
+           flash-attn, packed rows for its varlen kernel
   fsdp     the wrapping (every decoder layer and the root are FSDP modules, every parameter a
            Shard(0) DTensor, names unchanged, a tied embedding still one parameter), and a meta
            forward of one decoder layer in bf16. FSDP2 refuses meta parameters at its lazy init
@@ -143,6 +148,44 @@ def check_fsdp(model) -> str:
 
 
 # ---------------------------------------------------------------- names
+def check_attention(model) -> str:
+    """The trainer's attention layout on this shape (rl/attention.py, rl/packing.py): on a GPU with
+    flash-attn, packed rows for its varlen kernel; without it, SDPA over padded buckets, for which
+    transformers must build no mask at all (SDPA's causal kernel) where one packed row of the same
+    trajectories gets a dense [1, 1, T, T] mask. Checked with the model's own `create_causal_mask`."""
+    import random
+
+    import torch
+    from transformers.masking_utils import create_causal_mask
+
+    from rstar2_cli.rl.attention import choose_attention
+    from rstar2_cli.rl.packing import micro_batches
+
+    flash = choose_attention("auto", "cuda", torch.bfloat16, flash_available=True)
+    plain = choose_attention("auto", "cuda", torch.bfloat16, flash_available=False)
+    assert (flash.implementation, flash.layout) == ("flash_attention_2", "packed"), flash
+    assert (plain.implementation, plain.layout) == ("sdpa", "padded"), plain
+    cfg = model.config
+    rng = random.Random(0)     # a stage-2-like batch: 12K responses at most, 16K-token micro-batches
+    seqs = [([1] * rng.randint(200, 600), [1] * rng.randint(100, 12_000)) for _ in range(24)]
+
+    def mask_of(row):   # the mask code reads the embeddings' shape, dtype and device only, and the
+        b, t = row.input_ids.shape   # position ids' values (which a meta tensor cannot give)
+        embeds = torch.empty(b, t, 1, dtype=torch.bfloat16)
+        return create_causal_mask(config=cfg, inputs_embeds=embeds, attention_mask=None, past_key_values=None,
+                                  position_ids=row.position_ids)
+
+    padded = micro_batches(seqs, 16_384, plain.layout)
+    masks = [mask_of(row) for row in padded]
+    assert all(m is None for m in masks), f"padded rows built masks: {[None if m is None else tuple(m.shape) for m in masks][:3]}"
+    packed = micro_batches(seqs, 16_384, "packed")[0]
+    dense = mask_of(packed)
+    t = packed.input_ids.shape[1]
+    assert dense is not None and tuple(dense.shape)[-2:] == (t, t), f"packed row under sdpa: {dense}"
+    return (f"{cfg._attn_implementation}: {len(padded)} padded buckets, no mask (causal kernel); one packed row of "
+            f"{t} tokens would get a {tuple(dense.shape)} mask; GPU with flash-attn: flash_attention_2 over packed rows")
+
+
 def check_names(source, vmodel, vconfig) -> str:
     """Load `source` into vLLM's meta model through vLLM's reload path; raise on a gap."""
     import torch
@@ -363,6 +406,7 @@ def run_model(name: str, work: Path, args) -> list[tuple[str, bool, str]]:
             results.append((label, False, (str(e).splitlines() or [type(e).__name__])[0]))
 
     model = trainer_model(name)
+    check("attention", check_attention, model)
     check("fsdp", check_fsdp, model)
     source = policy_weight_source(model, torch.bfloat16)
     vmodel, vconfig = vllm_model(name, work)

@@ -1,5 +1,4 @@
-"""benchmarks/gpu_shapes_check.py on the real Qwen3-1.7B (tied) and Qwen3-14B shapes: the checks
-pass on the code as it is, fail with the IPC buffer the code used before (vLLM's 1 GiB default,
+"""benchmarks/gpu_shapes_check.py on the real Qwen3-1.7B (tied) and Qwen3-14B shapes: the checks pass on the code as it is, fail with the IPC buffer the code used before (vLLM's 1 GiB default,
 smaller than the 14B embedding), and the names check fails when the trainer leaves a tensor out or
 sends a wrong shape. One subprocess (it starts torch.distributed and vLLM's groups), meta only."""
 from __future__ import annotations
@@ -66,10 +65,11 @@ def results():
 
 def test_every_check_passes_on_qwen3_1_7b_and_14b(results):
     now = results["now"]
-    assert now["rc"] == 0 and len(now["lines"]) == 9, now      # sleep + 4 checks x 2 models
+    assert now["rc"] == 0 and len(now["lines"]) == 11, now     # sleep + 5 checks x 2 models
     assert all(line.startswith("ok") for line in now["lines"]), now
     text = "\n".join(now["lines"])
     assert "qwen3-1.7b names: 310 trainer tensors fill all 226 vLLM parameters (lm_head tied" in text
+    assert "qwen3-14b attention: sdpa: 13 padded buckets, no mask (causal kernel); one packed row of 16301" in text
     assert "qwen3-14b ipc: buffer 1536 MiB holds the largest tensor model.embed_tokens.weight" in text
     assert "qwen3-14b nccl:" in text and "before 220.06 GiB (4 fp32 passes), after 27.51 GiB (1 bf16 pass" in text
 
