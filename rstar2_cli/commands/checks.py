@@ -7,9 +7,10 @@ A failed check is one `error: ...` line naming the flag (or recipe field) and th
   config.json with a JSON object, weights (*.safetensors or *.bin) and, where a tokenizer is read
   from it, tokenizer.json or tokenizer_config.json; or the id of a Hub repository already in the
   local Hugging Face cache. A command never downloads a model: `hf download ID` fetches one first.
-- A named problem set (aime24, aime25, math500, hmmt25, dapo_math_17k) is read from
-  `<data dir>/<name>.jsonl`; without that file the Hub must accept a connection within
-  `HUB_PROBE_S` seconds, unless HF_HUB_OFFLINE is set (then the datasets cache answers).
+- A named problem set (aime24, aime25, math500, hmmt25, dapo_math_17k, and eval's gpqa_diamond and
+  ifeval: `data.problems.HUB_IDS`) is read from `<data dir>/<name>.jsonl`; without that file the
+  Hub must accept a connection within `HUB_PROBE_S` seconds, unless HF_HUB_OFFLINE is set (then
+  the datasets cache answers). bfcl's rows come with the bfcl-eval package, which must be installed.
 - An output path is not a folder where a file is wanted (or the reverse), and its nearest existing
   folder takes a new file (tried with a temporary file, which also catches read-only mounts and
   root on /proc).

@@ -10,20 +10,19 @@ import typer
 from typer.core import TyperCommand
 
 from rstar2_cli.commands import checks, fail
-
-RESUME_VALUES = ("latest", "auto")
+from rstar2_cli.rl.preemption import RESUME_MODES
 
 
 def with_resume_default(args: list[str]) -> list[str]:
     """`--resume` with its optional value spelled out: a bare `--resume` (not followed by one of
-    RESUME_VALUES) means `--resume latest`, so `--resume`, `--resume auto` and `--resume=auto`
+    RESUME_MODES) means `--resume latest`, so `--resume`, `--resume auto` and `--resume=auto`
     all parse (click options take a value or none, not both)."""
     out: list[str] = []
     for i, arg in enumerate(args):
         if arg == "--":
             return out + args[i:]
         out.append(arg)
-        if arg == "--resume" and (i + 1 >= len(args) or args[i + 1] not in RESUME_VALUES):
+        if arg == "--resume" and (i + 1 >= len(args) or args[i + 1] not in RESUME_MODES):
             out.append("latest")
     return out
 
@@ -76,8 +75,8 @@ def register(app: typer.Typer) -> None:
         from rstar2_cli.rl.stages import resolve_stage_recipe
 
         console = Console()
-        if resume is not None and resume not in RESUME_VALUES:
-            fail(f"--resume {resume!r}: expected {' or '.join(RESUME_VALUES)} (or no value: latest)")
+        if resume is not None and resume not in RESUME_MODES:
+            fail(f"--resume {resume!r}: expected {' or '.join(RESUME_MODES)} (or no value: latest)")
         try:
             cfg = resolve_stage_recipe(recipe, stage, list(overrides), on_gpu=gpus > 0)
         except ConfigError as e:

@@ -88,6 +88,15 @@ def set_rows(name: str, data: str | None, data_dir: str | None) -> tuple[str, It
     return f"hub:{spec.dataset_id}", enumerate(ds, 1)
 
 
+def load_set(name: str, label: str, s, from_row) -> list[Problem]:
+    """A named set's rows (`set_rows`) as Problems through the family's `from_row(row, where, lineno)`."""
+    where, rows = set_rows(name, s.data, s.data_dir)
+    problems = [from_row(row, where, lineno) for lineno, row in rows]
+    if not problems:
+        raise DataError(f"{where}: no {label} rows")
+    return problems
+
+
 def require_fields(row: dict[str, Any], where: str, lineno: int, *names: str) -> None:
     for name in names:
         if name not in row or row[name] is None:

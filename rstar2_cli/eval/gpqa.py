@@ -21,8 +21,8 @@ import random
 import re
 from typing import Any
 
-from rstar2_cli.data.problems import DataError, Problem
-from rstar2_cli.eval.benchmarks import MathFamily, final_answer_text, require_fields, set_rows
+from rstar2_cli.data.problems import Problem
+from rstar2_cli.eval.benchmarks import MathFamily, final_answer_text, load_set, require_fields
 
 # lm-eval 0.4.13 tasks/gpqa/cot_zeroshot/_gpqa_cot_zeroshot_yaml, doc_to_text (without its
 # "Let's think step by step: " tail: the release's prompt already asks for reasoning).
@@ -75,11 +75,7 @@ class GPQAFamily(MathFamily):
     name = "gpqa_diamond"
 
     def load(self, s) -> list[Problem]:
-        where, rows = set_rows("gpqa_diamond", s.data, s.data_dir)
-        problems = [problem_from_row(row, where, lineno) for lineno, row in rows]
-        if not problems:
-            raise DataError(f"{where}: no GPQA rows")
-        return problems
+        return load_set(self.name, "GPQA", s, problem_from_row)
 
     def grade(self, trajs: list, problems: dict[str, Problem], s) -> list[dict[str, Any]]:
         out = []

@@ -16,7 +16,7 @@ import statistics
 from typing import Any
 
 from rstar2_cli.data.problems import DataError, Problem
-from rstar2_cli.eval.benchmarks import MathFamily, final_answer_text, require_fields, set_rows
+from rstar2_cli.eval.benchmarks import MathFamily, final_answer_text, load_set, require_fields
 
 METRICS = ("prompt_level_strict_acc", "inst_level_strict_acc", "prompt_level_loose_acc", "inst_level_loose_acc")
 
@@ -60,11 +60,7 @@ class IFEvalFamily(MathFamily):
     name = "ifeval"
 
     def load(self, s) -> list[Problem]:
-        where, rows = set_rows("ifeval", s.data, s.data_dir)
-        problems = [problem_from_row(row, where, lineno) for lineno, row in rows]
-        if not problems:
-            raise DataError(f"{where}: no IFEval rows")
-        return problems
+        return load_set(self.name, "IFEval", s, problem_from_row)
 
     def grade(self, trajs: list, problems: dict[str, Problem], s) -> list[dict[str, Any]]:
         out = []

@@ -20,9 +20,8 @@ from rstar2_cli.eval.compare import METHOD, paired_difference, per_question
 ROWS = (("aime24", "AIME24"), ("aime25", "AIME25"), ("hmmt25", "HMMT25"), ("math500", "MATH-500"),
         ("gpqa_diamond", "GPQA-Diamond"), ("bfcl", "BFCL v3 (AST: simple, multiple, parallel)"),
         ("ifeval", "IFEval (strict prompt)"), ("arena_hard", "Arena-Hard"))
+MATH_REFERENCE = "rstar2 RL grader (math-verify)"     # the math sets and custom --data sets
 REFERENCE = {
-    "aime24": "rstar2 RL grader (math-verify)", "aime25": "rstar2 RL grader (math-verify)",
-    "hmmt25": "rstar2 RL grader (math-verify)", "math500": "rstar2 RL grader (math-verify)",
     "gpqa_diamond": "lm-eval GPQA flexible-extract (MultiChoiceRegexFilter)",
     "bfcl": "bfcl-eval ast_checker", "ifeval": "lm-eval IFEval checkers",
 }
@@ -47,7 +46,7 @@ def table_row(bench: str, label: str, res: dict[str, Any] | None, other: dict[st
     row = {"benchmark": bench, "label": label, "run": True, "score": headline(res), "k": k,
            "avg@k": m[f"avg@{k}"], "avg@k_std": m[f"avg@{k}_std"], "problems": m["problems"],
            "response_tokens": m["response_tokens"]["mean"], "tool_call_rate": m["tool_call_rate"],
-           "reference": REFERENCE.get(bench, "rstar2 RL grader (math-verify)"), "reference_versions": res.get("reference")}
+           "reference": REFERENCE.get(bench, MATH_REFERENCE), "reference_versions": res.get("reference")}
     if other is not None:
         row["compare"] = paired_difference(per_question(res), per_question(other))
     return row

@@ -100,9 +100,11 @@ def launch(plan, cfg, *, resume: bool | str, console, node_rank: int | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rstar2_cli.rl.preemption import RESUME_MODES
+
     ap = argparse.ArgumentParser(prog="python -m rstar2_cli.rl.launch_entry")
     ap.add_argument("--config", required=True, help="a resolved recipe YAML")
-    ap.add_argument("--resume", nargs="?", const="latest", default=None, choices=("latest", "auto"),
+    ap.add_argument("--resume", nargs="?", const="latest", default=None, choices=RESUME_MODES,
                     help="latest (the default value): the latest checkpoint; auto: it if there is one, else fresh")
     args = ap.parse_args(argv)
     from rstar2_cli.config import ConfigError, load_recipe

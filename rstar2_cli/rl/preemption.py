@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 # the job on it; any other non-zero exit is a real failure and is not requeued.
 PREEMPTED_EXIT_CODE = 75
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# `--resume` values: "latest" (the latest checkpoint, which must exist), "auto" (it if there is one,
+# else a fresh start: what a requeued job runs)
+RESUME_MODES = ("latest", "auto")
 # seconds torchrun waits beyond preempt_grace_s for its workers before it kills them
 TORCHRUN_SHUTDOWN_MARGIN_S = 30
 

@@ -44,12 +44,12 @@ import torch
 
 from rstar2_cli.config import RecipeConfig, dump_recipe
 from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.preemption import RESUME_MODES
 from rstar2_cli.rl.rollout_hosts import plan_rollout_host
 
 log = logging.getLogger(__name__)
 
 FAULT_NONFINITE_ENV = "RSTAR2_FAULT_NONFINITE_STEPS"
-RESUME_MODES = ("latest", "auto")
 
 
 class RunAborted(RuntimeError):
@@ -125,7 +125,8 @@ class RLTrainer:
         engine_weights = cfg.model.path
         mode = resume_mode(resume)
         ckpt = checkpoint.latest_checkpoint(self.out_dir) if mode else None
-        self.last_checkpoint: Path | None = ckpt
+        self.last_checkpoint: Path | None = ckpt   # what is on disk now: the start model's state
+        self.saved_step = self.step                # (step 0) or the checkpoint resumed
         if mode == "latest" and ckpt is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {self.out_dir}")
         if ckpt is not None:
@@ -251,7 +252,7 @@ class RLTrainer:
             extra["async_pending"] = pending
         checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step, self.rng,
                                    final=final, extra=extra)
-        self.last_checkpoint = target
+        self.last_checkpoint, self.saved_step = target, self.step
         return target
 
     def train(self) -> Path:
@@ -262,13 +263,12 @@ class RLTrainer:
         from rstar2_cli.rl.validation import validation_due
 
         watch = PreemptionWatch(self.cfg.train.preempt_grace_s, self.info.device).install()
-        on_disk = self.step          # the state at the start is the start model or the checkpoint resumed
         try:
             if self.step == 0 and validation_due(self.cfg, 0):
                 self.writer.write(0, {"step": 0.0, **self.validate()})
             while self.step < self.cfg.train.steps:
                 if watch.agreed():   # every rank, every step boundary: all stop at the same step
-                    raise Preempted(self.step, self.save() if self.step != on_disk else self.last_checkpoint,
+                    raise Preempted(self.step, self.save() if self.step != self.saved_step else self.last_checkpoint,
                                     watch.signal_name)
                 self.train_step()
                 if self.nonfinite["streak"] >= self.cfg.train.max_nonfinite_steps:
@@ -279,7 +279,6 @@ class RLTrainer:
                         f"{saved} holds the last finite weights")
                 if self.step % self.cfg.train.save_every == 0 and self.step < self.cfg.train.steps:
                     self.save()
-                    on_disk = self.step
             return self.save(final=True)
         finally:
             try:

@@ -289,9 +289,8 @@ class VLLMEngine:
             self._busy_since = time.monotonic()
         self._inflight += 1
         try:
-            extra = {"priority": req.priority} if req.priority else {}
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(req.prompt_ids)),
-                                                params, request_id=uuid.uuid4().hex, **extra):
+                                                params, request_id=uuid.uuid4().hex, priority=req.priority):
                 final = out
         finally:
             self._inflight -= 1

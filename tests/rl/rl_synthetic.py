@@ -38,6 +38,15 @@ def make_trajectories(n: int, seed: int = 0, min_len: int = 5, max_len: int = 40
 
 
 
+def write_times_seven(path, n: int):
+    """`n` problems "What is i*7?" as a JSONL training set at `path`; returns the path."""
+    import json
+
+    path.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}*7?", "answer": str(7 * i)}) + "\n"
+                            for i in range(n)))
+    return path
+
+
 def tiny_rl_recipe(tiny_model, data, out, *, steps: int, prompts_per_step: int = 2, sandbox_workers: int = 2,
                    name: str = "tiny-e2e") -> dict:
     """The smallest RL recipe that exercises every stage (tools, RoC, update, checkpoints) on CPU."""

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from rl_synthetic import make_trajectories
+from rl_synthetic import make_trajectories, write_times_seven
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
 from rstar2_cli.rl.loss import group_advantages
@@ -70,9 +70,7 @@ def test_the_run_skips_counts_and_aborts_after_max_in_a_row(tiny_model, tmp_path
     monkeypatch.setattr(reward, "grade_batch", lambda pairs, **kw: [
         GradeResult.of("correct" if i % 2 == 0 else "wrong", "x") for i in range(len(pairs))])
     monkeypatch.setenv(FAULT_NONFINITE_ENV, "1,3,4")
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}*7?", "answer": str(7 * i)}) + "\n"
-                            for i in range(5)))
+    data = write_times_seven(tmp_path / "train.jsonl", 5)
     out = tmp_path / "run"
     raw = tiny_rl_recipe(tiny_model, data, out, steps=6)
     raw["train"]["max_nonfinite_steps"] = 2

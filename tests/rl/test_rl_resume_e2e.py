@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rl_synthetic import tiny_rl_recipe
+from rl_synthetic import tiny_rl_recipe, write_times_seven
 from rstar2_cli.config import load_recipe_dict
 from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE
 
@@ -30,10 +30,7 @@ KEY = ("rollout/accuracy", "roc/groups_kept", "train/loss")
 
 
 def _data(tmp_path):
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}*7?", "answer": str(7 * i)}) + "\n"
-                            for i in range(7)))
-    return data
+    return write_times_seven(tmp_path / "train.jsonl", 7)
 
 
 def _stable_rows(out):
