@@ -55,9 +55,10 @@ TRAINER_ENGINE = "vllm.distributed.weight_transfer.base.TrainerWeightTransferEng
 # (rollout/engines.py: self._llm is an AsyncLLM; rollout/weight_sync/client.py: EngineSyncClient._all
 # and the senders WeightTransferTrainerFactory.trainer_init returns).
 INSTANCE_CALLS: tuple[Use, ...] = (
-    _use(f"{ASYNC_LLM}.generate", 2, "request_id"),
+    _use(f"{ASYNC_LLM}.generate", 2, "request_id", "priority"),
     _use(f"{ASYNC_LLM}.pause_generation", 0, "mode", "clear_cache"),
     _use(f"{ASYNC_LLM}.resume_generation", 0),
+    _use(f"{ASYNC_LLM}.update_weight_version", 1),     # partial rollouts' per-token version label
     _use(f"{ASYNC_LLM}.collective_rpc", 1, "args"),
     _use(f"{ASYNC_LLM}.reset_prefix_cache", 0),
     _use(f"{ASYNC_LLM}.sleep", 0, "level"),
