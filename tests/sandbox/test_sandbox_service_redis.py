@@ -179,6 +179,27 @@ def test_supervisor_replaces_a_dead_worker_process(redis_url):
     assert b"replaced" in sup.stderr.read()
 
 
+def held_by(r: redis.Redis, cfg: RedisConfig, pid: int) -> int:
+    """Calls in the processing lists of the worker process `pid`."""
+    return sum(r.llen(key) for key in r.scan_iter(match=cfg.processing("*"))
+               if int(key.decode().rsplit(":", 1)[1].split("-")[-2]) == pid)
+
+
+def kill_while_holding_calls(r: redis.Redis, cfg: RedisConfig, workers: Workers, pid: int) -> None:
+    """SIGKILL the host `pid` at a moment it holds calls: freeze it (SIGSTOP), look, and kill it
+    frozen, so the calls it held must be reaped; a host caught between two fetch rounds is let go
+    on and caught again."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        os.killpg(pid, signal.SIGSTOP)
+        if held_by(r, cfg, pid):
+            workers.kill(pid)
+            return
+        os.killpg(pid, signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError(f"worker host {pid} never held a call")
+
+
 @pytest.mark.slow
 def test_rl_sized_long_batch_survives_a_host_dying(redis_url, workers):
     """5,000 calls in one long-batch, two worker hosts, one killed (whole process group) a third
@@ -199,7 +220,7 @@ def test_rl_sized_long_batch_survives_a_host_dying(redis_url, workers):
                 wait_for(lambda: front.stats()["completed"] >= n // 3 or answer.done(), "a third of the calls",
                          limit=600)
                 clients = int(r.info("clients")["connected_clients"])
-                workers.kill(hosts[0].pid)
+                kill_while_holding_calls(r, cfg, workers, hosts[0].pid)
                 response = answer.result(900)
         assert response.status_code == 200, response.text[:300]
         results = response.json()["results"]
