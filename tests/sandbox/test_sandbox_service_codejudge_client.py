@@ -4,26 +4,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from service_fixtures import serve_in_thread
+from service_fixtures import SharedPool, serve_in_thread
 
 from sandbox.service.codejudge_client import call_long_batch, submission, tool_response
 from sandbox.service.server import ServiceConfig, create_app
-
-
-class SharedPool:
-    """The session's sandbox pool as a server backend that the app must not start or close."""
-
-    def __init__(self, pool):
-        self.pool = pool
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    def __getattr__(self, name):
-        return getattr(self.pool, name)
 
 
 async def _post(url: str, subs: list[dict], library: str = "httpx") -> list[dict]:
