@@ -67,8 +67,8 @@ class RedisConfig:
                      "backoff_base", "backoff_cap"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RedisConfig.{name} must be > 0, got {getattr(self, name)!r}")
-        if self.retries < 0:
-            raise ValueError(f"RedisConfig.retries must be >= 0, got {self.retries!r}")
+        if self.retries < 1:   # 0 would leave the loops that go on after a failure without any backoff
+            raise ValueError(f"RedisConfig.retries must be >= 1, got {self.retries!r}")
 
     @property
     def queue(self) -> str:
