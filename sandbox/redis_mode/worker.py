@@ -81,7 +81,8 @@ class RedisWorker:
         processing = self.cfg.processing(self.worker_id)
         running: set[asyncio.Task] = set()
         self._held: set[bytes] = set()       # work items in our processing list, not yet answered or dropped
-        self._answered: set[bytes] = set()   # work items answered since the last sweep began
+        self._answered: set[bytes] = set()   # work items answered while a sweep reads the list
+        self._sweeping = False
         self._answers: list[tuple[str, str, bytes]] = []  # (reply list, message, raw work item)
         self._answering: asyncio.Task | None = None
         next_sweep = time.monotonic() + self.cfg.lease
@@ -125,8 +126,11 @@ class RedisWorker:
         before its answer was lost; such a call sits in our processing list, where no reaper
         looks while our heartbeat lives, so we pick it up here. A call answered while the list
         is read is left alone (`_answered`): its answer went out, so it must not run again."""
-        self._answered = set()
-        listed = await r.lrange(processing, 0, -1)
+        self._answered, self._sweeping = set(), True
+        try:
+            listed = await r.lrange(processing, 0, -1)
+        finally:
+            self._sweeping = False
         return [raw for raw in listed if raw not in self._held and raw not in self._answered]
 
     async def _drop(self, r: aioredis.Redis, processing: str, raw: bytes) -> None:
@@ -180,7 +184,8 @@ class RedisWorker:
                 continue
             for _, _, raw in batch:
                 self._held.discard(raw)
-                self._answered.add(raw)
+                if self._sweeping:
+                    self._answered.add(raw)
 
 
 def run_worker(cfg: RedisConfig, sandbox, concurrency: int) -> None:
