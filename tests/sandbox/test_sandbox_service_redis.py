@@ -327,3 +327,22 @@ def test_a_call_moved_without_the_worker_hearing_it_is_picked_up_once(redis_url,
     wait_for(lambda: r.llen(cfg.processing(worker)) == 0, "the call to leave the processing list", 10)
     time.sleep(2.5)                              # two more sweeps: an answered call is not run again
     assert r.llen(reply) == 0
+
+
+def test_calls_that_cannot_be_enqueued_past_the_retries_are_internal_errors():
+    """Redis gone for longer than redis-py's retries: the HTTP front end answers each call with an
+    internal_error result (what RemoteSandbox and RoC treat as an infrastructure failure)."""
+    server = RestartableRedis()
+    server.start()
+    try:
+        cfg = RedisConfig(server.url, namespace="t-down", retries=2, backoff_base=0.05, backoff_cap=0.2)
+        with serve_in_thread(create_app(RedisFrontend(cfg), ServiceConfig(max_queue=8))) as url:
+            server.kill()
+            results = post_batch(url, [{"type": "python", "solution": "print(1)"}] * 2).json()["results"]
+            status = httpx.get(f"{url}/status").json()
+            server.start()                      # let the front end close cleanly
+    finally:
+        server.kill()
+    assert [r["reason"] for r in results] == ["internal_error"] * 2
+    assert all("could not enqueue the call in Redis" in r["stderr"] for r in results)
+    assert status["counters"]["internal_error"] >= 2
