@@ -106,3 +106,41 @@ def test_the_embedded_pool_has_no_outage_check():
     trainer, saves = _trainer(cfg, tools=object(), step=3, saved_step=0)
     trainer._abort_if_sandbox_down()
     assert saves == [] and trainer.rollouts.sandbox_down_for() == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_the_run_checkpoints_and_exits_1_at_the_step_boundary_past_outage_s(tiny_model, tmp_path, monkeypatch,
+                                                                            capsys, sandbox_server):
+    """The trainer's loop asks after every step; the outage is reported as past outage_s after
+    step 2 (the measure itself is tested above): step 2 is checkpointed, the run exits 1 with one
+    line on stderr, and step 3 never runs."""
+    from rl_synthetic import tiny_rl_recipe, write_times_seven
+
+    from rstar2_cli.rl.launch_entry import run_for_exit_code
+
+    answers = iter([0.0, 400.0])
+    monkeypatch.setattr(RolloutService, "sandbox_down_for", lambda self: next(answers))
+    data = write_times_seven(tmp_path / "train.jsonl", 4)
+    out = tmp_path / "run"
+    raw = tiny_rl_recipe(tiny_model, data, out, steps=3)
+    raw["sandbox"] = {"url": sandbox_server, "outage_s": 300}
+    code, final = run_for_exit_code(load_recipe_dict(raw), resume=False)
+    assert (code, final) == (1, None)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"error: step 2: sandbox {sandbox_server} down for 400s, every call failing "
+                       f"(sandbox.outage_s=300); {out / 'step_000002'} holds step 2")
+    assert (out / "step_000002").is_dir() and not (out / "step_000003").exists()
+
+
+@pytest.fixture
+def sandbox_server(monkeypatch):
+    """`serve-sandbox`'s app on an embedded pool, in a thread (the sandbox tests' helpers): the RL
+    run's remote sandbox."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "sandbox"))
+    from service_fixtures import make_sandbox, serve_in_thread
+
+    from sandbox.service.server import ServiceConfig, create_app
+
+    with serve_in_thread(create_app(make_sandbox(workers=1), ServiceConfig())) as url:
+        yield url
