@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-
 from typing import Callable
 
 import httpx
@@ -74,10 +73,10 @@ class RemoteSandbox:
                  max_backoff: float = 8.0, clock: Callable[[], float] = time.monotonic):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"RemoteSandbox url: expected http(s)://host:port, got {url!r}")
-        if timeout <= 0 or retries < 0 or backoff < 0 or max_batch < 1 or batch_window < 0:
-            raise ValueError(f"RemoteSandbox: need timeout > 0, retries >= 0, backoff >= 0, max_batch >= 1, "
-                             f"batch_window >= 0; got {timeout!r}, {retries!r}, {backoff!r}, {max_batch!r}, "
-                             f"{batch_window!r}")
+        if timeout <= 0 or retries < 0 or backoff < 0 or max_backoff < 0 or max_batch < 1 or batch_window < 0:
+            raise ValueError(f"RemoteSandbox: need timeout > 0, retries >= 0, backoff >= 0, max_backoff >= 0, "
+                             f"max_batch >= 1, batch_window >= 0; got {timeout!r}, {retries!r}, {backoff!r}, "
+                             f"{max_backoff!r}, {max_batch!r}, {batch_window!r}")
         self.url = url.rstrip("/")
         self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
         self.outage = SandboxOutage(clock)
