@@ -112,6 +112,9 @@ class SandboxConfig(_Section):
     workers: int | None = None                        # embedded pool size (default: cores)
     memory_mb: int = Field(1024, ge=64)
     isolation: Literal["auto", "nsjail", "bwrap", "namespaces", "none"] = "auto"
+    # a remote sandbox (url) whose every call has failed as an infrastructure error (after the client's
+    # retries) for this long ends the run at the next step boundary: checkpoint, RunAborted (rl/trainer.py)
+    outage_s: float = Field(300.0, gt=0.0)
 
 
 class RewardConfig(_Section):

@@ -114,6 +114,18 @@ class RolloutService:
                                                memory_mb=cfg.sandbox.memory_mb), preludes=(RUNNER_PRELUDE,))
         self._run(self.tools.start())
 
+    def sandbox_down_for(self) -> float:
+        """Seconds every call to the run's remote sandbox (`sandbox.url`) has been failing
+        (`RemoteSandbox.outage`), the longest over the rollout hosts; 0 with the embedded pool.
+        A collective when distributed: every rank calls it at the same step boundary."""
+        if not self.cfg.sandbox.url:
+            return 0.0
+        outage = getattr(self.tools, "outage", None)   # ranks that are not hosts have no sandbox
+        mine = outage.down_for() if outage is not None else 0.0
+        if not rl_dist.is_distributed():
+            return mine
+        return rl_dist.all_reduce_max([mine], self.info.device)[0]
+
     def _weight_pusher(self, model: Any):
         from rstar2_cli.rl.policy import compute_dtype
         from rstar2_cli.rollout.weight_sync.pusher import WeightPusher

@@ -28,6 +28,9 @@ both are global values, `PolicyTrainer.update`) and is counted (`faults/nonfinit
 comes first because a skipped step changes neither the weights nor the optimizer state: it holds
 the last finite weights and the data position, so nothing since the last periodic save is lost
 and the run can be resumed with a changed recipe (a lower `optim.lr`, say).
+A remote sandbox (`sandbox.url`) rides out short outages in its client (retries with backoff;
+calls that fail anyway are `internal_error` results, infrastructure failures that RoC leaves out);
+one where every call has failed for longer than `sandbox.outage_s` checkpoints and aborts too.
 Fault injection for tests and benchmarks/chaos_rl.py: `RSTAR2_FAULT_NONFINITE_STEPS=3,4` gives
 those (1-based) steps NaN advantages, so their loss and gradients are NaN (read once, at start).
 """
@@ -227,6 +230,16 @@ class RLTrainer:
             self.nonfinite["streak"] = 0
         return {"faults/nonfinite_steps": float(self.nonfinite["total"])}
 
+    def _abort_if_sandbox_down(self) -> None:
+        """Checkpoint and raise `RunAborted` once every call to the remote sandbox has failed for
+        longer than `sandbox.outage_s` (`RolloutService.sandbox_down_for`; the same on every rank)."""
+        down = self.rollouts.sandbox_down_for()
+        if down > self.cfg.sandbox.outage_s:
+            saved = self.save() if self.step != self.saved_step else self.last_checkpoint
+            raise RunAborted(f"step {self.step}: sandbox {self.cfg.sandbox.url} down for {down:.0f}s, every call "
+                             f"failing (sandbox.outage_s={self.cfg.sandbox.outage_s:g}); {saved} holds step "
+                             f"{self.saved_step}")
+
     def validate(self) -> dict[str, float]:
         """Held-out eval of the current policy on rank 0's engine and sandbox (`validation.py`);
         other ranks get {} (rank 0 is node 0's rollout host)."""
@@ -258,7 +271,8 @@ class RLTrainer:
     def train(self) -> Path:
         """Run until train.steps; checkpoint every save_every steps and at the end. Raises
         `preemption.Preempted` after the checkpoint a preemption signal asks for, and
-        `RunAborted` after `train.max_nonfinite_steps` non-finite steps in a row."""
+        `RunAborted` after `train.max_nonfinite_steps` non-finite steps in a row or a sandbox outage
+        past `sandbox.outage_s`."""
         from rstar2_cli.rl.preemption import PreemptionWatch, Preempted
         from rstar2_cli.rl.validation import validation_due
 
@@ -277,6 +291,7 @@ class RLTrainer:
                         f"step {self.step}: {self.nonfinite['streak']} steps in a row with a non-finite loss or "
                         f"gradient norm (train.max_nonfinite_steps={self.cfg.train.max_nonfinite_steps}); "
                         f"{saved} holds the last finite weights")
+                self._abort_if_sandbox_down()
                 if self.step % self.cfg.train.save_every == 0 and self.step < self.cfg.train.steps:
                     self.save()
             return self.save(final=True)

@@ -14,7 +14,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from sandbox.core.result import RunResult
-from sandbox.redis_mode.wire import REPLY_TTL_S, RedisConfig, connect, process_id, result_message, wind_down
+from sandbox.redis_mode.wire import (REPLY_TTL_S, RETRIED_ERRORS, RedisConfig, connect, process_id, result_message,
+                                     wind_down)
 from sandbox.service.codejudge import QueueTimeout
 
 log = logging.getLogger(__name__)
@@ -140,19 +141,15 @@ class RedisFrontend:
         await asyncio.sleep(0)  # let the other calls of this round join
         while self._outbox:
             batch, self._outbox = self._outbox, []
-            for attempt in range(5):
-                try:
-                    await self._r.lpush(self.cfg.queue, *(raw for _, raw in batch))
-                    self._stats["pushes"] += 1
-                    break
-                except (ConnectionError, OSError, aioredis.RedisError) as e:
-                    log.warning("enqueue of %d calls failed: %r; retrying", len(batch), e)
-                    await asyncio.sleep(0.2 * 2 ** attempt)
-            else:
+            try:   # a lost connection is retried by redis-py (wire.retry_policy)
+                await self._r.lpush(self.cfg.queue, *(raw for _, raw in batch))
+                self._stats["pushes"] += 1
+            except (OSError, aioredis.RedisError) as e:
+                log.warning("enqueue of %d calls failed after redis-py's retries: %r", len(batch), e)
                 for work_id, _ in batch:
                     fut = self._pending.get(work_id)
                     if fut is not None and not fut.done():
-                        fut.set_exception(ConnectionError(f"could not enqueue the call in Redis {self.cfg.url}"))
+                        fut.set_exception(ConnectionError(f"could not enqueue the call in Redis {self.cfg.url}: {e!r}"))
 
     async def run_batch(self, items: list[dict], timeout: float | None = None) -> list[RunResult]:
         async def one(item: dict) -> RunResult:
@@ -193,8 +190,12 @@ class RedisFrontend:
                 for message in messages:
                     self._deliver(message)
                 await self._r.delete(taken)
-            except (ConnectionError, OSError, aioredis.RedisError) as e:
-                log.warning("reply listener: %r; retrying", e)
+            except RETRIED_ERRORS as e:
+                # redis-py's retries are spent (wire.retry_policy; they did the backoff): the
+                # listener lives as long as the front end, so it goes on with the next round
+                log.warning("reply listener: %r after redis-py's retries; listening again", e)
+            except (OSError, aioredis.RedisError) as e:   # one redis-py does not retry: no busy loop
+                log.warning("reply listener: %r; listening again in 0.5 s", e)
                 await asyncio.sleep(0.5)
 
     def _deliver(self, message: bytes) -> None:

@@ -18,7 +18,8 @@ from dataclasses import asdict
 import redis.asyncio as aioredis
 
 from sandbox.core.result import RunResult
-from sandbox.redis_mode.wire import REPLY_TTL_S, RedisConfig, connect, process_id, result_message, wind_down
+from sandbox.redis_mode.wire import (REPLY_TTL_S, RETRIED_ERRORS, RedisConfig, connect, process_id, result_message,
+                                     wind_down)
 from sandbox.service.embedded import sandbox_from_kwargs
 
 log = logging.getLogger(__name__)
@@ -74,47 +75,70 @@ class RedisWorker:
 
     async def _fetch_loop(self, r: aioredis.Redis, stop: asyncio.Event) -> None:
         """Move calls from the queue into our processing list, as many per round as we have room
-        for (one blocking move, then the rest in one pipeline), and run each as its own task."""
+        for (one blocking move, then the rest in one pipeline), and run each as its own task.
+        Every `lease` seconds, and after a fetch that failed, our processing list is swept for
+        calls we moved without hearing so (`_orphans`)."""
         processing = self.cfg.processing(self.worker_id)
         running: set[asyncio.Task] = set()
-        mine: set[bytes] = set()  # work items being run by this process
+        self._held: set[bytes] = set()       # work items in our processing list, not yet answered or dropped
+        self._answered: set[bytes] = set()   # work items answered while a sweep reads the list
+        self._sweeping = False
         self._answers: list[tuple[str, str, bytes]] = []  # (reply list, message, raw work item)
         self._answering: asyncio.Task | None = None
+        next_sweep = time.monotonic() + self.cfg.lease
         try:
             while not stop.is_set():
                 if len(running) >= self.concurrency:
                     await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     continue
+                items: list[bytes] = []
                 try:
+                    if time.monotonic() >= next_sweep:
+                        next_sweep = time.monotonic() + self.cfg.lease
+                        items = await self._orphans(r, processing)
                     first = await r.blmove(self.cfg.queue, processing, timeout=1, src="RIGHT", dest="LEFT")
-                    items = [first] if first is not None else []
-                    room = self.concurrency - len(running) - 1
+                    items += [first] if first is not None else []
+                    room = self.concurrency - len(running) - len(items)
                     if first is not None and room > 0:
                         async with r.pipeline(transaction=False) as p:
                             for _ in range(room):
                                 p.lmove(self.cfg.queue, processing, "RIGHT", "LEFT")
                             items += [raw for raw in await p.execute() if raw is not None]
-                except aioredis.RedisError as e:
-                    # the move may have happened with its answer lost on the way (a socket
-                    # timeout): such calls sit in our processing list, where no reaper looks
-                    # while we live, so pick them up from there
-                    log.warning("fetch failed: %r", e)
-                    await asyncio.sleep(0.5)
-                    try:
-                        items = [raw for raw in await r.lrange(processing, 0, -1) if raw not in mine]
-                    except aioredis.RedisError:
-                        continue
+                except aioredis.RedisError as e:   # redis-py's retries are spent (wire.retry_policy)
+                    log.warning("fetch failed: %r; sweeping our processing list next round", e)
+                    next_sweep = 0.0
+                    if not isinstance(e, RETRIED_ERRORS):   # redis-py did no backoff: no busy loop
+                        await asyncio.sleep(0.5)
                 for raw in items:
-                    mine.add(raw)
+                    self._held.add(raw)
                     task = asyncio.create_task(self._run_one(r, processing, raw))
                     running.add(task)
                     task.add_done_callback(running.discard)
-                    task.add_done_callback(lambda _, raw=raw: mine.discard(raw))
         finally:
             if running:  # calls in flight finish (the caller bounds this with a grace period)
                 await asyncio.gather(*running, return_exceptions=True)
             if self._answering is not None:
                 await self._answering
+
+    async def _orphans(self, r: aioredis.Redis, processing: str) -> list[bytes]:
+        """Calls in our processing list that this process does not hold. redis-py resends a move
+        whose connection failed (wire.retry_policy), and the first send may have moved a call
+        before its answer was lost; such a call sits in our processing list, where no reaper
+        looks while our heartbeat lives, so we pick it up here. A call answered while the list
+        is read is left alone (`_answered`): its answer went out, so it must not run again."""
+        self._answered, self._sweeping = set(), True
+        try:
+            listed = await r.lrange(processing, 0, -1)
+        finally:
+            self._sweeping = False
+        return [raw for raw in listed if raw not in self._held and raw not in self._answered]
+
+    async def _drop(self, r: aioredis.Redis, processing: str, raw: bytes) -> None:
+        """Take a call nobody waits for off our processing list (a failed LREM leaves it to a sweep)."""
+        try:
+            await r.lrem(processing, 1, raw)
+        finally:
+            self._held.discard(raw)
 
     async def _run_one(self, r: aioredis.Redis, processing: str, raw: bytes) -> None:
         try:
@@ -122,10 +146,10 @@ class RedisWorker:
             work_id, reply_to, deadline = work["id"], work["reply_to"], float(work["deadline"])
         except (ValueError, KeyError, TypeError) as e:  # nobody to answer: log and drop
             log.error("dropping malformed work item %r: %r", raw[:200], e)
-            await r.lrem(processing, 1, raw)
+            await self._drop(r, processing, raw)
             return
         if time.time() > deadline:  # its front end has already given up
-            await r.lrem(processing, 1, raw)
+            await self._drop(r, processing, raw)
             return
         try:
             result = await self.sandbox.run(work.get("code"), stdin=work.get("stdin"), timeout=work.get("timeout"))
@@ -137,22 +161,31 @@ class RedisWorker:
 
     async def _answer(self, r: aioredis.Redis, processing: str) -> None:
         """Send the answers of this round in one transaction: each reply is pushed and its work
-        item leaves our processing list together, so a call is never both answered and requeued."""
+        item leaves our processing list together, so a call is never both answered and requeued.
+        A lost connection is retried by redis-py; answers it could not send stay ours (their calls
+        stay in our processing list, requeued by a reaper if we die) and go out with the next
+        round. A transaction resent after it ran pushes a reply twice: the front end drops the
+        second."""
         await asyncio.sleep(0)
         while self._answers:
             batch, self._answers = self._answers, []
-            while True:
-                try:
-                    async with r.pipeline(transaction=True) as p:
-                        for reply_to, message, raw in batch:
-                            p.lpush(reply_to, message)
-                            p.expire(reply_to, REPLY_TTL_S)
-                            p.lrem(processing, 1, raw)
-                        await p.execute()
-                    break
-                except aioredis.RedisError as e:  # the items stay ours: retried, or requeued if we die
-                    log.warning("sending %d answers failed: %r; retrying", len(batch), e)
+            try:
+                async with r.pipeline(transaction=True) as p:
+                    for reply_to, message, raw in batch:
+                        p.lpush(reply_to, message)
+                        p.expire(reply_to, REPLY_TTL_S)
+                        p.lrem(processing, 1, raw)
+                    await p.execute()
+            except aioredis.RedisError as e:
+                log.warning("sending %d answers failed: %r; they go out with the next round", len(batch), e)
+                self._answers = batch + self._answers
+                if not isinstance(e, RETRIED_ERRORS):   # redis-py did no backoff: no busy loop
                     await asyncio.sleep(0.5)
+                continue
+            for _, _, raw in batch:
+                self._held.discard(raw)
+                if self._sweeping:
+                    self._answered.add(raw)
 
 
 def run_worker(cfg: RedisConfig, sandbox, concurrency: int) -> None:

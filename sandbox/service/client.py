@@ -3,8 +3,13 @@
 Callers (rollout loop, eval, bench) can switch between `Sandbox()` and `RemoteSandbox(url)`
 without code changes: both return core `RunResult`s and never raise for bad user code. Calls go
 through `/run/long-batch`, which waits for room in the server's queue instead of answering 429;
-transport failures and 429/5xx answers are retried with backoff, then become `internal_error`
-results rather than exceptions.
+transport failures (connection refused, a server killed mid-request) and 429/5xx answers are
+retried with exponential backoff (tenacity: `backoff * 2**(n-1)` seconds after the n-th failed try,
+at most `max_backoff`; the defaults ride out about 25 s, e.g. a `serve-sandbox` restarted on its
+port), then become `internal_error` results rather than exceptions.
+
+`outage` (`SandboxOutage`) says how long every request has been failing that way: a trainer aborts
+the run once it exceeds `sandbox.outage_s` (`rstar2_cli/rl/trainer.py`).
 
 Why calls are coalesced: one HTTP request per tool call makes the client the bottleneck under
 high concurrency (httpx's pool costs ~10x more per request at 64 in flight than at 1). Calls made
@@ -15,23 +20,66 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from sandbox.service.codejudge import to_run_result
 from sandbox.core.result import RunResult
 
 
+class ServerBusy(Exception):
+    """A 429 or 5xx answer: the server is there but cannot serve the request now (retried)."""
+
+
+class SandboxUnreachable(ConnectionError):
+    """Every try of one request failed with a transport error or a 429/5xx answer."""
+
+
+RETRYABLE = (httpx.TransportError, ServerBusy)
+
+
+class SandboxOutage:
+    """How long every request to a remote sandbox has failed as an infrastructure error.
+
+    `failed(start, end)` records one request that failed after its retries (or was answered with
+    nothing but `internal_error` results), `succeeded()` one that got any real result. `down_for()`
+    is the span from the start of the first failed request of the current run of failures to the
+    end of its latest one: time seen failing, not time since (a trainer that spends minutes in its
+    update without calling the sandbox does not count those minutes as an outage)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.since: float | None = None
+        self.last = 0.0
+        self.failures = 0   # failed requests in a row
+
+    def failed(self, start: float, end: float) -> None:
+        if self.since is None:
+            self.since = start
+        self.last, self.failures = max(self.last, end), self.failures + 1
+
+    def succeeded(self) -> None:
+        self.since, self.last, self.failures = None, 0.0, 0
+
+    def down_for(self) -> float:
+        return 0.0 if self.since is None else self.last - self.since
+
+
 class RemoteSandbox:
-    def __init__(self, url: str, timeout: float = 600.0, retries: int = 3, backoff: float = 0.5,
-                 max_connections: int = 64, max_batch: int = 64, batch_window: float = 0.0):
+    def __init__(self, url: str, timeout: float = 600.0, retries: int = 6, backoff: float = 0.5,
+                 max_connections: int = 64, max_batch: int = 64, batch_window: float = 0.0,
+                 max_backoff: float = 8.0, clock: Callable[[], float] = time.monotonic):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"RemoteSandbox url: expected http(s)://host:port, got {url!r}")
-        if timeout <= 0 or retries < 0 or max_batch < 1 or batch_window < 0:
-            raise ValueError(f"RemoteSandbox: need timeout > 0, retries >= 0, max_batch >= 1, batch_window >= 0; "
-                             f"got {timeout!r}, {retries!r}, {max_batch!r}, {batch_window!r}")
+        if timeout <= 0 or retries < 0 or backoff < 0 or max_backoff < 0 or max_batch < 1 or batch_window < 0:
+            raise ValueError(f"RemoteSandbox: need timeout > 0, retries >= 0, backoff >= 0, max_backoff >= 0, "
+                             f"max_batch >= 1, batch_window >= 0; got {timeout!r}, {retries!r}, {backoff!r}, "
+                             f"{max_backoff!r}, {max_batch!r}, {batch_window!r}")
         self.url = url.rstrip("/")
-        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
+        self.outage = SandboxOutage(clock)
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.max_batch, self.batch_window = max_batch, batch_window
         self._client: httpx.AsyncClient | None = None
@@ -60,22 +108,21 @@ class RemoteSandbox:
 
     async def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
         await self.start()
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                resp = await self._client.request(method, path, **kwargs)
-            except httpx.TransportError as e:
-                last = e
-                continue
-            if resp.status_code == 429 or resp.status_code >= 500:
-                last = RuntimeError(f"{resp.status_code}: {resp.text[:200]}")
-                continue
-            if resp.status_code >= 400:  # our request is wrong: retrying cannot help
-                raise ValueError(f"sandbox server rejected {path} ({resp.status_code}): {resp.text[:300]}")
-            return resp
-        raise ConnectionError(f"sandbox server {self.url}{path} failed after {self.retries + 1} tries: {last!r}")
+        retrying = AsyncRetrying(stop=stop_after_attempt(self.retries + 1), reraise=True,
+                                 wait=wait_exponential(multiplier=self.backoff, max=self.max_backoff),
+                                 retry=retry_if_exception_type(RETRYABLE))
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    resp = await self._client.request(method, path, **kwargs)
+                    if resp.status_code == 429 or resp.status_code >= 500:
+                        raise ServerBusy(f"{resp.status_code}: {resp.text[:200]}")
+        except RETRYABLE as e:
+            raise SandboxUnreachable(f"sandbox server {self.url}{path} failed after {self.retries + 1} tries: "
+                                     f"{e!r}") from e
+        if resp.status_code >= 400:  # our request is wrong: retrying cannot help
+            raise ValueError(f"sandbox server rejected {path} ({resp.status_code}): {resp.text[:300]}")
+        return resp
 
     async def run(self, code: str, stdin: str | None = None, timeout: float | None = None,
                   session: str | None = None) -> RunResult:
@@ -113,7 +160,7 @@ class RemoteSandbox:
             task.add_done_callback(self._background.discard)
 
     async def _send(self, chunk: list[tuple[dict, asyncio.Future]]) -> None:
-        start = time.monotonic()
+        start = self.outage.clock()
         try:
             body = {"type": "batch", "submissions": [sub for sub, _ in chunk]}
             self.requests_sent += 1
@@ -122,7 +169,14 @@ class RemoteSandbox:
             if len(results) != len(chunk):
                 raise ValueError(f"server answered {len(results)} results for {len(chunk)} submissions")
         except Exception as e:  # every waiting caller gets a result, whatever went wrong
-            results = [RunResult.internal_error(str(e) or repr(e), time.monotonic() - start)] * len(chunk)
+            results = [RunResult.internal_error(str(e) or repr(e), self.outage.clock() - start)] * len(chunk)
+            if isinstance(e, SandboxUnreachable):
+                self.outage.failed(start, self.outage.clock())
+        else:   # answered, but with nothing except internal errors (its workers or Redis gone): down too
+            if all(r.reason == "internal_error" for r in results):
+                self.outage.failed(start, self.outage.clock())
+            else:
+                self.outage.succeeded()
         for (_, fut), res in zip(chunk, results):
             if not fut.done():
                 fut.set_result(res)
@@ -149,6 +203,7 @@ class RemoteSandbox:
     def run_sync(self, code: str, stdin: str | None = None, timeout: float | None = None,
                  session: str | None = None) -> RunResult:
         async def once() -> RunResult:
-            async with RemoteSandbox(self.url, self.timeout, self.retries, self.backoff) as sb:
+            async with RemoteSandbox(self.url, self.timeout, self.retries, self.backoff,
+                                     max_backoff=self.max_backoff) as sb:
                 return await sb.run(code, stdin, timeout, session)
         return asyncio.run(once())

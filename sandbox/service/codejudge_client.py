@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from sandbox.service.executor_template import wrap_code
 
@@ -43,6 +44,10 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return (*errors, aiohttp.ClientError)
 
 
+class _QueueTimeouts(Exception):
+    """Some submissions of this attempt were answered `queue_timeout`: resend those."""
+
+
 async def call_long_batch(client, url: str, submissions: list[dict], max_retries: int = 4,
                           backoff: float = 0.5, sleep_after_every_attempt: bool = False) -> list[dict | None]:
     """POST `submissions` to `url` (…/run/long-batch) and resend only those answered
@@ -50,16 +55,21 @@ async def call_long_batch(client, url: str, submissions: list[dict], max_retries
     Returns one result dict per submission (None where every attempt failed). `client` is an
     httpx.AsyncClient or an aiohttp.ClientSession.
 
-    The release also sleeps `backoff * 2**(attempt-1)` after every attempt, a successful one
-    included; that is client-side latency the server cannot change, so it is off unless asked for.
+    A failed attempt (a transport error, or queue timeouts left) is followed by a sleep of
+    `backoff * 2**(attempt-1)` seconds (tenacity's `wait_exponential`), the last one included, as
+    in the release. The release also sleeps so after a successful attempt; that is client-side
+    latency the server cannot change, so it is off unless asked for (`sleep_after_every_attempt`).
     """
     results: list[dict | None] = [None] * len(submissions)
     todo = list(range(len(submissions)))
-    errors = _transport_errors()
-    for attempt in range(1, max_retries + 1):
-        if not todo:
-            break
-        try:
+    if not todo or max_retries < 1:
+        return results
+    wait = wait_exponential(multiplier=backoff)
+    retrying = AsyncRetrying(stop=stop_after_attempt(max_retries), wait=wait,
+                             retry=retry_if_exception_type((*_transport_errors(), _QueueTimeouts)),
+                             retry_error_callback=lambda state: None)   # out of attempts: keep the Nones
+    async for attempt in retrying:
+        with attempt:
             answered = (await _post_json(client, url, {"type": "batch",
                                                        "submissions": [submissions[i] for i in todo]}))["results"]
             retry = []
@@ -69,11 +79,12 @@ async def call_long_batch(client, url: str, submissions: list[dict], max_retries
                 else:
                     results[i] = result
             todo = retry
-            failed = bool(todo)
-        except errors:
-            failed = True
-        if failed or sleep_after_every_attempt:
-            await asyncio.sleep(backoff * 2 ** (attempt - 1))
+            if todo:
+                raise _QueueTimeouts(f"{len(todo)} submission(s) answered queue_timeout")
+        state = attempt.retry_state   # tenacity sleeps only between attempts: the release's other sleeps
+        if (state.outcome.failed and state.attempt_number == max_retries) or (
+                sleep_after_every_attempt and not state.outcome.failed):
+            await asyncio.sleep(wait(state))
     return results
 
 

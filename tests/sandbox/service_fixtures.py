@@ -19,6 +19,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class SharedPool:
+    """The session's sandbox pool as a server backend that the app must not start or close."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+
 def make_sandbox(workers: int = 2, timeout: float = 5.0):
     from sandbox.core.pool import Sandbox
     from sandbox.core.limits import Limits

@@ -2,28 +2,14 @@
 in the executor template, posted to /run/long-batch, queue_timeout answers resent."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
-from service_fixtures import serve_in_thread
+from service_fixtures import SharedPool, serve_in_thread
 
 from sandbox.service.codejudge_client import call_long_batch, submission, tool_response
 from sandbox.service.server import ServiceConfig, create_app
-
-
-class SharedPool:
-    """The session's sandbox pool as a server backend that the app must not start or close."""
-
-    def __init__(self, pool):
-        self.pool = pool
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    def __getattr__(self, name):
-        return getattr(self.pool, name)
 
 
 async def _post(url: str, subs: list[dict], library: str = "httpx") -> list[dict]:
@@ -76,3 +62,56 @@ async def test_release_client_resends_queue_timeouts(sandbox_pool):
         status = httpx.get(f"{url}/status").json()
     assert [r["stdout"] for r in results] == [f"{i}\n" for i in range(6)]
     assert status["counters"]["queue_timeout"] >= 4  # the client got them back and resent them
+
+
+def _sleeps(monkeypatch, handler, **kw) -> tuple[list[dict | None], list[float]]:
+    """call_long_batch against httpx's MockTransport, recording the seconds it sleeps."""
+    import asyncio
+
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds, *args):
+        slept.append(seconds)
+        await real_sleep(0)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            monkeypatch.setattr(asyncio, "sleep", sleep)
+            try:
+                return await call_long_batch(client, "http://judge/run/long-batch", [submission("print(1)")] * 2,
+                                             max_retries=4, backoff=0.5, **kw)
+            finally:
+                monkeypatch.setattr(asyncio, "sleep", real_sleep)
+
+    return asyncio.run(go()), slept
+
+
+def _answer(reason: str) -> dict:
+    return {"sub_id": "", "success": not reason, "run_success": not reason, "cost": 0.0, "stdout": "1\n",
+            "stderr": "", "reason": reason}
+
+
+def test_release_client_sleeps_after_failed_attempts_as_the_release(monkeypatch):
+    """backoff * 2**(attempt-1) after each failed attempt (the last included), none after a
+    successful one unless sleep_after_every_attempt; only queue_timeout answers are resent."""
+    sent: list[int] = []
+
+    def one_queue_timeout(request):
+        n = len(json.loads(request.content)["submissions"])
+        sent.append(n)
+        first = len(sent) == 1
+        return httpx.Response(200, json={"results": [_answer("queue_timeout" if first and i == 0 else "")
+                                                     for i in range(n)]})
+
+    results, slept = _sleeps(monkeypatch, one_queue_timeout)
+    assert sent == [2, 1] and slept == [0.5] and all(r["stdout"] == "1\n" for r in results)
+    sent.clear()
+    results, slept = _sleeps(monkeypatch, one_queue_timeout, sleep_after_every_attempt=True)
+    assert sent == [2, 1] and slept == [0.5, 1.0]
+
+    def refused(request):
+        raise httpx.ConnectError("connection refused", request=request)
+
+    results, slept = _sleeps(monkeypatch, refused)
+    assert results == [None, None] and slept == [0.5, 1.0, 2.0, 4.0]

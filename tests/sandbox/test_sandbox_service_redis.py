@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -232,3 +234,115 @@ def test_rl_sized_long_batch_survives_a_host_dying(redis_url, workers):
     assert stats["completed"] == n and stats["errors"] == 0 and stats["reaped"] >= 1
     # 3 processes x max_connections, plus this test's own client
     assert clients <= 3 * cfg.max_connections + 1
+
+
+def test_connections_carry_redis_pys_retry_with_exponential_backoff():
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+
+    from sandbox.redis_mode.wire import RETRIED_ERRORS, connect, retry_policy
+
+    cfg = RedisConfig("redis://127.0.0.1:1/0", retries=5, backoff_base=0.1, backoff_cap=1.5)
+    policy = retry_policy(cfg)
+    assert policy == Retry(ExponentialBackoff(cap=1.5, base=0.1), 5, supported_errors=RETRIED_ERRORS)
+    client = connect(cfg)
+    assert client.connection_pool.connection_kwargs["retry"] == policy
+    assert client.connection_pool.make_connection().retry == policy   # what each command retries with
+    for bad in ({"retries": 0}, {"backoff_base": 0}, {"backoff_cap": -1.0}):
+        with pytest.raises(ValueError, match=f"RedisConfig.{next(iter(bad))}"):
+            RedisConfig("redis://127.0.0.1:1/0", **bad)
+
+
+class RestartableRedis:
+    """A redis-server without persistence on a port of its own that can be killed and started
+    again on the same port (what a restarted Redis host looks like to its clients)."""
+
+    def __init__(self):
+        from sandbox.redis_mode.local_server import free_port
+
+        if shutil.which("redis-server") is None:
+            pytest.skip("redis-server is not installed")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+
+        def up():
+            with contextlib.suppress(redis.RedisError):
+                return client.ping()
+        wait_for(up, "redis-server to answer", 20)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+async def test_a_call_running_while_redis_restarts_is_answered(workers):
+    """Redis SIGKILLed while a worker runs a call and started again (empty) after the call ended:
+    the worker's answer and the front end's reply listener wait in redis-py's retries, the call
+    is answered, and new calls flow again."""
+    server = RestartableRedis()
+    server.start()
+    try:
+        cfg = RedisConfig(server.url, namespace="t-restart", lease=2.0)
+        r = redis.Redis.from_url(server.url)
+        workers.start(cfg)
+        await asyncio.to_thread(wait_for, lambda: live_workers(r, cfg), "a worker heartbeat")
+        async with RedisFrontend(cfg) as front:
+            call = asyncio.create_task(front.run(SLOW))
+            await asyncio.to_thread(wait_for, lambda: holder_pid(r, cfg), "a worker to take the call")
+            server.kill()
+            await asyncio.sleep(3.0)            # the call ends on the worker while Redis is down
+            server.start()
+            result = await asyncio.wait_for(call, 60)
+            assert result.ok and result.stdout == "done\n"
+            again = await asyncio.wait_for(front.run("print(5)"), 60)
+            assert again.ok and again.stdout == "5\n"
+    finally:
+        workers.stop_all()                      # before Redis goes: they say goodbye through it
+        server.kill()
+
+
+def test_a_call_moved_without_the_worker_hearing_it_is_picked_up_once(redis_url, workers):
+    """A call in a live worker's processing list that the worker does not hold (a BLMOVE that
+    redis-py resent after its first send moved the call and lost the answer) is run by that
+    worker's sweep, answered once, and leaves the list."""
+    cfg = RedisConfig(redis_url, namespace="t-orphan", lease=1.0)
+    r = redis.Redis.from_url(redis_url)
+    workers.start(cfg)
+    worker = wait_for(lambda: live_workers(r, cfg), "a worker heartbeat")[0]
+    reply = cfg.reply("test")
+    work = {"id": "orphan", "code": "print('found')", "stdin": None, "timeout": None, "reply_to": reply,
+            "attempts": 0, "deadline": time.time() + 60}
+    r.lpush(cfg.processing(worker), json.dumps(work))
+    got = r.blpop([reply], timeout=20)
+    assert got is not None, "the worker never ran the call in its processing list"
+    message = json.loads(got[1])
+    assert message["id"] == "orphan" and message["result"]["stdout"] == "found\n"
+    wait_for(lambda: r.llen(cfg.processing(worker)) == 0, "the call to leave the processing list", 10)
+    time.sleep(2.5)                              # two more sweeps: an answered call is not run again
+    assert r.llen(reply) == 0
+
+
+def test_calls_that_cannot_be_enqueued_past_the_retries_are_internal_errors():
+    """Redis gone for longer than redis-py's retries: the HTTP front end answers each call with an
+    internal_error result (what RemoteSandbox and RoC treat as an infrastructure failure)."""
+    server = RestartableRedis()
+    server.start()
+    try:
+        cfg = RedisConfig(server.url, namespace="t-down", retries=2, backoff_base=0.05, backoff_cap=0.2)
+        with serve_in_thread(create_app(RedisFrontend(cfg), ServiceConfig(max_queue=8))) as url:
+            server.kill()
+            results = post_batch(url, [{"type": "python", "solution": "print(1)"}] * 2).json()["results"]
+            status = httpx.get(f"{url}/status").json()
+            server.start()                      # let the front end close cleanly
+    finally:
+        server.kill()
+    assert [r["reason"] for r in results] == ["internal_error"] * 2
+    assert all("could not enqueue the call in Redis" in r["stderr"] for r in results)
+    assert status["counters"]["internal_error"] >= 2
