@@ -28,8 +28,11 @@ both are global values, `PolicyTrainer.update`) and is counted (`faults/nonfinit
 comes first because a skipped step changes neither the weights nor the optimizer state: it holds
 the last finite weights and the data position, so nothing since the last periodic save is lost
 and the run can be resumed with a changed recipe (a lower `optim.lr`, say).
+A checkpoint that cannot be written (a full disk: `checkpoint.CheckpointWriteError`) aborts the run
+(`RunAborted`), the previous checkpoint and `latest` intact.
 Fault injection for tests and benchmarks/chaos_rl.py: `RSTAR2_FAULT_NONFINITE_STEPS=3,4` gives
-those (1-based) steps NaN advantages, so their loss and gradients are NaN (read once, at start).
+those (1-based) steps NaN advantages, so their loss and gradients are NaN (read once, at start);
+`RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` fails that step's checkpoint write (`checkpoint.py`).
 """
 from __future__ import annotations
 
@@ -250,8 +253,11 @@ class RLTrainer:
         extra = {"nonfinite": dict(self.nonfinite)}
         if pending is not None:
             extra["async_pending"] = pending
-        checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step, self.rng,
-                                   final=final, extra=extra)
+        try:
+            checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step, self.rng,
+                                       final=final, extra=extra, keep=self.cfg.train.keep_checkpoints)
+        except checkpoint.CheckpointWriteError as e:   # a full disk: the previous checkpoint is intact
+            raise RunAborted(f"step {self.step}: {e}") from None
         self.last_checkpoint, self.saved_step = target, self.step
         return target
 
