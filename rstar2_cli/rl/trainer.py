@@ -17,8 +17,8 @@ no optimizer step, no LR step, no weight sync; it is logged with `train/skipped_
 Steps 1-3 come from the rollout pipeline (`async_rollouts.py`, where `train.max_staleness` is
 documented): at k = 0 they run in the step itself, in this order; at k >= 1 they ran up to k steps
 ahead, while earlier steps trained. The engines, the sandbox, the weight pusher and the exchange
-of rolled-out shards between nodes are the rollout service's (`rollout_service.py`). Checkpoints
-and metrics stay on rank 0.
+of rolled-out shards between nodes are the rollout service's (`rollout_service.py`). Metrics
+stay on rank 0; every rank writes its own shards of a checkpoint (`checkpoint.py`).
 
 Faults: SIGTERM or SIGUSR1 ends the run at the next step boundary with a checkpoint and exit code
 75 (`preemption.py`); `--resume auto` continues from `latest` if there is one, else starts fresh.
