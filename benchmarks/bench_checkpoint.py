@@ -188,8 +188,10 @@ def run(model_dir: Path, work: Path, ranks: int, method: str, port: int) -> list
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", f"--master-port={port}",
            __file__, "--worker", str(model_dir), str(out), method]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{ranks} ranks, {method}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    if proc.returncode != 0:   # reported, and the other runs still go (e.g. an OOM kill of the baseline)
+        print(f"{ranks} ranks, {method}: exit {proc.returncode}\n{proc.stderr[-3000:]}", file=sys.stderr)
+        shutil.rmtree(out, ignore_errors=True)
+        return []
     rows = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
     shutil.rmtree(out, ignore_errors=True)       # ~12 bytes per parameter each
     return rows
