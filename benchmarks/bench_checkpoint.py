@@ -1,8 +1,8 @@
 """Checkpoint save and load: time and peak host RSS per rank, sharded (DCP) against gather-to-rank-0.
 
 Target: rank 0's peak RSS during a save at 4 ranks <= 0.5x the gather-to-rank-0 path's.
-Builds a random Qwen3-shaped bf16 checkpoint once (cached in --work; default shape below: Qwen3
-widths, 2 decoder layers so that 4 ranks and the baseline's full gather fit in CPU RAM), then for
+Builds a random Qwen3-shaped bf16 checkpoint once (cached in --work; the shape below: Qwen3-1.7B's
+widths, 2 decoder layers, so that 4 ranks and the baseline's full gather fit in 23 GiB of CPU RAM), then for
 each (ranks, method) launches `torchrun --nproc-per-node R` on this file in worker mode. Each rank
 builds the policy exactly as the trainer does (`PolicyTrainer`: meta device, FSDP2 `fully_shard`
 per layer and root, its own slices read), gives AdamW state with one optimizer step on random
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 GIB = 1024**3
 SHAPE = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=2, num_attention_heads=16,
              num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=4096,
-             tie_word_embeddings=False)     # untied, as Qwen3-8B/14B
+             tie_word_embeddings=True)      # Qwen3-1.7B's widths and tied embeddings, 2 of its 28 layers
 METHODS = ("sharded", "gather")
 
 
@@ -165,7 +165,7 @@ def build_checkpoint(work: Path) -> tuple[Path, int]:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    path = work / "qwen3_2layer"
+    path = work / "qwen3_1.7b_widths_2layers"
     config = Qwen3Config(**SHAPE)
     if not (path / "config.json").is_file():
         torch.manual_seed(0)
@@ -214,8 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for ranks in args.ranks:
         for method in args.methods:
-            rows += run(model_dir, args.work, ranks, method, args.port)
-            print(f"done: {ranks} ranks, {method}", file=sys.stderr, flush=True)
+            got = run(model_dir, args.work, ranks, method, args.port)
+            rows += got
+            print(f"done: {ranks} ranks, {method}: {json.dumps(got)}", file=sys.stderr, flush=True)
+            if args.json:       # as it goes: a later run that takes the machine down loses only itself
+                args.json.write_text(json.dumps({"shape": SHAPE, "rows": rows}, indent=2))
     result = {"shape": SHAPE, "parameters": n, "load_average": os.getloadavg(), "rows": rows}
     ratios = {}
     for ranks in args.ranks:
