@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rl_synthetic import tiny_rl_recipe
+from rl_synthetic import saved_optimizer_state, tiny_rl_recipe
 from rstar2_cli.config import load_recipe_dict
 
 pytestmark = pytest.mark.slow
