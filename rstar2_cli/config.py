@@ -173,6 +173,10 @@ class TrainConfig(_Section):
     partial_rollout: bool = False
     seed: int = 0
     save_every: int = Field(10, ge=1)
+    # step_* checkpoints kept on disk, newest first; 0 = all. `latest` and `final` are never deleted
+    # (resume reads `latest`, the next stage `final`), so 1 is enough to resume; 0 keeps the history
+    # for evaluating earlier steps, as before (rl/checkpoint.py: ~12 bytes per parameter each)
+    keep_checkpoints: int = Field(0, ge=0)
     out_dir: str = "runs/rl"
     tensorboard: bool = False
     wandb: bool = False

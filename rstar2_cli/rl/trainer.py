@@ -17,8 +17,8 @@ no optimizer step, no LR step, no weight sync; it is logged with `train/skipped_
 Steps 1-3 come from the rollout pipeline (`async_rollouts.py`, where `train.max_staleness` is
 documented): at k = 0 they run in the step itself, in this order; at k >= 1 they ran up to k steps
 ahead, while earlier steps trained. The engines, the sandbox, the weight pusher and the exchange
-of rolled-out shards between nodes are the rollout service's (`rollout_service.py`). Checkpoints
-and metrics stay on rank 0.
+of rolled-out shards between nodes are the rollout service's (`rollout_service.py`). Metrics
+stay on rank 0; every rank writes its own shards of a checkpoint (`checkpoint.py`).
 
 Faults: SIGTERM or SIGUSR1 ends the run at the next step boundary with a checkpoint and exit code
 75 (`preemption.py`); `--resume auto` continues from `latest` if there is one, else starts fresh.
@@ -31,8 +31,11 @@ and the run can be resumed with a changed recipe (a lower `optim.lr`, say).
 A remote sandbox (`sandbox.url`) rides out short outages in its client (retries with backoff;
 calls that fail anyway are `internal_error` results, infrastructure failures that RoC leaves out);
 one where every call has failed for longer than `sandbox.outage_s` checkpoints and aborts too.
+A checkpoint that cannot be written (a full disk: `checkpoint.CheckpointWriteError`) aborts the run
+(`RunAborted`), the previous checkpoint and `latest` intact.
 Fault injection for tests and benchmarks/chaos_rl.py: `RSTAR2_FAULT_NONFINITE_STEPS=3,4` gives
-those (1-based) steps NaN advantages, so their loss and gradients are NaN (read once, at start).
+those (1-based) steps NaN advantages, so their loss and gradients are NaN (read once, at start);
+`RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` fails that step's checkpoint write (`checkpoint.py`).
 """
 from __future__ import annotations
 
@@ -263,8 +266,11 @@ class RLTrainer:
         extra = {"nonfinite": dict(self.nonfinite)}
         if pending is not None:
             extra["async_pending"] = pending
-        checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step, self.rng,
-                                   final=final, extra=extra)
+        try:
+            checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step, self.rng,
+                                       final=final, extra=extra, keep=self.cfg.train.keep_checkpoints)
+        except checkpoint.CheckpointWriteError as e:   # a full disk: the previous checkpoint is intact
+            raise RunAborted(f"step {self.step}: {e}") from None
         self.last_checkpoint, self.saved_step = target, self.step
         return target
 

@@ -61,6 +61,8 @@ def test_overrides_parse_yaml_values():
     ("rollout.top_p=0", "rollout.top_p"),
     ("lr=1", "lr: unknown field"),
     ("optim", "expected key=value"),
+    ("train.keep_checkpoints=-1", "train.keep_checkpoints"),
+    ("train.keep_checkpoints=two", "train.keep_checkpoints"),
 ])
 def test_bad_overrides_fail_with_one_line(override, fragment):
     with pytest.raises(ConfigError) as e:

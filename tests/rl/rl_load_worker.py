@@ -3,21 +3,37 @@
 argv: out_dir model_dir [model_dir ...]. For each model dir and method, rank 0 writes
 out_dir/<i>_<method>.pt (the gathered full state and the rotary inv_freq); then the "slices"
 policy of the first dir is saved with save_checkpoint, loaded into a fresh policy and rank 0
-writes out_dir/saved.pt and out_dir/resumed.pt (both gathered full states).
+writes out_dir/saved.pt and out_dir/resumed.pt (both gathered full states) and out_dir/optim.pt
+(both AdamW states, gathered); a save with RSTAR2_FAULT_CHECKPOINT_WRITE set writes each rank's
+error to out_dir/fault_<rank>.txt; a checkpoint in out_dir/single (saved by one process) is
+loaded at this world size into out_dir/from_single.pt.
 """
+import os
 import sys
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
 sys.path.insert(0, str(Path(__file__).parent))
 from rl_synthetic import make_trajectories  # noqa: E402
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # noqa: E402
-from rstar2_cli.rl.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from rstar2_cli.rl.checkpoint import (  # noqa: E402
+    FAULT_CHECKPOINT_WRITE_ENV,
+    CheckpointWriteError,
+    load_checkpoint,
+    save_checkpoint,
+)
 from rstar2_cli.rl.dist import setup_distributed, shard_for_rank  # noqa: E402
 from rstar2_cli.rl.model_load import build_policy_model  # noqa: E402
 from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
+
+
+def _full_optimizer(policy: PolicyTrainer) -> dict:
+    """AdamW state gathered whole on rank 0, for comparison (other ranks: {})."""
+    return get_optimizer_state_dict(policy.model, policy.optimizer,
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def _policy(model_dir: str) -> PolicyTrainer:
@@ -49,9 +65,25 @@ def main(out_dir: str, model_dirs: list[str]) -> None:
             p.to_local().zero_()
     load_checkpoint(out / "ckpt", resumed)
     got = dict(resumed.full_state_dict())
+    saved_optim, got_optim = _full_optimizer(policy), _full_optimizer(resumed)
     if rank == 0:
         torch.save(saved, out / "saved.pt")
         torch.save(got, out / "resumed.pt")
+        torch.save({"saved": saved_optim, "resumed": got_optim}, out / "optim.pt")
+    # a full disk on the last rank only: every rank raises, the previous checkpoint stays latest
+    os.environ[FAULT_CHECKPOINT_WRITE_ENV] = "2"
+    try:
+        save_checkpoint(out / "ckpt" / "step_000002", policy, step=2)
+        (out / f"fault_{rank}.txt").write_text("no error")
+    except CheckpointWriteError as e:
+        (out / f"fault_{rank}.txt").write_text(str(e))
+    del os.environ[FAULT_CHECKPOINT_WRITE_ENV]
+    if (out / "single").is_dir():          # saved by one process: resumed here at two ranks
+        other = _policy(model_dirs[0])
+        load_checkpoint(out / "single", other)
+        state, optim = dict(other.full_state_dict()), _full_optimizer(other)
+        if rank == 0:
+            torch.save({"state": state, "optim": optim}, out / "from_single.pt")
     torch.distributed.barrier()           # rank 1 must not tear gloo down while rank 0 still writes
     torch.distributed.destroy_process_group()
 

@@ -62,3 +62,24 @@ def tiny_rl_recipe(tiny_model, data, out, *, steps: int, prompts_per_step: int =
         "train": {"steps": steps, "prompts_per_step": prompts_per_step, "group_size": 2, "micro_batch_tokens": 4096,
                   "save_every": 1, "out_dir": str(out), "seed": 3},
     }
+
+
+def saved_weights(step_dir) -> dict:
+    """Every tensor of a checkpoint folder's HF weight files (one or several, per its index)."""
+    from safetensors.torch import load_file
+
+    from rstar2_cli.rl.model_load import checkpoint_files
+
+    return {k: v for f in checkpoint_files(step_dir) for k, v in load_file(f).items()}
+
+
+def saved_optimizer_state(step_dir, scratch) -> dict:
+    """A checkpoint's AdamW state, whole (`{"state": {name: {...}}, "param_groups": [...]}`), read
+    from its DCP folder by torch's own converter into `scratch` (a file path)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from rstar2_cli.rl.checkpoint import STATE_DIR
+
+    dcp_to_torch_save(str(step_dir / STATE_DIR), str(scratch))
+    return torch.load(scratch, weights_only=False)["optimizer"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from rl_synthetic import tiny_rl_recipe, write_times_seven
 from rstar2_cli.config import load_recipe_dict
@@ -54,6 +53,7 @@ def test_synchronous_steps_are_identical_for_a_seed(tiny_model, tmp_path, monkey
 
 
 def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(tiny_model, tmp_path, monkeypatch):
+    from rstar2_cli.rl.checkpoint import read_trainer_state
     from rstar2_cli.rl.sampler import DataSampler
     from rstar2_cli.rl.trainer import RLTrainer, train
 
@@ -76,7 +76,7 @@ def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(
     assert any(r["async/staleness_1"] > 0 for r in rows[1:])               # later batches ran ahead
 
     # the checkpoint after step 2 holds batch 2 (in flight then), as the synchronous data order has it
-    state = torch.load(out / "step_000002" / "trainer_state.pt", weights_only=False)
+    state = read_trainer_state(out / "step_000002")
     pending = state["extra"]["async_pending"]
     order = DataSampler(7, 2, seed=3)
     expected = [order.next_batch() for _ in range(3)][2]

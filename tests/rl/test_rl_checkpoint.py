@@ -1,4 +1,5 @@
-"""Save -> load -> the next update and the next prompt batch are the same as without the stop."""
+"""Save -> load -> the next update and the next prompt batch are the same as without the stop; a
+save before the first step leaves AdamW untouched; keep-N pruning; a failed write changes nothing."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +8,17 @@ import torch
 from rl_synthetic import make_trajectories
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
-from rstar2_cli.rl.checkpoint import latest_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
+from rstar2_cli.rl.checkpoint import (
+    FAULT_CHECKPOINT_WRITE_ENV,
+    CheckpointWriteError,
+    file_index,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    read_trainer_state,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from rstar2_cli.rl.loss import group_advantages
 from rstar2_cli.rl.policy import PolicyTrainer
 from rstar2_cli.rl.sampler import DataSampler
@@ -72,3 +83,97 @@ def test_checkpoint_folder_is_a_loadable_hf_model(tmp_path, tiny_model_dir):
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a checkpoint"):
         resolve_checkpoint(tmp_path)
+
+
+def test_a_save_before_the_first_step_leaves_the_optimizer_as_it_was(tmp_path, tiny_model_dir):
+    """torch's get_optimizer_state_dict would create AdamW state with a zero-gradient step (step 1)
+    on an optimizer that has none; the save must not, nor must resuming from such a checkpoint."""
+    a, fresh = _policy(tiny_model_dir), _policy(tiny_model_dir)
+    step_dir = save_checkpoint(tmp_path / "step_000000", a, step=0)
+    assert not a.optimizer.state
+    assert read_trainer_state(step_dir)["has_optimizer_state"] is False
+    b = _policy(tiny_model_dir)
+    load_checkpoint(step_dir, b)
+    assert not b.optimizer.state
+    got, expected = a.update(*_step_batch(1)), fresh.update(*_step_batch(1))
+    for key in ("loss", "grad_norm", "lr"):
+        assert got[key] == expected[key], key
+    for (name, value), (_, ref) in zip(a.full_state_dict(), fresh.full_state_dict()):
+        assert torch.equal(value, ref), name          # bias correction of step 1, not step 2
+
+
+def test_keep_checkpoints_prunes_the_oldest_never_latest_or_final(tmp_path, tiny_model_dir):
+    a = _policy(tiny_model_dir)
+    a.update(*_step_batch(1))
+    save_checkpoint(tmp_path / "final", a, step=1, final=True)
+    for step in (2, 3, 4, 5):
+        save_checkpoint(tmp_path / f"step_{step:06d}", a, step=step, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["final", "step_000004", "step_000005"]
+    (tmp_path / "latest").write_text("step_000004\n")     # latest older than the newest: still kept
+    assert prune_checkpoints(tmp_path, 1) == []
+    save_checkpoint(tmp_path / "step_000006", a, step=6, keep=0)   # 0 keeps every folder
+    assert prune_checkpoints(tmp_path, 1) == [tmp_path / "step_000004", tmp_path / "step_000005"]
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_000006"
+    with pytest.raises(ValueError, match="keep=0"):
+        prune_checkpoints(tmp_path, 0)
+
+
+def test_a_full_disk_leaves_latest_and_the_previous_checkpoint_intact(tmp_path, tiny_model_dir, monkeypatch):
+    a = _policy(tiny_model_dir)
+    a.update(*_step_batch(1))
+    before = save_checkpoint(tmp_path / "step_000001", a, step=1)
+    files = {p.relative_to(before): p.read_bytes() for p in before.rglob("*") if p.is_file()}
+    a.update(*_step_batch(2))
+    monkeypatch.setenv(FAULT_CHECKPOINT_WRITE_ENV, "2")
+    with pytest.raises(CheckpointWriteError) as failed:
+        save_checkpoint(tmp_path / "step_000002", a, step=2)
+    message = str(failed.value)
+    assert "\n" not in message and "No space left on device" in message and "step_000002" in message
+    assert message.endswith(f"latest is still {before}")
+    assert (tmp_path / "latest").read_text() == "step_000001\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000001"]   # no partial folder
+    assert {p.relative_to(before): p.read_bytes() for p in before.rglob("*") if p.is_file()} == files
+    save_checkpoint(tmp_path / "step_000003", a, step=3)         # only the named step fails
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_000003"
+    monkeypatch.setenv(FAULT_CHECKPOINT_WRITE_ENV, "two")
+    with pytest.raises(ValueError, match="RSTAR2_FAULT_CHECKPOINT_WRITE='two'"):
+        save_checkpoint(tmp_path / "step_000004", a, step=4)
+
+
+def test_any_oserror_in_a_write_is_a_checkpoint_write_error(tmp_path, tiny_model_dir, monkeypatch):
+    import rstar2_cli.rl.checkpoint as checkpoint
+
+    a = _policy(tiny_model_dir)
+    save_checkpoint(tmp_path / "step_000001", a, step=1)
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "config.json")
+    monkeypatch.setattr(checkpoint, "_write_hf_config", read_only)
+    with pytest.raises(CheckpointWriteError, match=r"writing config: PermissionError: .*Permission denied"):
+        save_checkpoint(tmp_path / "step_000002", a, step=2)
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_000001"
+
+
+def test_the_hf_folder_splits_into_files_that_fill_from_safetensors_reads(tmp_path, tiny_model_dir, monkeypatch):
+    """Weights over several files (the 5 GB split, made small here) load with from_pretrained and
+    with the trainer's own sliced loader; tied aliases are left out as save_pretrained does."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    import rstar2_cli.rl.checkpoint as checkpoint
+    from rstar2_cli.rl.model_load import fill_from_safetensors
+
+    a = _policy(tiny_model_dir)
+    a.update(*_step_batch(1))
+    monkeypatch.setattr(checkpoint, "file_index", lambda state: file_index(state, 40_000))
+    step_dir = save_checkpoint(tmp_path / "step_000001", a, step=1)
+    index = json.loads((step_dir / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    assert not (step_dir / "sharded").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(step_dir)
+    b = _policy(tiny_model_dir)
+    fill_from_safetensors(b.model, step_dir)
+    for name, value in a.full_state_dict():
+        torch.testing.assert_close(loaded.state_dict()[name], value, atol=0, rtol=0)
+        torch.testing.assert_close(dict(b.full_state_dict())[name], value, atol=0, rtol=0)

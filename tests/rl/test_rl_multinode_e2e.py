@@ -87,9 +87,9 @@ def test_two_nodes_roll_out_their_own_shards_and_train_on_the_same_list(tiny_mod
     # Asynchronous: step 2 trained batch 1, sampled one version earlier, on both nodes alike; the
     # checkpoint holds batch 2, in flight at the save, with each node's own shard of it.
     assert rows[1]["async/staleness_max"] <= 1 and rows[1]["async/dropped_groups"] == 0
-    import torch
+    from rstar2_cli.rl.checkpoint import read_trainer_state
 
-    pending = torch.load(out / "step_000002" / "trainer_state.pt", weights_only=False)["extra"]["async_pending"]
+    pending = read_trainer_state(out / "step_000002")["extra"]["async_pending"]
     assert [i for i, _ in pending["batches"]] == [2]
     shards = [host[0]["piece"] for host in pending["hosts"]]
     assert [s[0] for s in shards] == [[0, 2], [1]] and [len(s[1]) for s in shards] == [8, 4]

@@ -59,12 +59,12 @@ def test_the_run_skips_counts_and_aborts_after_max_in_a_row(tiny_model, tmp_path
     """Steps 1, 3 and 4 get NaN advantages (the RSTAR2_FAULT_NONFINITE_STEPS hook): step 2 ends the
     first streak, and 3, 4 make two in a row = train.max_nonfinite_steps, so the run checkpoints
     step 4 and aborts; skipped steps leave the checkpointed weights and optimizer as they were."""
-    from rl_synthetic import tiny_rl_recipe
-    from safetensors.torch import load_file
+    from rl_synthetic import saved_optimizer_state, saved_weights, tiny_rl_recipe
 
     import rstar2_cli.reward as reward
     from rstar2_cli.config import load_recipe_dict
     from rstar2_cli.reward import GradeResult
+    from rstar2_cli.rl.checkpoint import read_trainer_state
     from rstar2_cli.rl.trainer import FAULT_NONFINITE_ENV, RunAborted, train
 
     monkeypatch.setattr(reward, "grade_batch", lambda pairs, **kw: [
@@ -84,16 +84,16 @@ def test_the_run_skips_counts_and_aborts_after_max_in_a_row(tiny_model, tmp_path
     assert rows[0]["train/loss"] is None                   # NaN is logged as null
 
     def weights(step):
-        return load_file(out / f"step_{step:06d}" / "model.safetensors")
+        return saved_weights(out / f"step_{step:06d}")
 
     def moments(step):
-        return torch.load(out / f"step_{step:06d}" / "optimizer.pt", weights_only=False)["state"]
+        return saved_optimizer_state(out / f"step_{step:06d}", tmp_path / f"optim{step}.pt")["state"]
 
     w2, w3, w4 = weights(2), weights(3), weights(4)
     assert all(torch.equal(w2[k], w3[k]) and torch.equal(w3[k], w4[k]) for k in w2)
     assert any(not torch.equal(w2[k], weights(1)[k]) for k in w2)          # step 2 trained
     m2, m4 = moments(2), moments(4)
     assert m2 and all(torch.equal(m2[k][m], m4[k][m]) for k in m2 for m in ("exp_avg", "exp_avg_sq", "step"))
-    state = torch.load(out / "step_000004" / "trainer_state.pt", weights_only=False)
+    state = read_trainer_state(out / "step_000004")
     assert state["extra"]["nonfinite"] == {"total": 3, "streak": 2}
     assert state["scheduler"]["last_epoch"] == 1           # one LR step: step 2's

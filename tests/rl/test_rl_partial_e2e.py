@@ -5,7 +5,6 @@ per-token versions that sampled them."""
 from __future__ import annotations
 
 import pytest
-import torch
 from test_rl_async_e2e import _alternate, _data, _rows
 
 from rl_synthetic import tiny_rl_recipe
@@ -16,6 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 def test_partial_rollouts_train_within_the_bound_and_resume_with_per_token_versions(tiny_model, tmp_path,
                                                                                      monkeypatch):
+    from rstar2_cli.rl.checkpoint import read_trainer_state
     from rstar2_cli.rl.trainer import RLTrainer, train
 
     _alternate(monkeypatch)
@@ -38,7 +38,7 @@ def test_partial_rollouts_train_within_the_bound_and_resume_with_per_token_versi
         assert r["async/recompute_tokens"] >= 0 and r["async/continued_turns"] >= 0
     assert rows[0]["async/tokens_staleness_1"] == 0                      # batch 0: the start weights only
 
-    state = torch.load(out / "step_000002" / "trainer_state.pt", weights_only=False)
+    state = read_trainer_state(out / "step_000002")
     saved = state["extra"]["async_pending"]["hosts"][0][0]["piece"][1]
     assert saved and all(t["version_spans"] and t["version_spans"][0][0] == 0 for t in saved)
     assert all(1 <= v <= 2 for t in saved for _, v in t["version_spans"])

@@ -77,9 +77,9 @@ def test_a_preempted_and_resumed_run_equals_the_uninterrupted_one(tiny_model, tm
     assert stopped.value.step == 1 and stopped.value.checkpoint == cut / "step_000001"
     assert (cut / "latest").read_text().strip() == "step_000001"
     if k:   # the batches in flight were saved with the checkpoint, as a periodic one saves them
-        import torch
+        from rstar2_cli.rl.checkpoint import read_trainer_state
 
-        state = torch.load(cut / "step_000001" / "trainer_state.pt", weights_only=False)
+        state = read_trainer_state(cut / "step_000001")
         assert [i for i, _ in state["extra"]["async_pending"]["batches"]] == [1, 2]
     train(load_recipe_dict(_raw(tiny_model, data, cut, k)), resume="auto", progress=False)
 

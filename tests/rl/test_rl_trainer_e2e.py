@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rl_synthetic import tiny_rl_recipe
+from rl_synthetic import saved_optimizer_state, tiny_rl_recipe
 from rstar2_cli.config import load_recipe_dict
 
 pytestmark = pytest.mark.slow
@@ -58,10 +58,11 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
     # resume continues at step 3 with the saved sampler position, optimizer, LR schedule and RoC RNG
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+    from rstar2_cli.rl.checkpoint import read_trainer_state
     from rstar2_cli.rl.sampler import DataSampler
 
-    saved_state = torch.load(final / "trainer_state.pt", weights_only=False)
-    saved_optim = torch.load(final / "optimizer.pt", weights_only=False)
+    saved_state = read_trainer_state(final)
+    saved_optim = saved_optimizer_state(final, tmp_path / "optim.pt")
     trainer = RLTrainer(_recipe(tiny_model, data, out, steps=3), resume=True, progress=False)
     assert trainer.step == 2
     order = DataSampler(5, 2, seed=3)
