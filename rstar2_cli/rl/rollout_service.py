@@ -257,6 +257,8 @@ class RolloutService:
         """The policy's new weights into this node's engines (every rank: a collective); colocated,
         the engines' weights wake before the load and their KV cache after it."""
         with self.supervisor.lock:
+            if self.host.is_host:
+                self.supervisor.heal(self.engines)   # a replica found dead now is restarted first
             self.weights_out.push(policy)
             self.version, self._policy = self.version + 1, policy
 

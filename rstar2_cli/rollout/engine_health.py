@@ -195,6 +195,14 @@ class EngineSupervisor:
                                    else None)
         await asyncio.shield(task)
 
+    def heal(self, engines: list[Any]) -> None:
+        """Restart, in this thread and now, every replica that counts as dead (before a weight
+        push, which a dead replica would fail); the trajectories it interrupted find it restarted."""
+        for engine in engines:
+            reason = engine.health.failure()
+            if reason is not None:
+                self._restart(engine, engine.health.died(reason, engine))
+
     def _restart(self, engine: Any, died: EngineDied) -> None:
         with self.lock:
             if engine.health.generation != died.generation:
