@@ -5,6 +5,7 @@ trainer's own code. The engines and the sandbox are covered by test_rl_trainer_e
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 
 import pytest
@@ -55,6 +56,11 @@ class RecordingRollouts:
 
     def sleep(self):
         self.calls.append(("sleep",))
+
+    engine_restarts = 0
+
+    def weights_changing(self):
+        return contextlib.nullcontext()
 
 
     def push_weights(self, policy):
