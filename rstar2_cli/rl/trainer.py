@@ -283,6 +283,8 @@ class RLTrainer:
                 except EngineRestartsExhausted as e:   # the step's rollout is abandoned, drawn again on resume
                     self.pipeline.abandon(self.step)
                     saved = self.save() if self.step != self.saved_step else self.last_checkpoint
+                    if watch.signalled is not None:   # SIGTERM to every process of a preempted job
+                        raise Preempted(self.step, saved, watch.signal_name) from None
                     raise RunAborted(f"step {self.step + 1}: {e}; {saved or 'no checkpoint (no step ran)'} "
                                      f"holds step {self.step}") from None
                 if self.nonfinite["streak"] >= self.cfg.train.max_nonfinite_steps:

@@ -30,7 +30,8 @@ Restarts are counted (`faults/engine_restarts`); one beyond `engine.max_restarts
 (`RunAborted`, exit code 1). A restart needs the policy's full weights without a collective: a
 sharded (multi-rank) policy, or vLLM's own weight transfer (`engine.weight_transfer` ipc or nccl,
 whose transfer groups include the dead engine's workers), cannot be restarted mid-step and abort
-the same way at the first death (`EngineSupervisor(why_not=...)`).
+the same way at the first death (`EngineSupervisor(why_not=...)`; with several ranks the hosts'
+exchange turns that into a failed step on every rank, and the run resumes from its last checkpoint).
 
 Finding the engine-core process (fault injection, benchmarks/chaos_rl.py): `AsyncLLM` always runs
 the engine core in a child process of the trainer (vllm/v1/engine/utils.py starts it as a
