@@ -105,6 +105,21 @@ class EngineConfig(_Section):
     # ipc: the packed CUDA IPC buffer per trainer rank, MiB; None = from the model (its largest
     # tensor rounded up to 64 MiB, at least vLLM's 1 GiB); must hold the largest tensor.
     ipc_buffer_mb: int | None = Field(None, ge=1)
+    # Engine health (rollout/engine_health.py): every health_check_s each replica checks vLLM's
+    # own death flag (`AsyncLLM.errored`); a replica with requests in flight and no engine step
+    # for health_timeout_s (paused for a weight update excepted) counts as hung. A dead or hung
+    # replica is restarted with the current weights and its unfinished trajectories regenerated;
+    # after max_restarts restarts in one run the run checkpoints and aborts (exit code 1).
+    health_check_s: float = Field(5.0, gt=0.0)
+    health_timeout_s: float = Field(600.0, gt=0.0)
+    max_restarts: int = Field(3, ge=0)
+
+    @model_validator(mode="after")
+    def _health_bounds(self) -> "EngineConfig":
+        if self.health_timeout_s < self.health_check_s:
+            raise ValueError(f"engine.health_timeout_s={self.health_timeout_s:g} is shorter than "
+                             f"engine.health_check_s={self.health_check_s:g}: a hang is seen at the next check")
+        return self
 
 
 class SandboxConfig(_Section):

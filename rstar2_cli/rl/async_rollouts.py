@@ -231,6 +231,16 @@ class RolloutPipeline:
         self.next_index = step
         return why
 
+    def abandon(self, step: int) -> None:
+        """Give up the batches in flight from `step` on (an engine death the run cannot recover
+        from): they are cancelled and the sampler is moved back to before batch `step`, so a
+        checkpoint written now resumes by drawing them again."""
+        before = self._sampler_before.get(step)
+        self.cancel()
+        if before is not None:
+            self.sampler.load_state_dict(before)
+        self.next_index = step
+
     def cancel(self) -> None:
         """Stop waiting for anything in flight (closing down)."""
         for batch in self.pending:

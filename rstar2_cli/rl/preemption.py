@@ -30,9 +30,13 @@ and each node's command carries `torchrun_env` (`rstar2 rl` adds it to the plan)
 SIGUSR1 on to the workers too (it passes SIGTERM by default) and waits `preempt_grace_s` plus a
 margin before its SIGKILL (its default is 30 s).
 
-Not handled: the vLLM engine processes take the signal's default action if they receive it
-themselves (SIGTERM sent to every process of a job, as SLURM does on preemption); a step whose
-engines die is not abandoned cleanly, and the run resumes from its last checkpoint.
+Engine processes: vLLM's EngineCore processes take the signal's default action if they receive
+it themselves (SIGTERM sent to every process of a job, as SLURM does on preemption), so they may
+die while the step finishes. A replica whose engine core dies (or hangs) mid-step is detected and
+restarted with the current weights, and the trajectories it interrupted are rolled out again with
+their own seeds (`rollout/engine_health.py`, `engine.max_restarts`); the step then ends and the
+preemption checkpoint is written as above. Past `engine.max_restarts` the run checkpoints the last
+completed step and aborts (exit code 1, `RunAborted`).
 """
 from __future__ import annotations
 

@@ -19,6 +19,13 @@ so the trainer's thread only waits for a batch (`RolloutPipeline` in `async_roll
 when each batch starts: at its own step, or up to `train.max_staleness` steps ahead). Each engine
 runs on its own loop thread besides (`rollout/engines.py`).
 
+Engine death (`rollout/engine_health.py`): each host has an `EngineSupervisor`; a replica whose
+engine core dies or hangs mid-rollout is restarted and given the current weights here
+(`_current_weights`: the start folder before the first push, then the policy's live weights
+through the chunked path), and the trajectories it interrupted are rolled out again. The policy's
+weights change (update and push, `weights_changing`) under the supervisor's lock, so a restart
+never loads them half-updated.
+
 Versions: each engine knows the weights it holds (`weights_version`, the number of trainer steps
 behind them: a resumed engine starts at the checkpoint's step). A push adds one; a step that
 trains nothing adds one too (`keep_weights`: the unchanged weights are also the next step's).
@@ -78,6 +85,16 @@ class RolloutService:
                 log.warning(host.warning)
             self._start_engines_and_sandbox(weights, version)
         self.weights_out = self._weight_pusher(model)    # every rank: the gathers are collectives
+        from rstar2_cli.rollout.engine_health import EngineSupervisor
+
+        self.version, self._policy = version, None     # the weights the live engines hold, who pushed them
+        why_not = None
+        if info.world_size > 1:
+            why_not = "a sharded (multi-rank) policy gathers its weights with collectives"
+        elif self.weight_transfer != "chunked":
+            why_not = f"engine.weight_transfer={self.weight_transfer!r} cannot take a new engine mid-run"
+        self.supervisor = EngineSupervisor(max_restarts=cfg.engine.max_restarts, why_not=why_not,
+                                           current_weights=self._current_weights)
 
     # ------------------------------------------------------------------ start / stop
     def _start_engines_and_sandbox(self, weights: str, version: int) -> None:
@@ -181,7 +198,7 @@ class RolloutService:
                     [(p.id, p.problem, p.answer) for p in mine], cfg.rollouts_per_prompt, self.scheduler,
                     self.tools, self.tokenizer, cfg.rollout, seed=cfg.train.seed * 1_000_003 + index,
                     progress=self.progress, group_indices=positions, occurrence=drawn,
-                    priority=index if cfg.train.partial_rollout else 0)
+                    priority=index if cfg.train.partial_rollout else 0, recover=self.supervisor.recover)
             with timer("reward"):
                 await asyncio.to_thread(self._grade, trajs)
             return positions, trajs, timer.sections()
@@ -240,14 +257,35 @@ class RolloutService:
         else a no-op. `push_weights` wakes them."""
         self.weights_out.sleep_engines()
 
+    def weights_changing(self):
+        """Held by the trainer while it updates the policy and pushes it: no engine restart then."""
+        return self.supervisor.lock
+
+    @property
+    def engine_restarts(self) -> int:
+        return self.supervisor.restarts
+
     def push_weights(self, policy: Any) -> None:
         """The policy's new weights into this node's engines (every rank: a collective); colocated,
         the engines' weights wake before the load and their KV cache after it."""
-        self.weights_out.push(policy)
+        with self.supervisor.lock:
+            if self.host.is_host:
+                self.supervisor.heal(self.engines)   # a replica found dead now is restarted first
+            self.weights_out.push(policy)
+            self.version, self._policy = self.version + 1, policy
+
+    def _current_weights(self) -> tuple[list | None, int]:
+        """What a restarted engine (built from the start folder) must hold, as the live engines do:
+        the policy's weights once one was pushed (None before: the start folder's), and their
+        version. Called holding the supervisor's lock: never mid-update."""
+        named = None if self._policy is None else self._policy.full_state_for_engines(keep=True)
+        return named, self.version
 
     def keep_weights(self) -> None:
         """A step that trained nothing: the engines' unchanged weights are the next version too."""
-        for e in self.engines:
-            e.weights_version += 1
+        with self.supervisor.lock:
+            self.version += 1
+            for e in self.engines:
+                e.weights_version += 1
         if self.cfg.train.partial_rollout and self.engines:   # the per-token label follows the version
             self._run(asyncio.gather(*(e.label_weights() for e in self.engines)))

@@ -33,6 +33,10 @@ calls that fail anyway are `internal_error` results, infrastructure failures tha
 one where every call has failed for longer than `sandbox.outage_s` checkpoints and aborts too.
 A checkpoint that cannot be written (a full disk: `checkpoint.CheckpointWriteError`) aborts the run
 (`RunAborted`), the previous checkpoint and `latest` intact.
+A vLLM engine that dies or hangs mid-rollout is restarted with the current weights and the
+trajectories it interrupted are rolled out again with their own seeds (`rollout/engine_health.py`,
+`faults/engine_restarts`); one death more than `engine.max_restarts` checkpoints the last
+completed step and aborts (`RunAborted`), the step's batch drawn again on resume.
 Fault injection for tests and benchmarks/chaos_rl.py: `RSTAR2_FAULT_NONFINITE_STEPS=3,4` gives
 those (1-based) steps NaN advantages, so their loss and gradients are NaN (read once, at start);
 `RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` fails that step's checkpoint write (`checkpoint.py`).
@@ -191,14 +195,15 @@ class RLTrainer:
             advantages = [float("nan")] * len(advantages)
         update: dict[str, float] = {}
         if kept:
-            # 6. the update on this rank's shard (colocated on GPU: the engines sleep meanwhile)
-            with timer("train"):
-                rollouts.sleep()
-                mine = shard_for_rank(list(zip(kept, advantages)), self.info.rank, self.info.world_size)
-                update = self.policy.update([m[0] for m in mine], [m[1] for m in mine])
-            # 7. the new weights into the engines (colocated: woken for it)
-            with timer("sync"):
-                rollouts.push_weights(self.policy)
+            with rollouts.weights_changing():   # no engine restart reads the weights meanwhile
+                # 6. the update on this rank's shard (colocated on GPU: the engines sleep meanwhile)
+                with timer("train"):
+                    rollouts.sleep()
+                    mine = shard_for_rank(list(zip(kept, advantages)), self.info.rank, self.info.world_size)
+                    update = self.policy.update([m[0] for m in mine], [m[1] for m in mine])
+                # 7. the new weights into the engines (colocated: woken for it)
+                with timer("sync"):
+                    rollouts.push_weights(self.policy)
         else:   # every group filtered out: nothing to learn, so no optimizer, LR or weight step
             log.warning("step %d: no group left after filtering (%s): skipped, no optimizer or LR step",
                         self.step + 1, ", ".join(f"{k} {v}" for k, v in roc.dropped.items()) or "no groups")
@@ -211,6 +216,7 @@ class RLTrainer:
                                max_response_tokens=cfg.rollout.max_response_tokens)
         metrics["train/skipped_empty"] = float(not kept)
         metrics.update(self._count_nonfinite(update))
+        metrics["faults/engine_restarts"] = float(rollouts.engine_restarts)
         metrics.update(batch.per_node)
         metrics.update(self.pipeline.overlap_metrics(batch, timer.seconds.get("sync", 0.0)))
         if validation_due(cfg, self.step):
@@ -277,10 +283,12 @@ class RLTrainer:
     def train(self) -> Path:
         """Run until train.steps; checkpoint every save_every steps and at the end. Raises
         `preemption.Preempted` after the checkpoint a preemption signal asks for, and
-        `RunAborted` after `train.max_nonfinite_steps` non-finite steps in a row or a sandbox outage
-        past `sandbox.outage_s`."""
+        `RunAborted` after `train.max_nonfinite_steps` non-finite steps in a row, after a sandbox outage
+        past `sandbox.outage_s`, and when an engine dies once more than `engine.max_restarts` allows
+        (`rollout/engine_health.py`)."""
         from rstar2_cli.rl.preemption import PreemptionWatch, Preempted
         from rstar2_cli.rl.validation import validation_due
+        from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
 
         watch = PreemptionWatch(self.cfg.train.preempt_grace_s, self.info.device).install()
         try:
@@ -290,7 +298,15 @@ class RLTrainer:
                 if watch.agreed():   # every rank, every step boundary: all stop at the same step
                     raise Preempted(self.step, self.save() if self.step != self.saved_step else self.last_checkpoint,
                                     watch.signal_name)
-                self.train_step()
+                try:
+                    self.train_step()
+                except EngineRestartsExhausted as e:   # the step's rollout is abandoned, drawn again on resume
+                    self.pipeline.abandon(self.step)
+                    saved = self.save() if self.step != self.saved_step else self.last_checkpoint
+                    if watch.signalled is not None:   # SIGTERM to every process of a preempted job
+                        raise Preempted(self.step, saved, watch.signal_name) from None
+                    raise RunAborted(f"step {self.step + 1}: {e}; {saved or 'no checkpoint (no step ran)'} "
+                                     f"holds step {self.step}") from None
                 if self.nonfinite["streak"] >= self.cfg.train.max_nonfinite_steps:
                     saved = self.save()
                     raise RunAborted(

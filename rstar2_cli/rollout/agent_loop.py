@@ -15,6 +15,12 @@ Why one asyncio task per trajectory: a trajectory sends its tool calls the momen
 and its next turn the moment the results are back, so generation of other trajectories keeps the
 engines busy meanwhile (the paper's asynchronous tool dispatch) instead of waiting for the
 slowest turn of a synchronized batch.
+
+Engine death (`engine_health.py`): a turn whose replica died or hung raises `EngineDied`; with a
+`recover` callback (the rollout host's `EngineSupervisor.recover`) the trajectory waits for the
+restart, is reset to its prompt and rolled out again from its first turn with the same seeds
+(its tool calls run again too), so it comes out as it would have without the fault; finished
+trajectories are untouched. Without one it ends with finish_reason "error", as any engine error.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +37,8 @@ from rstar2_cli.protocol.parser import ParseError, ToolCall, parse_tool_calls
 from rstar2_cli.protocol.responses import response_text, tool_turn_ids
 from rstar2_cli.protocol.template import encode_messages, eos_token_ids, problem_messages, single_token_id
 from rstar2_cli.protocol.tools import ToolSpec, get_tools, tool_schemas
-from rstar2_cli.rollout.engines import GenRequest
+from rstar2_cli.rollout.engine_health import EngineDied
+from rstar2_cli.rollout.generation import GenRequest
 from rstar2_cli.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -172,6 +180,8 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             ids.extend(tool_ids)
             mask.extend([0] * len(tool_ids))
             logprobs.extend([0.0] * len(tool_ids))
+    except EngineDied:
+        raise                 # the caller restarts the engine and rolls this trajectory out again
     except Exception as e:  # one broken trajectory must not sink the batch; the caller sees "error"
         log.warning("trajectory %s failed: %r", key, e)
         traj.finish_reason = "error"
@@ -188,7 +198,8 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
 async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_problem: int, generator,
                          tool_runner, tokenizer, cfg: RolloutConfig, *, seed: int = 0,
                          progress: bool = True, group_indices: list[int] | None = None,
-                         occurrence: list[int] | None = None, priority: int = 0) -> list[Trajectory]:
+                         occurrence: list[int] | None = None, priority: int = 0,
+                         recover: Callable[[EngineDied], Awaitable[None]] | None = None) -> list[Trajectory]:
     """Roll out `samples_per_problem` trajectories for each (prompt_id, problem_text, gold).
 
     Returns trajectories grouped by problem, in input order (sample_index 0..n-1 within a group).
@@ -198,7 +209,9 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
     this list) gives a later draw its own seeds and session keys. `priority`: the engines' request
     priority of every turn (lower first: the batch index, so older batches' turns go first).
     Raises only if every trajectory failed (e.g. the engine is down); otherwise failed ones come
-    back with finish_reason "error" and infra_error "engine_error".
+    back with finish_reason "error" and infra_error "engine_error". `recover`: awaited with the
+    `EngineDied` of a trajectory whose engine died, before it is rolled out again from its prompt
+    (module docstring); what it raises ends the rollout.
     """
     if samples_per_problem < 1:
         raise ValueError(f"samples_per_problem must be >= 1, got {samples_per_problem}")
@@ -224,7 +237,21 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
 
     async def run_all(on_done=None) -> None:
         async def one(t, key, s):
-            await _rollout_one(t, key, s, generator, tool_runner, proto, priority)
+            while True:
+                try:
+                    await _rollout_one(t, key, s, generator, tool_runner, proto, priority)
+                    break
+                except EngineDied as died:
+                    if recover is None:
+                        t.finish_reason, t.infra_error, t.extra["error"] = "error", "engine_error", repr(died)
+                        t.text = proto.decode(t.response_ids)
+                        t.extra.update(key=key, seed=s)
+                        break
+                    log.warning("trajectory %s: %s; rolled out again after the restart", key, died)
+                    await recover(died)
+                    vars(t).update(vars(Trajectory(prompt_id=t.prompt_id, sample_index=t.sample_index,
+                                                   group_index=t.group_index, prompt_ids=list(t.prompt_ids),
+                                                   gold=t.gold)))
             if on_done is not None:
                 on_done(t)
         await asyncio.gather(*(one(*j) for j in jobs))

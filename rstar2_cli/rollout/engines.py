@@ -22,6 +22,10 @@ With partial rollouts (`pause_mode = "keep"`) running requests stop at a token b
 continue on the new weights with their prefix re-prefilled; `GenResult.version_spans` says which
 version sampled which tokens.
 
+Health: every request waits under the replica's `HealthWatch` (`engine_health.py`: vLLM's
+`AsyncLLM.errored` and a no-progress bound); a dead or hung engine core raises `EngineDied` and
+`restart` replaces it.
+
 GPU placement (`from_config(..., gpu_ids=...)`): `gpu_visibility.visible_gpus` while the engine is
 built, so the engine-core process vLLM spawns gets those GPUs; the trainer keeps its own device.
 """
@@ -29,23 +33,27 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from rstar2_cli.launch.gpu_visibility import visible_gpus
+from rstar2_cli.rollout.engine_health import HealthWatch
+from rstar2_cli.rollout.generation import Engine, GenRequest, GenResult, to_result, version_spans
 from rstar2_cli.rollout.weight_sync.backends import engine_weight_sync_args
-from rstar2_cli.rollout.weight_sync.chunked import push_weights
+from rstar2_cli.rollout.weight_sync.chunked import load_chunks, push_weights
 
 if TYPE_CHECKING:
     import torch
 
     from rstar2_cli.config import EngineConfig
+
+__all__ = ["Engine", "GenRequest", "GenResult", "VLLMEngine", "default_max_model_len", "version_spans"]
 
 PROMPT_BUDGET_TOKENS = 2048   # context room for the prompt when max_model_len is not set
 
@@ -53,85 +61,6 @@ PROMPT_BUDGET_TOKENS = 2048   # context room for the prompt when max_model_len i
 def default_max_model_len(max_response_tokens: int, override: int | None = None) -> int:
     """The engine's context length: `override` when set, else the response budget plus the prompt's."""
     return override or (max_response_tokens + PROMPT_BUDGET_TOKENS)
-
-
-@dataclass
-class GenRequest:
-    prompt_ids: list[int]            # full context so far (prompt + previous turns + tool responses)
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop_token_ids: list[int] = field(default_factory=list)
-    seed: int | None = None
-    logprobs: bool = True            # return the sampled token's logprob per generated token
-    ignore_eos: bool = False         # benchmarks: force exactly max_tokens tokens
-    priority: int = 0                # vLLM request priority (lower first; needs scheduling_policy="priority")
-
-    def __post_init__(self) -> None:
-        if not self.prompt_ids:
-            raise ValueError("GenRequest.prompt_ids: must not be empty")
-        if self.max_tokens < 1:
-            raise ValueError(f"GenRequest.max_tokens: must be >= 1 (got {self.max_tokens})")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"GenRequest.top_p: must be in (0, 1] (got {self.top_p})")
-        if self.temperature < 0.0:
-            raise ValueError(f"GenRequest.temperature: must be >= 0 (got {self.temperature})")
-
-
-@dataclass
-class GenResult:
-    token_ids: list[int]             # generated ids, including the stop token if one was hit
-    logprobs: list[float]            # same length as token_ids ([] when the request had logprobs=False)
-    finish_reason: str               # "stop" (stop token / eos) | "length"
-    stop_token_id: int | None        # which stop token ended it, if any
-    policy_version: int = 0          # the weights that generated its first token (engine.weights_version)
-    # partial rollouts (pause mode "keep"): (first index in token_ids, version) per run of tokens
-    # sampled by one version, from vLLM's own per-output weight-version spans; [] = all policy_version
-    version_spans: list[tuple[int, int]] = field(default_factory=list)
-
-
-@runtime_checkable
-class Engine(Protocol):
-    """One generation replica. `kv_capacity_tokens` lets a scheduler turn in-flight token counts
-    into a fraction of this replica's KV cache."""
-
-    kv_capacity_tokens: int
-
-    async def generate(self, req: GenRequest) -> GenResult: ...
-    def kv_free_fraction(self) -> float: ...
-    async def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None: ...
-    async def reset_prefix_cache(self) -> None: ...
-    async def close(self) -> None: ...
-
-
-def version_spans(spans: Any, version: int) -> list[tuple[int, int]]:
-    """vLLM's `CompletionOutput.weight_versions` ([start, end) per label, the label the engine core
-    held when it sampled them: `update_weight_version`) as (start, version) runs. A label that is
-    not a number is vLLM's "default" (no update labelled yet): the version the request started on."""
-    out: list[tuple[int, int]] = []
-    for span in spans or ():
-        if span.end <= span.start:
-            continue
-        v = int(span.version) if str(span.version).isdigit() else version
-        if not out or out[-1][1] != v:
-            out.append((int(span.start), v))
-    return out
-
-
-def _to_result(out: Any, want_logprobs: bool, version: int = 0, spans: bool = False) -> GenResult:
-    """vLLM `CompletionOutput` -> GenResult (sampled-token logprobs, stop token identified;
-    `spans`: the per-token weight versions too)."""
-    ids = list(out.token_ids)
-    logprobs: list[float] = []
-    if want_logprobs:
-        logprobs = [float(step[tok].logprob) for step, tok in zip(out.logprobs, ids)]
-    finish = "stop" if out.finish_reason == "stop" else "length"
-    stop_id = out.stop_reason if isinstance(out.stop_reason, int) else None
-    if finish == "stop" and stop_id is None and ids:
-        stop_id = ids[-1]            # EOS: vLLM reports stop_reason=None, the id is the last token
-    runs = version_spans(getattr(out, "weight_versions", None), version) if spans else []
-    return GenResult(token_ids=ids, logprobs=logprobs, finish_reason=finish, stop_token_id=stop_id,
-                     policy_version=runs[0][1] if runs else version, version_spans=runs)
 
 
 class VLLMEngine:
@@ -146,7 +75,8 @@ class VLLMEngine:
     # stop at a token boundary and continue on the new weights (`pause_for_update`)
     pause_mode = "wait"
 
-    def __init__(self, engine_args: Any, *, weight_chunk_bytes: int = 256 << 20):
+    def __init__(self, engine_args: Any, *, weight_chunk_bytes: int = 256 << 20, health_check_s: float = 5.0,
+                 health_timeout_s: float = 600.0, gpu_ids: Sequence[int] | None = None):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop",
                                         daemon=True)
@@ -158,6 +88,9 @@ class VLLMEngine:
         self._busy_since = 0.0
         self._busy_total = 0.0
         self.weight_chunk_bytes = weight_chunk_bytes   # the chunked path's safetensors blob size
+        self._engine_args, self._gpu_ids = engine_args, gpu_ids   # what `restart` builds again from
+        self.health = HealthWatch(lambda: self._llm.errored, lambda: self._pending_version is not None,
+                                  check_s=health_check_s, timeout_s=health_timeout_s)
         try:
             self._llm = self._call(self._start(engine_args))
         except BaseException:
@@ -219,8 +152,9 @@ class VLLMEngine:
             disable_log_stats=True,   # no periodic log lines; our stat logger still gets stats
             scheduling_policy=scheduling_policy,
         )
+        health = {"health_check_s": cfg.health_check_s, "health_timeout_s": cfg.health_timeout_s}
         if gpu_ids is None or on_cpu:
-            return cls(args)
+            return cls(args, **health)
         if len(gpu_ids) != cfg.tensor_parallel_size:
             raise ValueError(f"gpu_ids={list(gpu_ids)}: expected {cfg.tensor_parallel_size} ids "
                              f"(engine.tensor_parallel_size)")
@@ -228,7 +162,7 @@ class VLLMEngine:
             raise ValueError("gpu_ids needs vLLM's engine-core process, but VLLM_ENABLE_V1_MULTIPROCESSING=0 "
                              "runs the model in this process: unset it")
         with visible_gpus(gpu_ids):
-            return cls(args)
+            return cls(args, gpu_ids=gpu_ids, **health)
 
     # ------------------------------------------------------------------ loop plumbing
     def _call(self, coro: Any) -> Any:
@@ -251,6 +185,7 @@ class VLLMEngine:
                        mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
                 if scheduler_stats is not None:
                     engine._kv_usage = float(scheduler_stats.kv_cache_usage)
+                engine.health.beat()   # one engine step done
 
             def log_engine_initialized(self) -> None:
                 pass
@@ -288,17 +223,21 @@ class VLLMEngine:
         if self._inflight == 0:
             self._busy_since = time.monotonic()
         self._inflight += 1
-        try:
+        async def last_output() -> Any:
+            out = None
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(req.prompt_ids)),
                                                 params, request_id=uuid.uuid4().hex, priority=req.priority):
-                final = out
+                pass
+            return out
+        try:
+            final = await self.health.guard(last_output(), self)
         finally:
             self._inflight -= 1
             if self._inflight == 0:
                 self._busy_total += time.monotonic() - self._busy_since
         if final is None or not final.outputs:
             raise RuntimeError("vLLM returned no output for a request")
-        return _to_result(final.outputs[0], req.logprobs, version, spans=self.pause_mode == "keep")
+        return to_result(final.outputs[0], req.logprobs, version, spans=self.pause_mode == "keep")
 
     async def generate(self, req: GenRequest) -> GenResult:
         return await self._on_loop(self._generate_on_loop(req))
@@ -385,6 +324,32 @@ class VLLMEngine:
         trainer's push buffers plus a cache."""
         if self.can_sleep:
             await self._on_loop(self._llm.wake_up(tags))
+
+    def restart(self, weights: Iterable[tuple[str, "torch.Tensor"]] | None, version: int) -> None:
+        """Replace this replica's engine core by a fresh one built from the same arguments, load
+        `weights` into it (chunked path; None: keep the weights it was built from) and stamp it
+        `version`; from any thread but this replica's loop (`engine_health.EngineSupervisor`).
+        The old core is shut down first (vLLM kills it if it does not exit)."""
+        old = self._llm
+        self._finalizer.detach()
+
+        async def stop() -> None:
+            old.shutdown(timeout=10)
+        try:
+            self._call(stop())
+        except Exception as e:           # a dead engine may fail its own shutdown: it is gone anyway
+            import logging
+            logging.getLogger(__name__).warning("shutdown of the dead engine: %r", e)
+        with visible_gpus(self._gpu_ids) if self._gpu_ids else contextlib.nullcontext():
+            self._llm = self._call(self._start(self._engine_args))
+        self._finalizer = weakref.finalize(self, VLLMEngine._finalize, self._llm, self._loop, self._thread)
+        self._kv_usage, self._pending_version = 0.0, None
+        if weights is not None:
+            self._call(load_chunks([self], weights))
+            self._call(self._llm.reset_prefix_cache())
+        self.weights_version = version
+        if self.pause_mode == "keep":
+            self._call(self.label_weights())
 
     @staticmethod
     def _finalize(llm: Any, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:

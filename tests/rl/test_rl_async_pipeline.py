@@ -203,3 +203,17 @@ def test_colocated_engines_on_gpus_refuse_staleness_once_the_run_knows_its_devic
         check_placement(load_recipe_dict(raw), on_gpu=True)
     check_placement(load_recipe_dict({**raw, "engine": {"colocate": False}}), on_gpu=True)
     check_placement(load_recipe_dict(_recipe()), on_gpu=True)          # k = 0 colocated: the release's set-up
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_an_abandoned_step_is_drawn_again_from_the_same_sampler_position(k):
+    """An engine death past engine.max_restarts: the step's batch (and those ahead) are given up
+    and the sampler moved back, so a checkpoint written then resumes by drawing them again."""
+    pipe, started = _pipeline(k, steps=6)
+    pipe.next_batch(0)
+    pipe.fill(1)
+    drawn = [list(b.problems) for b in pipe.pending]
+    pipe.abandon(1)
+    assert not pipe.pending and pipe.next_index == 1
+    pipe.fill(1)
+    assert [list(b.problems) for b in pipe.pending] == drawn   # the same batches, in the same order

@@ -5,6 +5,7 @@ trainer's own code. The engines and the sandbox are covered by test_rl_trainer_e
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 
 import pytest
@@ -55,6 +56,11 @@ class RecordingRollouts:
 
     def sleep(self):
         self.calls.append(("sleep",))
+
+    engine_restarts = 0
+
+    def weights_changing(self):
+        return contextlib.nullcontext()
 
 
     def push_weights(self, policy):
@@ -108,6 +114,7 @@ def test_a_step_draws_rolls_out_selects_updates_pushes_and_logs_in_that_order(ma
     assert any(not torch.equal(before[k], v) for k, v in after.items())
     assert m["roc/groups_kept"] == 2 and m["rollout/trajectories"] == 8 and m["train/optimizer_steps"] == 1
     assert m["train/skipped_empty"] == 0.0 and trainer.policy.scheduler.last_epoch == 1
+    assert m["faults/engine_restarts"] == 0.0                              # the rollout side's count
     # 8: one row, the step's phases timed under the usual keys, no async/ column at k = 0
     assert (m["time/rollout"], m["time/reward"], m["time/tools"]) == (0.5, 0.25, 0.0)
     assert {"time/train", "time/sync", "time/step"} <= set(m) and m["time/step"] >= m["time/train"] + m["time/sync"]

@@ -1,0 +1,91 @@
+"""What a generation engine takes and gives: `GenRequest` (token ids in), `GenResult` (sampled ids
+and their logprobs out) and the `Engine` interface every replica implements (`engines.VLLMEngine`,
+`openai_engine.OpenAIEngine`); `to_result` converts vLLM's `CompletionOutput`. Why token ids in
+and out: engines.py."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]            # full context so far (prompt + previous turns + tool responses)
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = True            # return the sampled token's logprob per generated token
+    ignore_eos: bool = False         # benchmarks: force exactly max_tokens tokens
+    priority: int = 0                # vLLM request priority (lower first; needs scheduling_policy="priority")
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError("GenRequest.prompt_ids: must not be empty")
+        if self.max_tokens < 1:
+            raise ValueError(f"GenRequest.max_tokens: must be >= 1 (got {self.max_tokens})")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"GenRequest.top_p: must be in (0, 1] (got {self.top_p})")
+        if self.temperature < 0.0:
+            raise ValueError(f"GenRequest.temperature: must be >= 0 (got {self.temperature})")
+
+
+@dataclass
+class GenResult:
+    token_ids: list[int]             # generated ids, including the stop token if one was hit
+    logprobs: list[float]            # same length as token_ids ([] when the request had logprobs=False)
+    finish_reason: str               # "stop" (stop token / eos) | "length"
+    stop_token_id: int | None        # which stop token ended it, if any
+    policy_version: int = 0          # the weights that generated its first token (engine.weights_version)
+    # partial rollouts (pause mode "keep"): (first index in token_ids, version) per run of tokens
+    # sampled by one version, from vLLM's own per-output weight-version spans; [] = all policy_version
+    version_spans: list[tuple[int, int]] = field(default_factory=list)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One generation replica. `kv_capacity_tokens` lets a scheduler turn in-flight token counts
+    into a fraction of this replica's KV cache."""
+
+    kv_capacity_tokens: int
+
+    async def generate(self, req: GenRequest) -> GenResult: ...
+    def kv_free_fraction(self) -> float: ...
+    async def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None: ...
+    async def reset_prefix_cache(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+def version_spans(spans: Any, version: int) -> list[tuple[int, int]]:
+    """vLLM's `CompletionOutput.weight_versions` ([start, end) per label, the label the engine core
+    held when it sampled them: `update_weight_version`) as (start, version) runs. A label that is
+    not a number is vLLM's "default" (no update labelled yet): the version the request started on."""
+    out: list[tuple[int, int]] = []
+    for span in spans or ():
+        if span.end <= span.start:
+            continue
+        v = int(span.version) if str(span.version).isdigit() else version
+        if not out or out[-1][1] != v:
+            out.append((int(span.start), v))
+    return out
+
+
+def to_result(out: Any, want_logprobs: bool, version: int = 0, spans: bool = False) -> GenResult:
+    """vLLM `CompletionOutput` -> GenResult (sampled-token logprobs, stop token identified;
+    `spans`: the per-token weight versions too)."""
+    ids = list(out.token_ids)
+    logprobs: list[float] = []
+    if want_logprobs:
+        logprobs = [float(step[tok].logprob) for step, tok in zip(out.logprobs, ids)]
+    finish = "stop" if out.finish_reason == "stop" else "length"
+    stop_id = out.stop_reason if isinstance(out.stop_reason, int) else None
+    if finish == "stop" and stop_id is None and ids:
+        stop_id = ids[-1]            # EOS: vLLM reports stop_reason=None, the id is the last token
+    runs = version_spans(getattr(out, "weight_versions", None), version) if spans else []
+    return GenResult(token_ids=ids, logprobs=logprobs, finish_reason=finish, stop_token_id=stop_id,
+                     policy_version=runs[0][1] if runs else version, version_spans=runs)
