@@ -217,7 +217,7 @@ FAULTS = {"trainer_kill": trainer_kill, "preempt": preempt, "engine_kill": engin
 
 
 def start_sandbox(folder: Path) -> subprocess.Popen:
-    """`rstar2 serve-sandbox` on SANDBOX_PORT, once /health answers."""
+    """`rstar2 serve-sandbox` on SANDBOX_PORT, once /ping answers."""
     import urllib.request
 
     log = open(folder / "sandbox.log", "a")
@@ -227,7 +227,7 @@ def start_sandbox(folder: Path) -> subprocess.Popen:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{SANDBOX_PORT}/health", timeout=2)
+            urllib.request.urlopen(f"http://127.0.0.1:{SANDBOX_PORT}/ping", timeout=2)
             return proc
         except OSError:
             if proc.poll() is not None:
