@@ -366,9 +366,8 @@ def main(argv: list[str] | None = None) -> dict:
     result["steps_lost"] = sum(f.steps_lost for f in faults)
     counted = {"faults/engine_restarts": sum(f.injected for f in faults if f.kind == "engine_kill"),
                "rollout/infra_errors": sum(f.injected for f in faults if f.kind == "sandbox_kill")}
-    result["fault_counters"] = {k: {"faults": n, "metric_total": (max((r.get(k, 0.0) for r in chaos_rows), default=0.0)
-                                                                  if k.startswith("faults/") else
-                                                                  sum(r.get(k, 0.0) for r in chaos_rows))}
+    # both are per-step counts: their sum over the logged steps counts the run's faults
+    result["fault_counters"] = {k: {"faults": n, "metric_total": sum(r.get(k, 0.0) for r in chaos_rows)}
                                 for k, n in counted.items() if n}
     result["metrics"] = compare_metrics(clean_rows, chaos_rows)
     result["accuracy_points_chaos_minus_clean"] = round(

@@ -130,6 +130,7 @@ class RLTrainer:
                                    seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         self.step = 0
         self.nonfinite = {"total": 0, "streak": 0}   # steps with a skipped optimizer step: all, in a row
+        self._engine_restarts_seen = 0                # the rollout side's restarts already logged
         self._fault_nonfinite = fault_steps(os.environ)
         saved_pending = None
         engine_weights = cfg.model.path
@@ -216,7 +217,9 @@ class RLTrainer:
                                max_response_tokens=cfg.rollout.max_response_tokens)
         metrics["train/skipped_empty"] = float(not kept)
         metrics.update(self._count_nonfinite(update))
-        metrics["faults/engine_restarts"] = float(rollouts.engine_restarts)
+        # restarts during this step (the supervisor counts per process; a resumed run starts at 0)
+        restarts, self._engine_restarts_seen = rollouts.engine_restarts - self._engine_restarts_seen, rollouts.engine_restarts
+        metrics["faults/engine_restarts"] = float(restarts)
         metrics.update(batch.per_node)
         metrics.update(self.pipeline.overlap_metrics(batch, timer.seconds.get("sync", 0.0)))
         if validation_due(cfg, self.step):
