@@ -32,6 +32,7 @@ def test_a_killed_engine_core_is_restarted_and_the_rollout_recovers(tiny_model):
     from rstar2_cli.rollout.engines import VLLMEngine
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    before = {p.pid for p in engine_core_processes()}   # the session's shared engine, if it runs
     engine = VLLMEngine.from_config(str(tiny_model), EngineConfig(health_check_s=0.5, health_timeout_s=60),
                                     max_model_len=2048, seed=0)
     try:
@@ -42,7 +43,7 @@ def test_a_killed_engine_core_is_restarted_and_the_rollout_recovers(tiny_model):
             return asyncio.run(run_agent_loop(PROBLEMS, 2, LoadBalancedScheduler([engine]), OkRunner(), tok, cfg,
                                               seed=3, progress=False, recover=sup.recover))
         baseline = roll()
-        cores = engine_core_processes()
+        cores = [p for p in engine_core_processes() if p.pid not in before]   # this engine's core
         assert len(cores) == 1, cores
         killed = {}
 
@@ -55,7 +56,8 @@ def test_a_killed_engine_core_is_restarted_and_the_rollout_recovers(tiny_model):
         threading.Thread(target=kill_when_busy, daemon=True).start()
         trajs = roll()
         assert "at" in killed and sup.restarts == 1 and engine.health.generation == 1
-        assert [p.pid for p in engine_core_processes()] not in ([], [cores[0].pid])   # a new engine core
+        now = [p.pid for p in engine_core_processes() if p.pid not in before]
+        assert now and cores[0].pid not in now                                     # a new engine core
         assert all(t.finish_reason != "error" for t in trajs)
         same = [a.response_ids == b.response_ids for a, b in zip(baseline, trajs)]
         assert all(same), f"trajectories differing from the unfailed run: {same}"
