@@ -107,7 +107,8 @@ class _FullDiskWriter(dcp.FileSystemWriter):
 
     def write_data(self, plan, planner):
         result = super().write_data(plan, planner)
-        if rl_dist.process_info().rank == max(rl_dist.process_info().world_size - 1, 0):
+        info = rl_dist.process_info()
+        if info.rank == max(info.world_size - 1, 0):
             raise OSError(errno.ENOSPC, f"No space left on device (injected by {FAULT_CHECKPOINT_WRITE_ENV})")
         return result
 
