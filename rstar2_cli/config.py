@@ -157,6 +157,13 @@ class LossConfig(_Section):
     tis: bool = False                                 # truncated importance sampling: engine (behaviour) vs trainer
     tis_cap: float = Field(2.0, gt=0.0)               # weight min(pi_prox/pi_behaviour, cap) (verl tis_imp_ratio_cap)
     dual_clip: float | None = Field(None, gt=1.0)     # verl's dual-clip c (the release runs 3.0); None = off
+    # The old policy of the PPO ratio pi_theta/pi_old. "trainer": the trainer's log-probs at the weights
+    # before the update (the release; at train.max_staleness >= 1 the proximal policy of decoupled PPO,
+    # with TIS for the behaviour policy). "rollout": the engine's own sampling log-probs, so Clip-Higher
+    # bounds each step against the policy that sampled (verl's rollout_correction.bypass_mode, slime's
+    # --use-rollout-logprobs); no proximal pass runs and TIS must be off (the ratio already is the full
+    # importance weight). A trust region for stale rollouts: with one mini-batch the "trainer" ratio is 1.
+    old_logprobs: Literal["trainer", "rollout"] = "trainer"
 
 
 class OptimConfig(_Section):
@@ -228,10 +235,21 @@ class RecipeConfig(_Section):
             raise ValueError(
                 f"loss.eps_high ({self.loss.eps_high}) must be >= loss.eps_low ({self.loss.eps_low})"
             )
-        if self.train.max_staleness > 0 and not self.loss.tis:
+        if self.loss.old_logprobs == "rollout" and self.loss.tis:
             raise ValueError(
-                f"train.max_staleness={self.train.max_staleness} needs loss.tis: true: stale rollouts are "
-                "corrected by min(pi_prox/pi_behaviour, loss.tis_cap) (docs/async-rl.md)"
+                "loss.old_logprobs: rollout and loss.tis: true together: the ratio pi_theta/pi_rollout already "
+                "is the importance weight to the behaviour policy; set loss.tis: false"
+            )
+        if self.loss.old_logprobs == "rollout" and (self.rollout.temperature != 1.0 or self.rollout.top_p != 1.0):
+            raise ValueError(
+                f"loss.old_logprobs: rollout with rollout.temperature={self.rollout.temperature:g}, "
+                f"top_p={self.rollout.top_p:g}: vLLM returns the raw logits' log-probs, the sampling "
+                "distribution only at temperature 1 and top_p 1"
+            )
+        if self.train.max_staleness > 0 and not self.loss.tis and self.loss.old_logprobs == "trainer":
+            raise ValueError(
+                f"train.max_staleness={self.train.max_staleness} needs an off-policy correction: loss.tis: true "
+                "(min(pi_prox/pi_behaviour, loss.tis_cap)) or loss.old_logprobs: rollout (docs/async-rl.md)"
             )
         if self.train.partial_rollout and self.train.max_staleness < 1:
             raise ValueError(

@@ -73,6 +73,10 @@ class QuickstartSettings(BaseModel):
     max_turns: int = Field(4, ge=1)
     max_staleness: int = Field(0, ge=0, le=8)     # asynchronous GRPO-RoC (train.max_staleness); 0 = synchronous
     partial_rollout: bool = False                  # train.partial_rollout (needs max_staleness >= 1)
+    # loss.old_logprobs at max_staleness >= 1: "rollout" = Clip-Higher against the engine's log-probs
+    # (a trust region for the stale step; at the toy's LR, 3e-4, k = 1 with "trainer" + TIS has
+    # collapsed on both seeds of bench_async_quickstart.py, docs/async-rl.md section 6)
+    async_old_logprobs: Literal["trainer", "rollout"] = "rollout"
     # held-out evaluation
     eval_every: int = Field(4, ge=1)               # RL steps between held-out curve points
     eval_samples: int = Field(1, ge=1)             # samples per held-out problem (avg@k)
@@ -112,8 +116,10 @@ def toy_rl_recipe(s: QuickstartSettings, model_path: str | Path, train_file: str
         "sandbox": {"workers": 2, "memory_mb": 512},
         "roc": {"enabled": roc, "oversample": 2},
         "optim": {"lr": s.rl_lr, "warmup_steps": 0},
-        # asynchronous runs need the off-policy correction (config.py checks it)
-        "loss": {"tis": True} if s.max_staleness else {},
+        # asynchronous runs need an off-policy correction (config.py checks it): the ratio against the
+        # engine's log-probs, or TIS between the engine and the recomputed proximal policy
+        "loss": ({} if not s.max_staleness else {"old_logprobs": "rollout"} if s.async_old_logprobs == "rollout"
+                 else {"tis": True}),
         "train": {"steps": s.rl_steps, "prompts_per_step": s.prompts_per_step, "group_size": s.group_size,
                   "micro_batch_tokens": 8192, "seed": s.seed, "save_every": 10_000, "out_dir": str(out_dir),
                   "max_staleness": s.max_staleness, "partial_rollout": s.partial_rollout},

@@ -34,8 +34,10 @@ trajectory may span two. With `train.partial_rollout` the pause is vLLM's mode "
 running turns stop at a token boundary and continue on the new weights after re-prefilling, each
 token stamped with its version (`Trajectory.version_spans`), staleness counted from the oldest,
 and the engines admit by priority = batch index (docs/async-rl.md section 7). Stale rollouts are
-corrected by truncated importance weights, per token: `loss.tis: true` is required at k >= 1
-(`config.py`).
+corrected per token, and k >= 1 requires one of two corrections (`config.py`): truncated
+importance weights between the engine and the recomputed proximal policy (`loss.tis: true`), or
+the PPO ratio taken against the engine's own log-probs (`loss.old_logprobs: rollout`, no proximal
+pass; docs/async-rl.md section 2).
 
 Placement: colocated engines sleep on GPU while the trainer runs, so nothing could overlap:
 `config.py` refuses k >= 1 with `engine.colocate: true` on GPUs (the launch validates the recipe

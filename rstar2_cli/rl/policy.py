@@ -28,7 +28,9 @@ mini-batches see a moved policy and Clip-Higher acts. The LR schedule advances o
 update() call that took an optimizer step (one RL step), like verl; the trainer skips update()
 altogether on a step with nothing left after filtering. A mini-batch whose loss or gradient norm
 is NaN or inf takes no optimizer step (`nonfinite_skipped` counts them; the trainer's
-`train.max_nonfinite_steps` ends a run of them).
+`train.max_nonfinite_steps` ends a run of them). With `loss.old_logprobs: rollout` the old
+log-probs are the engine's sampling log-probs instead (no pass at all), so at max_staleness >= 1
+the clip bounds each step against the policy that sampled the batch.
 
 Attention: each trajectory attends only to itself, never across a micro-batch
 (`train.attn_implementation`, rl/attention.py): flash-attn's variable-length kernel over packed
@@ -207,6 +209,15 @@ class PolicyTrainer:
         return TokenTensors(select, torch.tensor(t.loss_mask, dtype=torch.float32)[select],
                             torch.full((int(select.sum()),), float(adv)), old, rollout)
 
+    @staticmethod
+    def _rollout_logprobs(t: Trajectory) -> torch.Tensor:
+        """The engine's sampling log-probs at `t`'s loss positions (`loss.old_logprobs: rollout`)."""
+        if len(t.logprobs) != len(t.response_ids):
+            raise ValueError(f"loss.old_logprobs: rollout needs the engine's log-prob of every response token; "
+                             f"trajectory {t.prompt_id}#{t.sample_index} has {len(t.logprobs)} for "
+                             f"{len(t.response_ids)} tokens")
+        return torch.tensor(t.logprobs, dtype=torch.float32)[loss_positions(t)]
+
     def _tis(self, old: torch.Tensor, rollout: torch.Tensor | None) -> torch.Tensor | None:
         return tis_weights(old, rollout, self.loss_cfg.tis_cap) if self.loss_cfg.tis and rollout is not None else None
 
@@ -228,7 +239,10 @@ class PolicyTrainer:
         """One RL step on this rank's shard: ppo_mini_batches optimizer steps, then LR step."""
         if len(batch) != len(advantages):
             raise ValueError(f"{len(batch)} trajectories but {len(advantages)} advantages")
-        old = None if self.reuses_update_logprobs else self.compute_logprobs(batch)
+        if self.loss_cfg.old_logprobs == "rollout":
+            old = [self._rollout_logprobs(t) for t in batch]
+        else:
+            old = None if self.reuses_update_logprobs else self.compute_logprobs(batch)
         chunks = [list(c) for c in np.array_split(np.arange(len(batch)), self.ppo_mini_batches)]
         losses, norms, stats, vllm_diff, taken = [], [], LossStats(), [0.0, 0.0], 0
         for chunk in chunks:
@@ -250,8 +264,9 @@ class PolicyTrainer:
                 old_lp = logp if tok.old is None else tok.old
                 stats += loss_stats(logp, old_lp, tok.adv, tok.mask, self.loss_cfg.eps_low, self.loss_cfg.eps_high,
                                     tis=self._tis(old_lp, tok.rollout), entropy=entropy, tis_cap=self.loss_cfg.tis_cap)
-                if tok.rollout is not None:
-                    vllm_diff[0] += float(((old_lp - tok.rollout).abs() * tok.mask).sum())
+                if tok.rollout is not None:     # trainer vs engine at the update's start (rollout mode: its forward)
+                    ref = logp.detach() if self.loss_cfg.old_logprobs == "rollout" else old_lp
+                    vllm_diff[0] += float(((ref - tok.rollout).abs() * tok.mask).sum())
                     vllm_diff[1] += float(tok.mask.sum())
             norm = self._clip_grad_norm()
             loss_total = rl_dist.all_reduce_sum([loss_sum], self.device)[0]

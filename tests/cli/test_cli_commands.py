@@ -57,4 +57,4 @@ def test_rl_dry_run_asynchronous_says_where_it_overlaps_and_refuses_colocation()
     assert out.exit_code == 0, out.output
     assert "up to 1 step(s) ahead" in out.output and "their own GPUs" in out.output
     out = runner.invoke(app, ["rl", "--stage", "1", "--set", "train.max_staleness=1", "--dry-run"])
-    assert out.exit_code == 2 and "needs loss.tis" in out.output
+    assert out.exit_code == 2 and "needs an off-policy correction: loss.tis: true" in out.output

@@ -181,10 +181,19 @@ def _recipe(**train):
 
 
 def test_staleness_needs_the_off_policy_correction():
-    with pytest.raises(ConfigError, match=r"train.max_staleness=1 needs loss.tis"):
+    with pytest.raises(ConfigError, match=r"train.max_staleness=1 needs an off-policy correction: loss.tis: true"):
         load_recipe_dict(_recipe(max_staleness=1))
     cfg = load_recipe_dict({**_recipe(max_staleness=1), "loss": {"tis": True, "tis_cap": 2.0}})
     assert cfg.train.max_staleness == 1
+    # or the ratio taken against the engine's own log-probs (the clip then bounds the stale step)
+    cfg = load_recipe_dict({**_recipe(max_staleness=1), "loss": {"old_logprobs": "rollout"}})
+    assert cfg.loss.old_logprobs == "rollout" and not cfg.loss.tis
+    with pytest.raises(ConfigError, match=r"loss.old_logprobs: rollout and loss.tis: true together") as e:
+        load_recipe_dict({**_recipe(max_staleness=1), "loss": {"old_logprobs": "rollout", "tis": True}})
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"loss.old_logprobs: rollout with rollout.temperature=0.7, top_p=1"):
+        load_recipe_dict({**_recipe(max_staleness=1), "loss": {"old_logprobs": "rollout"},
+                          "rollout": {"temperature": 0.7}})
     assert load_recipe_dict(_recipe()).train.max_staleness == 0     # the release's synchronous step
 
 

@@ -154,9 +154,10 @@ def test_head_weight_refuses_models_with_other_heads():
 # ------------------------------------------------------------ the update
 
 
-def _policy(chunk: int = 1024, max_staleness: int = 0, mini_batches: int = 1) -> PolicyTrainer:
+def _policy(chunk: int = 1024, max_staleness: int = 0, mini_batches: int = 1,
+            loss: LossConfig | None = None) -> PolicyTrainer:
     return PolicyTrainer(ModelConfig(path="unused", gradient_checkpointing=False), OptimConfig(lr=1e-3, warmup_steps=0),
-                         LossConfig(tis=True), micro_batch_tokens=BUDGET, ppo_mini_batches=mini_batches,
+                         loss or LossConfig(tis=True), micro_batch_tokens=BUDGET, ppo_mini_batches=mini_batches,
                          model=build_tiny_model(), logprob_chunk_tokens=chunk, max_staleness=max_staleness)
 
 
@@ -175,8 +176,9 @@ def _update(policy: PolicyTrainer, batch, adv):
     return policy.update(batch, adv), grads, passes
 
 
-def _reference_update_grads(batch, adv, cap):
-    """The full-logits update with ratio 1 (old = current), TIS against the rollout log-probs."""
+def _reference_update_grads(batch, adv, cap, old_from_rollout: bool = False):
+    """The full-logits update with ratio 1 (old = current), TIS against the rollout log-probs; or,
+    `old_from_rollout`, with the rollout log-probs as the old policy and no TIS."""
     model = build_tiny_model()
     rows = pack_sequences([(t.prompt_ids, t.response_ids) for t in batch], BUDGET)
     global_tokens = float(sum(sum(t.loss_mask) for t in batch))
@@ -188,9 +190,9 @@ def _reference_update_grads(batch, adv, cap):
         mask = torch.cat([torch.tensor(batch[s.index].loss_mask, dtype=torch.float32) for s in row.spans])
         rollout = torch.cat([torch.tensor(batch[s.index].logprobs) for s in row.spans])
         a = torch.cat([torch.full((s.response_len,), adv[s.index]) for s in row.spans])
-        old = logp.detach()
+        old = rollout if old_from_rollout else logp.detach()
         clip_higher_loss(logp, old, a, mask, global_tokens, EPS_LOW, EPS_HIGH,
-                         tis=tis_weights(old, rollout, cap)).backward()
+                         tis=None if old_from_rollout else tis_weights(old, rollout, cap)).backward()
         ents.append(ent)
         masks.append(mask)
     entropy = float((torch.cat(ents) * torch.cat(masks)).sum() / global_tokens)
@@ -233,6 +235,30 @@ def test_more_than_one_mini_batch_keeps_the_old_log_prob_pass():
     stats, _, passes = _update(policy, batch, [1.0, -1.0] * 5)
     assert passes == [len(batch)] and stats["optimizer_steps"] == 2
     assert stats["ratio_mean"] != 1.0            # the second mini-batch ran on moved weights
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_rollout_old_logprobs_clip_against_the_engine_with_no_extra_pass(max_staleness):
+    """loss.old_logprobs: rollout: the ratio is pi_theta / pi_rollout (the engine's sampling log-probs,
+    random here, so it moves and clips), the gradients equal the full-logits reference with those
+    as the old policy, and no proximal pass runs at any staleness."""
+    batch, adv = _batch(), [1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.1, -0.1, 1.5, -1.5]
+    policy = _policy(max_staleness=max_staleness, loss=LossConfig(old_logprobs="rollout"))
+    stats, grads, passes = _update(policy, batch, adv)
+    assert passes == []
+    assert stats["ratio_mean"] != 1.0 and stats["clip_frac"] > 0 and stats["tis_weight_mean"] == 1.0
+    ref_grads, _ = _reference_update_grads(batch, adv, None, old_from_rollout=True)
+    assert grads.keys() == ref_grads.keys()
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_rollout_old_logprobs_name_the_trajectory_without_them():
+    batch = _batch()
+    batch[2].logprobs = batch[2].logprobs[:-1]
+    with pytest.raises(ValueError, match=rf"trajectory {batch[2].prompt_id}#{batch[2].sample_index} has "
+                                         rf"{len(batch[2].response_ids) - 1} for {len(batch[2].response_ids)} tokens"):
+        _policy(loss=LossConfig(old_logprobs="rollout")).update(batch, [1.0] * len(batch))
 
 
 def test_loss_positions_follow_the_mask():
