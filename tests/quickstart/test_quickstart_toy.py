@@ -44,6 +44,17 @@ def test_toy_rl_recipe_validates_with_short_prompt_and_roc_switch():
     assert roc.rollouts_per_prompt == 2 * grpo.rollouts_per_prompt
 
 
+def test_toy_rl_recipe_corrects_stale_rollouts_as_the_settings_say():
+    s = QuickstartSettings.for_preset("/tmp/x", "smoke")
+    sync = load_recipe_dict(toy_rl_recipe(s, "/m", "/t.jsonl", "/o"))
+    assert (sync.loss.old_logprobs, sync.loss.tis) == ("trainer", False)        # k = 0: the release's loss
+    k1 = load_recipe_dict(toy_rl_recipe(s.model_copy(update={"max_staleness": 1}), "/m", "/t.jsonl", "/o"))
+    assert (k1.loss.old_logprobs, k1.loss.tis) == ("rollout", False)            # the quickstart's default
+    tis = load_recipe_dict(toy_rl_recipe(s.model_copy(update={"max_staleness": 1, "async_old_logprobs": "trainer"}),
+                                         "/m", "/t.jsonl", "/o"))
+    assert (tis.loss.old_logprobs, tis.loss.tis) == ("trainer", True)
+
+
 class _EchoSandbox:
     """Runs the toy snippets with Python itself: enough to check row structure without workers."""
 
