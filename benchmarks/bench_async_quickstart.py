@@ -68,12 +68,13 @@ def summarise(run, k: int, partial: bool = False) -> dict:
 VARIANTS = {"k0": (0, False), "k1": (1, False), "k1p": (1, True)}
 
 
-def run_seed(seed: int, out: Path, preset: str, steps: int | None, partial: bool = False) -> dict:
+def run_seed(seed: int, out: Path, preset: str, steps: int | None, partial: bool = False, **settings) -> dict:
+    """`settings`: further QuickstartSettings overrides for every run of the seed (None = the preset's)."""
     from rstar2_cli.quickstart.pipeline import rl_stage, sft_stage
     from rstar2_cli.quickstart.prepare import prepare_toy
     from rstar2_cli.quickstart.settings import QuickstartSettings
 
-    s = QuickstartSettings.for_preset(out / f"seed_{seed}", preset, seed=seed, rl_steps=steps)
+    s = QuickstartSettings.for_preset(out / f"seed_{seed}", preset, seed=seed, rl_steps=steps, **settings)
     s.out.mkdir(parents=True, exist_ok=True)
     prep = prepare_toy(s, s.out)
     sft = sft_stage(s, prep, progress=True)
@@ -152,13 +153,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--smoke", action="store_true", help="the quickstart's smoke preset")
     ap.add_argument("--steps", type=int, default=None, help="override the preset's RL steps")
     ap.add_argument("--partial", action="store_true", help="also k = 1 with train.partial_rollout")
+    ap.add_argument("--async-old-logprobs", choices=("rollout", "trainer"), default=None,
+                    help="the k = 1 runs' off-policy loss (QuickstartSettings.async_old_logprobs; trainer = TIS)")
+    ap.add_argument("--rl-lr", type=float, default=None, help="override the preset's RL learning rate")
     args = ap.parse_args(argv)
 
     from rich.console import Console
 
     results = []
     for seed in (int(x) for x in args.seeds.split(",")):
-        results.append(run_seed(seed, args.out, "smoke" if args.smoke else "full", args.steps, args.partial))
+        results.append(run_seed(seed, args.out, "smoke" if args.smoke else "full", args.steps, args.partial,
+                                async_old_logprobs=args.async_old_logprobs, rl_lr=args.rl_lr))
         (args.out / "async_quickstart.json").write_text(json.dumps(results, indent=1))
     Console().print(table(results))
     plot(results, args.out / "async_quickstart.png")

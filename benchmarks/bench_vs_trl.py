@@ -4,7 +4,8 @@ Why: the first question a user asks is "why not the GRPOTrainer I already have?"
 same RL work from one SFT checkpoint per seed (built by the quickstart's own code, SFT mix and seed):
   rstar2          RLTrainer, the quickstart's GRPO-RoC recipe (vLLM, concurrent agent loop, sandbox),
                   synchronous (train.max_staleness 0, the paper's step)
-  rstar2_k1       the same with train.max_staleness 1 (asynchronous, TIS on, rl/async_rollouts.py)
+  rstar2_k1       the same with train.max_staleness 1 (asynchronous, rl/async_rollouts.py; the quickstart's
+                  off-policy loss: Clip-Higher against the engine's log-probs, loss.old_logprobs rollout)
   trl_sandbox     TRL GRPOTrainer with `tools=[python_code_with_standard_io]` running in our sandbox
   trl_subprocess  the same, the tool written as a TRL user would: subprocess.run per call
   trl_async       TRL's own asynchronous GRPO (`trl.experimental.async_grpo`), where it can run
