@@ -193,6 +193,9 @@ class TrainConfig(_Section):
     # boundary and they continue under the new weights, prefix recomputed (docs/async-rl.md §7);
     # off: updates land between turns only, as verl's one-step-off and the release.
     partial_rollout: bool = False
+    # torch threads of a CPU trainer beside its vLLM engine (rl/cpu_threads.py): auto = the CPUs vLLM
+    # reserves beside its worker while the engine decodes (the k = 0 update takes all); all = torch's default
+    cpu_threads: Literal["auto", "all"] = "auto"
     seed: int = 0
     save_every: int = Field(10, ge=1)
     # step_* checkpoints kept on disk, newest first; 0 = all. `latest` and `final` are never deleted

@@ -97,6 +97,7 @@ class RLTrainer:
         from rstar2_cli.data.problems import load_problems
         from rstar2_cli.rl import checkpoint
         from rstar2_cli.rl.async_rollouts import RolloutPipeline
+        from rstar2_cli.rl.cpu_threads import TrainerThreads
         from rstar2_cli.rl.metrics import MetricsWriter
         from rstar2_cli.rl.policy import PolicyTrainer
         from rstar2_cli.rl.rollout_service import RolloutService
@@ -119,6 +120,9 @@ class RLTrainer:
         self.rng = np.random.default_rng(cfg.train.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.host = plan_rollout_host(cfg.engine, os.environ)    # a bad launch env fails here too
+        # before the rollout service's thread starts: it takes the process default (rl/cpu_threads.py)
+        self.threads = TrainerThreads(cfg.train.cpu_threads, self.info.device, engines_here=bool(self.host.engines),
+                                      max_staleness=cfg.train.max_staleness, tensor_parallel_size=self.host.tp_size)
         self.policy = PolicyTrainer(cfg.model, cfg.optim, cfg.loss, micro_batch_tokens=cfg.train.micro_batch_tokens,
                                     ppo_mini_batches=cfg.train.ppo_mini_batches, dual_clip=cfg.loss.dual_clip,
                                     info=self.info, logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
@@ -173,6 +177,7 @@ class RLTrainer:
         self.pipeline.cancel()
         self.rollouts.close()
         self.writer.close()
+        self.threads.restore()
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, float]:
@@ -201,7 +206,8 @@ class RLTrainer:
                 with timer("train"):
                     rollouts.sleep()
                     mine = shard_for_rank(list(zip(kept, advantages)), self.info.rank, self.info.world_size)
-                    update = self.policy.update([m[0] for m in mine], [m[1] for m in mine])
+                    with self.threads.alone():
+                        update = self.policy.update([m[0] for m in mine], [m[1] for m in mine])
                 # 7. the new weights into the engines (colocated: woken for it)
                 with timer("sync"):
                     rollouts.push_weights(self.policy)

@@ -190,7 +190,14 @@ class VLLMEngine:
             def log_engine_initialized(self) -> None:
                 pass
 
-        return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])
+        import torch
+
+        if torch.cuda.is_available():
+            return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])
+        from rstar2_cli.rollout.engine_cpus import engine_process_threads
+
+        with engine_process_threads(engine_args.tensor_parallel_size):   # the engine core inherits it
+            return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])
 
     # ------------------------------------------------------------------ Engine API
     def kv_free_fraction(self) -> float:
