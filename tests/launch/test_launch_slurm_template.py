@@ -71,8 +71,15 @@ def test_every_step_is_given_its_cpus(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "srun.log"
+    # The Redis and sandbox-worker steps run in the background and the script's EXIT trap kills
+    # them when the trainers' step returns; the trainers' stand-in waits (bounded) until both have
+    # logged, so a background step is never killed before it records its arguments.
+    srun = (f'printf "%s\\n" "$*" >> {log}\n'
+            'if [[ "$*" == *--kill-on-bad-exit* ]]; then\n'
+            f'  for _ in $(seq 200); do grep -q -- "--worker" {log} && grep -q redis-server {log} && break; sleep 0.05; done\n'
+            'fi\n')
     stubs = {
-        "srun": f'printf "%s\\n" "$*" >> {log}\n',
+        "srun": srun,
         "scontrol": 'printf "n01\\nn02\\n"\n',
         "redis-cli": "exit 0\n", "python3": "exit 0\n", "rstar2": "exit 0\n",
     }
