@@ -194,10 +194,10 @@ class VLLMEngine:
 
         if torch.cuda.is_available():
             return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])
-        from rstar2_cli.rollout.engine_cpus import engine_process_threads
+        from rstar2_cli.rollout.engine_cpus import engine_process_env
 
-        with engine_process_threads(engine_args.tensor_parallel_size):   # the engine core inherits it
-            return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])
+        with engine_process_env(engine_args.tensor_parallel_size, eager=engine_args.enforce_eager):
+            return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])   # the core inherits it
 
     # ------------------------------------------------------------------ Engine API
     def kv_free_fraction(self) -> float:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rstar2_cli.rl.cpu_threads import TrainerThreads
-from rstar2_cli.rollout.engine_cpus import engine_process_threads, reserved_cpus
+from rstar2_cli.rollout.engine_cpus import engine_process_env, reserved_cpus
 
 CPU = torch.device("cpu")
 
@@ -53,10 +53,21 @@ def test_plan_leaves_torch_alone_off_cpu_without_local_engines_or_when_told(thre
 
 def test_engine_core_is_spawned_with_the_reserved_threads_unless_the_user_set_them():
     env: dict[str, str] = {}
-    with engine_process_threads(1, env):
-        assert env["OMP_NUM_THREADS"] == "1"
-    assert "OMP_NUM_THREADS" not in env                                    # the trainer's own env is left as it was
+    with engine_process_env(1, eager=False, env=env):
+        assert env == {"OMP_NUM_THREADS": "1"}
+    assert env == {}                                                       # the trainer's own env is left as it was
     env = {"OMP_NUM_THREADS": "3"}
-    with engine_process_threads(1, env):
+    with engine_process_env(1, eager=False, env=env):
         assert env["OMP_NUM_THREADS"] == "3"
     assert env == {"OMP_NUM_THREADS": "3"}
+
+
+def test_an_eager_engine_core_is_spawned_without_torch_compile_unless_the_user_said_otherwise():
+    env: dict[str, str] = {}
+    with engine_process_env(1, eager=True, env=env):
+        assert env == {"OMP_NUM_THREADS": "1", "TORCHDYNAMO_DISABLE": "1"}
+    assert env == {}
+    env = {"TORCHDYNAMO_DISABLE": "0"}
+    with engine_process_env(1, eager=True, env=env):
+        assert env["TORCHDYNAMO_DISABLE"] == "0"
+    assert env == {"TORCHDYNAMO_DISABLE": "0"}
