@@ -264,12 +264,23 @@ def run_trl_async(s, prepared: dict, opts: dict) -> dict[str, Any]:
     raise RowUnavailable(trl_async_unavailable(torch.cuda.is_available()))
 
 
+def import_libraries() -> None:
+    """Every row's libraries, imported before any row's clock starts: the TRL rows imported vLLM and
+    TRL before theirs (their eval engine, the adapter), rstar2 inside its own (the engine start), so
+    ~10 s of imports on this box counted for one side only."""
+    import sandbox  # noqa: F401
+    import transformers  # noqa: F401
+    import trl  # noqa: F401
+    from vllm.v1.engine.async_llm import AsyncLLM  # noqa: F401
+
+
 def row_main(row: str, out: Path) -> None:
     from rstar2_cli.quickstart.settings import QuickstartSettings
 
     job = json.loads((out / "job.json").read_text())
     s = QuickstartSettings.model_validate(job["settings"])
     opts = job["opts"]
+    import_libraries()
     started = time.perf_counter()
     (s.out / row).mkdir(parents=True, exist_ok=True)
     try:
@@ -409,6 +420,7 @@ def run_seed(args: argparse.Namespace, seed: int | None, out: Path) -> dict[str,
                                               "opts": opts}, indent=1))
     rows: dict[str, dict] = {}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    load_at_start = os.getloadavg()
     for row in args.rows:
         t = time.perf_counter()
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--row", row],
@@ -427,7 +439,8 @@ def run_seed(args: argparse.Namespace, seed: int | None, out: Path) -> dict[str,
                                                    "n_train", "n_heldout", "sft_steps", "mix_guess",
                                                    "mix_buggy_repair", "mix_correct")},
               "options": {**opts, "rows": args.rows, "target": TARGET}, "sft_seconds": prepared.get("seconds"),
-              "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()}, "rows": rows}
+              "machine": {"cpus": os.cpu_count(), "loadavg_at_start": load_at_start, "loadavg_at_end": os.getloadavg()},
+              "rows": rows}
     if "heldout" in rows.get("rstar2", {}):
         result["comparison"] = compare({k: v for k, v in rows.items()})
     print_table(result)
