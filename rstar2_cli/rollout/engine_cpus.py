@@ -12,10 +12,13 @@ TorchInductor: the sampled token's rank among the logprobs (`batched_count_great
 vllm/v1/sample/ops/logprobs.py, `torch.compile(backend="inductor")` on CPU), traced and built in
 the first engine step that returns logprobs, which every rollout turn asks for. On the 2-core box
 (the quickstart's SFT model, 256 sequences x 100 tokens, three engine starts each way, one after
-the other) that first batch took 3.4-4.9 s against 1.8-2.0 s with TorchDynamo off
-(`TORCHDYNAMO_DISABLE=1`), later batches the same. The rank is not used by rstar2 and the
-function is one comparison and a sum, so the engine-core process of an eager CPU engine starts
-with TorchDynamo off; the compiled path stays where the engine compiles its model anyway.
+the other) that first batch took 3.4-4.9 s against 1.8-2.0 s with torch.compile off, later
+batches the same. The rank is not used by rstar2 and the function is one comparison and a sum, so
+the engine-core process of an eager CPU engine starts with `TORCH_COMPILE_DISABLE=1`; the compiled
+path stays where the engine compiles its model anyway. That variable, not `TORCHDYNAMO_DISABLE`:
+torch reads it once, when `torch._dynamo.config` is imported, which this process has done before
+the spawn, whereas `TORCHDYNAMO_DISABLE` is read at every `torch.compile` call and would also
+switch off whatever this process compiled while the engine starts.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import os
 from typing import Iterator, Mapping
 
 RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
-DYNAMO_OFF_ENV = "TORCHDYNAMO_DISABLE"
+COMPILE_OFF_ENV = "TORCH_COMPILE_DISABLE"
 
 
 def reserved_cpus(tensor_parallel_size: int, env: Mapping[str, str] = os.environ) -> int:
@@ -41,14 +44,16 @@ def reserved_cpus(tensor_parallel_size: int, env: Mapping[str, str] = os.environ
 @contextlib.contextmanager
 def engine_process_env(tensor_parallel_size: int, *, eager: bool, env=os.environ) -> Iterator[None]:
     """Spawn a CPU engine-core process with OMP_NUM_THREADS = the reserved CPUs' count and, for an
-    eager engine, TORCHDYNAMO_DISABLE=1 (module docstring); a variable the user set is kept. Its
+    eager engine, TORCH_COMPILE_DISABLE=1 (module docstring); a variable the user set is kept. Its
     model workers' threads are vLLM's: it sets their OMP_NUM_THREADS and affinity itself
     (multiproc_executor: `OMPProcessManager.configure_omp_envs` around each worker's start); the
     engine core, the scheduler on the reserved CPUs, then keeps its torch work to that count.
     Only the spawn sees them: this process's environment is as it was afterwards."""
     wanted = {"OMP_NUM_THREADS": str(reserved_cpus(tensor_parallel_size, env))}
     if eager:
-        wanted[DYNAMO_OFF_ENV] = "1"
+        import torch._dynamo.config  # noqa: F401  (read now: this process's torch.compile keeps its setting)
+
+        wanted[COMPILE_OFF_ENV] = "1"
     added = [name for name in wanted if not env.get(name)]
     for name in added:
         env[name] = wanted[name]

@@ -1,6 +1,8 @@
 """rl/cpu_threads.py: a CPU trainer keeps off its engine's cores while the engine decodes."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -65,9 +67,27 @@ def test_engine_core_is_spawned_with_the_reserved_threads_unless_the_user_set_th
 def test_an_eager_engine_core_is_spawned_without_torch_compile_unless_the_user_said_otherwise():
     env: dict[str, str] = {}
     with engine_process_env(1, eager=True, env=env):
-        assert env == {"OMP_NUM_THREADS": "1", "TORCHDYNAMO_DISABLE": "1"}
+        assert env == {"OMP_NUM_THREADS": "1", "TORCH_COMPILE_DISABLE": "1"}
     assert env == {}
-    env = {"TORCHDYNAMO_DISABLE": "0"}
+    env = {"TORCH_COMPILE_DISABLE": "0"}
     with engine_process_env(1, eager=True, env=env):
-        assert env["TORCHDYNAMO_DISABLE"] == "0"
-    assert env == {"TORCHDYNAMO_DISABLE": "0"}
+        assert env["TORCH_COMPILE_DISABLE"] == "0"
+    assert env == {"TORCH_COMPILE_DISABLE": "0"}
+
+
+def test_the_trainer_process_keeps_torch_compile_while_an_eager_engine_starts(tmp_path):
+    """The variable is for the spawned engine core: torch.compile in this process still compiles
+    afterwards, also when torch._dynamo was first imported inside the window."""
+    import subprocess
+    import sys
+    code = ("import os, torch\n"
+            "from rstar2_cli.rollout.engine_cpus import engine_process_env\n"
+            "with engine_process_env(1, eager=True):\n"
+            "    assert os.environ['TORCH_COMPILE_DISABLE'] == '1'\n"
+            "    import torch._dynamo\n"
+            "assert 'TORCH_COMPILE_DISABLE' not in os.environ\n"
+            "print(torch._dynamo.config.disable)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_COMPILE_DISABLE"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "False"
