@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -75,11 +77,9 @@ def test_an_eager_engine_core_is_spawned_without_torch_compile_unless_the_user_s
     assert env == {"TORCH_COMPILE_DISABLE": "0"}
 
 
-def test_the_trainer_process_keeps_torch_compile_while_an_eager_engine_starts(tmp_path):
+def test_the_trainer_process_keeps_torch_compile_while_an_eager_engine_starts():
     """The variable is for the spawned engine core: torch.compile in this process still compiles
     afterwards, also when torch._dynamo was first imported inside the window."""
-    import subprocess
-    import sys
     code = ("import os, torch\n"
             "from rstar2_cli.rollout.engine_cpus import engine_process_env\n"
             "with engine_process_env(1, eager=True):\n"
