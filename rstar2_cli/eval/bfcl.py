@@ -57,14 +57,19 @@ def language_of(category: str) -> str:
 
 
 def package_rows(category: str) -> list[dict[str, Any]]:
-    """bfcl-eval's own questions of one category (with its hints), each with ground truth and category."""
+    """bfcl-eval's own questions of one category, each with its ground truth and category:
+    `function` as BFCL prompts it (with its language hints) and `checker_function` as BFCL's
+    checker reads it (eval_runner.evaluate_task loads the docs without the hints, and the Java /
+    JavaScript types the hints rewrite to "string" are what its type checks key on)."""
     from rstar2_cli.eval import reference
 
     utils = reference.bfcl_utils()
     rows = utils.load_dataset_entry(category, include_prereq=False, include_language_specific_hint=True)
+    plain = {q["id"]: q["function"] for q in
+             utils.load_dataset_entry(category, include_prereq=False, include_language_specific_hint=False)}
     answers = [] if category == "irrelevance" else utils.load_ground_truth_entry(category)
     truth = {a["id"]: a["ground_truth"] for a in answers}
-    return [dict(q, ground_truth=truth.get(q["id"]), category=category) for q in rows]
+    return [dict(q, ground_truth=truth.get(q["id"]), checker_function=plain[q["id"]], category=category) for q in rows]
 
 
 def problem_from_row(row: dict[str, Any], where: str, lineno: int) -> Problem:
@@ -80,6 +85,7 @@ def problem_from_row(row: dict[str, Any], where: str, lineno: int) -> Problem:
         raise DataError(f"{where}:{lineno}: field 'question' must be a list of message lists (BFCL's layout)")
     return Problem(str(row["id"]), json.dumps(question[0]), "", "bfcl",
                    {"category": category, "messages": question[0], "function": row["function"],
+                    "checker_function": row.get("checker_function") or row["function"],
                     "ground_truth": row.get("ground_truth")})
 
 
@@ -95,7 +101,7 @@ def check(problem: Problem, text: str) -> dict[str, Any]:
 
     from rstar2_cli.eval import reference
 
-    entry = {"id": problem.id, "question": [problem.extra["messages"]], "function": problem.extra["function"]}
+    entry = {"id": problem.id, "question": [problem.extra["messages"]], "function": problem.extra["checker_function"]}
     category, handler, checkers = problem.extra["category"], reference.bfcl_qwen_decoder(), reference.bfcl_entry_checkers()
     if category == "irrelevance":
         return checkers["relevance"](handler, problem.id, model_result(text), entry, reference.BFCL_MODEL_NAME, category)
