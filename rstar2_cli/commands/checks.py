@@ -273,12 +273,14 @@ def eval_data_missing(benchmark: str, data_dir: str | None) -> str | None:
     reason = missing_data(benchmark, data_dir)
     if reason is None or benchmark == "bfcl":
         return reason
-    return None if _hub_up() else f"{reason} (the Hub ({hub_endpoint()}) does not answer)"
+    return None if _hub_up(hub_endpoint(), os.environ.get("HF_HUB_OFFLINE", "")) else \
+        f"{reason} (the Hub ({hub_endpoint()}) does not answer)"
 
 
-@functools.lru_cache(maxsize=1)
-def _hub_up() -> bool:
-    """`hub_reachable`, probed once per command (`eval all` asks for up to seven sets)."""
+@functools.lru_cache(maxsize=4)
+def _hub_up(endpoint: str, offline_flag: str) -> bool:
+    """`hub_reachable` for one endpoint and HF_HUB_OFFLINE value, probed once (`eval all` asks
+    for up to seven sets)."""
     return hub_reachable()
 
 

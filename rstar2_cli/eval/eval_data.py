@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -40,16 +41,29 @@ def file_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield lineno, dict(row)
 
 
+@contextmanager
+def offline_hub() -> Iterator[None]:
+    """huggingface_hub and datasets in offline mode for the block (their flags are module
+    constants read from the environment at import), restored after."""
+    import datasets.config
+    import huggingface_hub.constants as hub
+
+    saved = hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE
+    hub.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE = saved
+
+
 def hub_cache_rows(name: str) -> tuple[str, Iterator[tuple[int, dict[str, Any]]]]:
     """A set's rows from the local Hugging Face datasets cache, never the network."""
-    import os
+    import datasets
 
-    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"   # read before datasets' import
     spec = HUB_IDS[name]
     try:
-        import datasets
-
-        ds = datasets.load_dataset(spec.dataset_id, spec.config, split=spec.split)
+        with offline_hub():
+            ds = datasets.load_dataset(spec.dataset_id, spec.config, split=spec.split)
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise DataError(f"hub:{spec.dataset_id}: not in the local Hugging Face datasets cache ({first})") from None
