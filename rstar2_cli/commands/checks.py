@@ -11,6 +11,8 @@ A failed check is one `error: ...` line naming the flag (or recipe field) and th
   ifeval: `data.problems.HUB_IDS`) is read from `<data dir>/<name>.jsonl`; without that file the
   Hub must accept a connection within `HUB_PROBE_S` seconds, unless HF_HUB_OFFLINE is set (then
   the datasets cache answers). bfcl's rows come with the bfcl-eval package, which must be installed.
+  An eval benchmark name is never read as a path; `eval all` lists a set without data in its row
+  ("no data: how to add it", `eval_data_missing`) instead of stopping.
 - An output path is not a folder where a file is wanted (or the reverse), and its nearest existing
   folder takes a new file (tried with a temporary file, which also catches read-only mounts and
   root on /proc).

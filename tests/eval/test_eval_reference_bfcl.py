@@ -112,3 +112,19 @@ def test_limit_samples_every_category():
 
     first = BFCL.load(EvalSettings(benchmark="bfcl", model="m"))[: len(CATEGORIES)]
     assert [p.extra["category"] for p in first] == list(CATEGORIES)
+
+
+def test_report_shows_the_summary_categories_and_what_was_not_run():
+    from rich.console import Console
+
+    from rstar2_cli.eval.bfcl import accuracy
+    from rstar2_cli.eval.report import metrics_table
+
+    stats = {"mean": 1.0, "median": 1.0}
+    m = {"problems": 2, "samples_per_problem": 1, "avg@1": 0.5, "avg@1_std": 0.0, "response_tokens": stats,
+         "turns": stats, "tool_calls": stats, "tool_error_rate": 0.0,
+         "bfcl": accuracy([{"category": "simple_python", "reward": 1.0}, {"category": "irrelevance", "reward": 0.0}])}
+    console = Console(width=200, record=True)
+    console.print(metrics_table({"benchmark": "bfcl", "model": "m", "metrics": m}))
+    text = console.export_text()
+    assert "bfcl non live ast" in text and "bfcl missing" in text and "simple_java" in text
