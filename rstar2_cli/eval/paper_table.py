@@ -29,8 +29,8 @@ ROWS = (("aime24", "AIME24"), ("aime25", "AIME25"), ("hmmt25", "HMMT25"), ("math
         ("ifeval", "IFEval (strict prompt)"), ("arena_hard", "Arena-Hard"))
 MATH_REFERENCE = "rstar2 RL grader (math-verify)"     # the math sets and custom --data sets
 REFERENCE = {
-    "gpqa_diamond": "lm-eval GPQA flexible-extract (MultiChoiceRegexFilter)",
-    "bfcl": "bfcl-eval ast_checker", "ifeval": "lm-eval IFEval checkers",
+    "gpqa_diamond": "lm-eval GPQA flexible-extract over the final turn, exact_match",
+    "bfcl": "bfcl-eval non-live AST summary (QwenFCHandler, ast_checker)", "ifeval": "lm-eval IFEval checkers",
 }
 MD_FILE, JSON_FILE = "paper_table.md", "paper_table.json"
 
@@ -107,9 +107,10 @@ def notes(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for r in rows:
         if r.get("run") and "gpqa_boxed" in r:
-            out.append(f"GPQA-Diamond gpqa_boxed (rstar2's extraction: the final \\boxed{{}} first): {_pct(r['gpqa_boxed'])}")
+            out.append(f"GPQA-Diamond gpqa_boxed (rstar2's extraction: the final answer's last \\boxed{{}} first): "
+                       f"{_pct(r['gpqa_boxed'])}")
         if r.get("run") and "bfcl" in r:
-            cats = ", ".join(f"{c} {_pct(v)}" for c, v in r["bfcl"].items())
+            cats = ", ".join(f"{c} {'—' if c in r['bfcl_missing'] else _pct(v)}" for c, v in r["bfcl"].items())
             missing = f"; not in this run (count 0, as in BFCL's summary): {', '.join(r['bfcl_missing'])}" if r["bfcl_missing"] else ""
             out.append(f"BFCL per category: {cats}{missing}. Absent from BFCL v3 here: "
                        + "; ".join(f"{k}: {v}" for k, v in BFCL_ABSENT.items()) + ".")
