@@ -11,6 +11,8 @@ A failed check is one `error: ...` line naming the flag (or recipe field) and th
   ifeval: `data.problems.HUB_IDS`) is read from `<data dir>/<name>.jsonl`; without that file the
   Hub must accept a connection within `HUB_PROBE_S` seconds, unless HF_HUB_OFFLINE is set (then
   the datasets cache answers). bfcl's rows come with the bfcl-eval package, which must be installed.
+  An eval benchmark name is never read as a path; `eval all` lists a set without data in its row
+  ("no data: how to add it", `eval_data_missing`) instead of stopping.
 - An output path is not a folder where a file is wanted (or the reverse), and its nearest existing
   folder takes a new file (tried with a temporary file, which also catches read-only mounts and
   root on /proc).
@@ -18,6 +20,7 @@ A failed check is one `error: ...` line naming the flag (or recipe field) and th
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -231,11 +234,19 @@ def int_list(text: str, what: str, *, minimum: int = 1) -> list[int]:
     return values
 
 
-def eval_settings(s: Any) -> None:
-    """An `EvalSettings`' paths: the checkpoint (or, with `--engine openai`, the tokenizer), the
-    sandbox and server URLs, the output folder, and last (it may probe the Hub) its problem set."""
+def eval_settings(s: Any, *, data: bool = True) -> None:
+    """An `EvalSettings`' paths: the checkpoint (or, with `--engine openai`, the tokenizer), its
+    context against `--max-model-len`, the sandbox and server URLs, the output folder, and last
+    (it may probe the Hub; `data=False` skips it, as `eval all` does, which lists a set without
+    data instead of stopping) its problem set. A benchmark name is never read as a path."""
     if s.engine == "vllm":
         model_dir(s.model, "MODEL", tokenizer=s.tokenizer is None)
+        from rstar2_cli.eval.settings import model_context_limit
+
+        limit = model_context_limit(s.model)
+        if s.max_model_len and limit and s.max_model_len > limit:
+            fail(f"--max-model-len {s.max_model_len}: above MODEL {shown(s.model)}'s context of {limit} tokens "
+                 f"(max_position_embeddings in its config.json)")
     if s.tokenizer is not None or s.engine != "vllm":
         tokenizer_source(s.tokenizer or s.model, "--tokenizer" if s.tokenizer else "MODEL (the tokenizer)")
     if s.base_url:
@@ -245,15 +256,34 @@ def eval_settings(s: Any) -> None:
     output_dir(s.out_dir or "runs/eval", "--out")
     if s.data:
         input_file(s.data, "--data")
-    elif s.benchmark == "bfcl":     # its rows come with the bfcl-eval package
-        from rstar2_cli.eval.reference import MissingExtraError, bfcl_data_dir
+    elif data:
+        reason = eval_data_missing(s.benchmark, s.data_dir)
+        if reason:
+            fail(f"benchmark {s.benchmark}: {reason}")
 
-        try:
-            bfcl_data_dir()
-        except MissingExtraError as e:
-            fail(str(e))
-    else:
-        problem_source(s.benchmark, "benchmark", s.data_dir)
+
+def eval_data_missing(benchmark: str, data_dir: str | None) -> str | None:
+    """None when `rstar2 eval` can read `benchmark`'s rows: a file in the data dir, the bfcl-eval
+    package, or (no file) a Hub that answers or HF_HUB_OFFLINE=1 (the datasets cache); else the
+    "no data: how to add it" line."""
+    from rstar2_cli.data.problems import DATA_DIR_ENV, resolve_data_dir
+    from rstar2_cli.eval.benchmarks import missing_data
+
+    root = resolve_data_dir(data_dir)
+    if root is not None and not root.is_dir():
+        fail(f"data dir {shown(root)}: no such folder (from --data-dir or ${DATA_DIR_ENV})")
+    reason = missing_data(benchmark, data_dir)
+    if reason is None or benchmark == "bfcl":
+        return reason
+    return None if _hub_up(hub_endpoint(), os.environ.get("HF_HUB_OFFLINE", "")) else \
+        f"{reason} (the Hub ({hub_endpoint()}) does not answer)"
+
+
+@functools.lru_cache(maxsize=4)
+def _hub_up(endpoint: str, offline_flag: str) -> bool:
+    """`hub_reachable` for one endpoint and HF_HUB_OFFLINE value, probed once (`eval all` asks
+    for up to seven sets)."""
+    return hub_reachable()
 
 
 def rl_recipe(cfg: Any) -> None:

@@ -14,8 +14,8 @@ def register(app: typer.Typer) -> None:
     def eval_cmd(
         benchmark: str = typer.Argument(..., help="aime24 | aime25 | math500 | hmmt25 | gpqa_diamond | ifeval | bfcl | all (the paper's table) | custom (with --data)"),
         model: str = typer.Argument(..., help="checkpoint folder (HF format), or the served model name with --engine openai"),
-        data: Optional[str] = typer.Option(None, "--data", help="the set's rows from a file (math: id, problem, answer; gpqa_diamond, ifeval, bfcl: their Hub / package columns)"),
-        data_dir: Optional[str] = typer.Option(None, "--data-dir", envvar="RSTAR2_DATA_DIR", help="local folder laid out like shared/data"),
+        data: Optional[str] = typer.Option(None, "--data", help="the set's rows from a file (math: id, problem, answer; gpqa_diamond, ifeval, bfcl: their Hub / package columns); without it a benchmark name is read from the data dir, never from a path in the working directory"),
+        data_dir: Optional[str] = typer.Option(None, "--data-dir", envvar="RSTAR2_DATA_DIR", help="folder holding <set>.jsonl (as `rstar2 prepare eval-data --out` writes it)"),
         out: Optional[str] = typer.Option(None, "--out", help="output folder (default runs/eval/SET-MODEL); reruns resume"),
         samples: int = typer.Option(16, "--samples", help="samples per problem (avg@k)"),
         temperature: float = typer.Option(0.6, "--temperature"),
@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         base_url: Optional[str] = typer.Option(None, "--base-url", help="with --engine openai, e.g. http://127.0.0.1:8000/v1"),
         tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer folder for --engine openai (default: MODEL)"),
         sandbox_url: Optional[str] = typer.Option(None, "--sandbox-url", help="a running rstar2 serve-sandbox (default: embedded pool)"),
-        max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
+        max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="engine context (default: --max-tokens + 2048, capped at the model's max_position_embeddings)"),
         system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="replace the release's system prompt (as the RL recipe's rollout.system_prompt)"),
         tools_in_prompt: bool = typer.Option(True, "--tools-in-prompt/--no-tools-in-prompt", help="list the tool schema in the prompt (release: yes)"),
         use_tools: bool = typer.Option(True, "--tools/--no-tools", help="--no-tools: no tool schema and one turn (reasoning only)"),
@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
                 fail(str(e))
             layout["system_prompt"] = system_prompt if system_prompt is not None else layout["system_prompt"]
 
-        def settings_for(bench: str, ckpt: str, out_dir: Optional[str], check: bool = False) -> EvalSettings:
+        def settings_for(bench: str, ckpt: str, out_dir: Optional[str], check: bool = False,
+                         check_data: bool = True) -> EvalSettings:
             try:
                 settings = EvalSettings(
                     benchmark=bench,
@@ -63,7 +64,7 @@ def register(app: typer.Typer) -> None:
             except ValidationError as e:
                 fail(str(first_error(e, "eval")))
             if check:
-                checks.eval_settings(settings)
+                checks.eval_settings(settings, data=check_data)
             return settings
 
         from rstar2_cli.data.problems import DataError
@@ -73,10 +74,13 @@ def register(app: typer.Typer) -> None:
         if benchmark == "all" and data:
             fail("--data names one benchmark's file; `eval all` reads every set from --data-dir")
         benches = BENCHMARKS if benchmark == "all" else [benchmark]
+        no_data: dict[str, str] = {}
         for bench in benches:   # every setting is checked before anything runs
-            settings_for(bench, model, out, check=True)
+            settings_for(bench, model, out, check=True, check_data=benchmark != "all")
             if compare:
-                settings_for(bench, compare, out, check=True)
+                settings_for(bench, compare, out, check=True, check_data=benchmark != "all")
+            if benchmark == "all" and (reason := checks.eval_data_missing(bench, data_dir)):
+                no_data[bench] = reason     # listed in its row with how to add it; the rest run
         try:
             if benchmark != "all" and not compare:
                 run_eval(settings_for(benchmark, model, out))
@@ -84,7 +88,8 @@ def register(app: typer.Typer) -> None:
             from rstar2_cli.eval.paper_table import MD_FILE, default_table_dir, evaluate_table
 
             root = default_table_dir(benchmark, model, out)
-            evaluate_table(settings_for, model, root, benches, compare, with_left_out=benchmark == "all")
+            evaluate_table(settings_for, model, root, benches, compare, with_left_out=benchmark == "all",
+                           no_data=no_data)
             typer.echo((root / MD_FILE).read_text())
         except (DataError, MissingExtraError) as e:
             fail(str(e))

@@ -13,7 +13,7 @@ import typer
 
 from rstar2_cli.commands import checks, fail
 
-prepare_app = typer.Typer(help="Prepare datasets: the RL math set, SFT conversions.", no_args_is_help=True)
+prepare_app = typer.Typer(help="Prepare datasets: the RL math set, SFT conversions, eval sets.", no_args_is_help=True)
 
 
 @prepare_app.command("math")
@@ -153,6 +153,42 @@ def hard_command(
         fail(str(e))
     Console().print(f"kept {summary['hard']:,} of {summary['problems']:,} problems not solved {samples}/{samples} "
                     f"-> {out} (pass rates in {out}.pass_rates.json)")
+
+
+@prepare_app.command("eval-data")
+def eval_data_command(
+    gpqa: Optional[Path] = typer.Option(None, "--gpqa", help="GPQA-Diamond: the release's gpqa_diamond.csv, or a "
+                                        ".jsonl/.json/.parquet with the Hub's columns (Record ID, Question, "
+                                        "Correct Answer, Incorrect Answer 1..3)."),
+    ifeval: Optional[Path] = typer.Option(None, "--ifeval", help="IFEval: input_data.jsonl (key, prompt, "
+                                          "instruction_id_list, kwargs), or a .json/.parquet export."),
+    from_hub: bool = typer.Option(False, "--from-hub", help="Take the sets not given as files from the local "
+                                  "Hugging Face datasets cache (offline; nothing is downloaded)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="RSTAR2_DATA_DIR",
+                                       help="Folder to write gpqa_diamond.jsonl / ifeval.jsonl into; pass it to "
+                                            "`rstar2 eval --data-dir` (default $RSTAR2_DATA_DIR)."),
+) -> None:
+    """Validate GPQA-Diamond / IFEval and write them where `rstar2 eval` reads them."""
+    from rstar2_cli.data.problems import DataError
+    from rstar2_cli.eval.eval_data import prepare_eval_data
+    from rstar2_cli.eval.reference import MissingExtraError
+
+    if gpqa is None and ifeval is None and not from_hub:
+        fail("give --gpqa FILE and/or --ifeval FILE (or --from-hub to read the Hugging Face datasets cache)")
+    if out is None:
+        fail("--out: give the folder to write into (or set $RSTAR2_DATA_DIR)")
+    for path, flag in ((gpqa, "--gpqa"), (ifeval, "--ifeval")):
+        if path is not None:
+            checks.input_file(path, flag)
+    checks.output_dir(out, "--out")
+    try:
+        done = prepare_eval_data(out, {"gpqa_diamond": gpqa, "ifeval": ifeval}, from_hub)
+    except (DataError, MissingExtraError) as e:
+        fail(str(e))
+    for d in done:
+        typer.echo(f"{d['set']}: not written: {d['skipped']}" if "skipped" in d
+                   else f"{d['set']}: wrote {d['rows']} rows{d['note']} -> {d['path']}")
+    typer.echo(f"now: rstar2 eval all CKPT --data-dir {out}")
 
 
 def register(app: typer.Typer) -> None:

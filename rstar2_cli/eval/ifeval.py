@@ -9,15 +9,24 @@ so avg@k is that accuracy averaged over the k samples.
 
 What is checked is the answer the user reads (`benchmarks.final_answer_text`): the last
 assistant turn without the `<reason>` block, or the inside of its `<answer>` tags.
+
+Why the seeding: lm-eval's checkers draw from Python's process-wide `random` when an instruction's
+kwargs leave a value out or give one it rejects (letter_frequency with the letter "#" or "!"
+draws a random letter in `build_description`; others draw counts and relations), and langdetect
+samples n-grams at random (reference.ifeval seeds it). `score_response` runs lm-eval's code with
+`random` seeded to `RANDOM_SEED` and restores the caller's state after, so a response's verdict
+is a pure function of the response: the same in every run, on resume, and in any order.
 """
 from __future__ import annotations
 
+import random
 import statistics
 from typing import Any
 
 from rstar2_cli.data.problems import DataError, Problem
-from rstar2_cli.eval.benchmarks import MathFamily, final_answer_text, load_set, require_fields
+from rstar2_cli.eval.family import MathFamily, final_answer_text, load_set, require_fields
 
+RANDOM_SEED = 0      # lm-eval's own default (evaluator.simple_evaluate: random_seed=0)
 METRICS = ("prompt_level_strict_acc", "inst_level_strict_acc", "prompt_level_loose_acc", "inst_level_loose_acc")
 
 
@@ -26,6 +35,10 @@ def problem_from_row(row: dict[str, Any], where: str, lineno: int) -> Problem:
     ids, kwargs = row["instruction_id_list"], row["kwargs"]
     if not isinstance(ids, list) or not isinstance(kwargs, list) or len(ids) != len(kwargs):
         raise DataError(f"{where}:{lineno}: instruction_id_list and kwargs must be lists of the same length")
+    if not all(isinstance(k, dict) for k in kwargs):
+        raise DataError(f"{where}:{lineno}: field 'kwargs' must be a list of objects (one per instruction)")
+    if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+        raise DataError(f"{where}:{lineno}: field 'prompt' must be non-empty text")
     from rstar2_cli.eval import reference
 
     known = reference.ifeval().instructions_registry.INSTRUCTION_DICT
@@ -40,7 +53,13 @@ def score_response(doc: dict[str, Any], response: str) -> dict[str, Any]:
     """lm-eval's own per-response result: the two prompt-level booleans and two instruction lists."""
     from rstar2_cli.eval import reference
 
-    return reference.ifeval().process_results(doc, [response])
+    module = reference.ifeval()
+    state = random.getstate()
+    random.seed(RANDOM_SEED)
+    try:
+        return module.process_results(doc, [response])
+    finally:
+        random.setstate(state)
 
 
 def aggregate(results: list[dict[str, Any]]) -> dict[str, float]:

@@ -15,6 +15,12 @@ scripts/install.sh), so only the checker modules are imported, never the harness
   Hermes `<tool_call>`s with the names as given, which BFCL's own table records for the Hermes
   handler it ships (`Qwen/Qwen3-8B-FC`: underscore_to_dot=False); that one entry is what the
   checker sees.
+- bfcl-eval's Qwen/Hermes handler (`model_handler/local_inference/qwen_fc.py`, QwenFCHandler)
+  and lm-eval's `exact_match` (`api/metrics.py`) sit in modules that import what the extra does
+  not install (the handlers' OpenAI client and tree-sitter parsers; sacrebleu). The few
+  definitions used here (`QwenFCHandler.decode_ast` and `_extract_tool_calls`,
+  `exact_match_hf_evaluate`) are compiled from those installed files, unchanged
+  (`definitions_from_source`), so the parsing and matching are the packages' own code.
 - IFEval's sentence and capital-word counts call nltk's punkt_tab tokenizer, which nltk fetches
   at run time. The extra installs it from PyPI instead: llama-index-core ships nltk_data's
   punkt_tab in its wheel (`llama_index/core/_static/nltk_cache`); that folder is put first on
@@ -22,6 +28,7 @@ scripts/install.sh), so only the checker modules are imported, never the harness
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.metadata as md
 import importlib.util
@@ -136,6 +143,95 @@ def bfcl_ast_checker() -> types.ModuleType:
         shim.MODEL_CONFIG_MAPPING = {BFCL_MODEL_NAME: CheckerModelConfig(underscore_to_dot=False)}
         sys.modules[name] = shim
     return importlib.import_module("bfcl_eval.eval_checker.ast_eval.ast_checker")
+
+
+def _package_file(package: str, relative: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingExtraError(f"{package} is not installed: {EXTRA_HINT}")
+    return Path(list(spec.submodule_search_locations)[0]) / relative
+
+
+def definitions_from_source(path: Path, names: dict[str, tuple[str, ...]], namespace: dict[str, Any]) -> dict[str, Any]:
+    """Compile, from the installed file `path`, the top-level functions and classes named in
+    `names` (a class keeps only the methods listed with it, and no base classes or `override`
+    decorators), in `namespace` (the globals they use), and return them by name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    keep = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            keep.append(node)
+        elif isinstance(node, ast.ClassDef) and node.name in names:
+            node.body = [m for m in node.body if isinstance(m, ast.FunctionDef) and m.name in names[node.name]]
+            for m in node.body:
+                m.decorator_list = [d for d in m.decorator_list if not (isinstance(d, ast.Name) and d.id == "override")]
+            node.bases, node.keywords, node.decorator_list = [], [], []
+            keep.append(node)
+    found = {n.name for n in keep}
+    if found != set(names):
+        raise MissingExtraError(f"{path}: no {sorted(set(names) - found)[0]} in the installed file: {EXTRA_HINT}")
+    scope = dict(namespace)
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), scope)
+    return {name: scope[name] for name in names}
+
+
+@lru_cache(maxsize=1)
+def bfcl_qwen_decoder() -> Any:
+    """An object whose `decode_ast(result, language, has_tool_call_tag)` is bfcl-eval's
+    QwenFCHandler.decode_ast (the `<tool_call>\\n...\\n</tool_call>` parsing of its Hermes handler)."""
+    _require("bfcl_eval", "BFCL grading")
+    import json
+    import re
+
+    path = _package_file("bfcl_eval", "model_handler/local_inference/qwen_fc.py")
+    cls = definitions_from_source(path, {"QwenFCHandler": ("decode_ast", "_extract_tool_calls")},
+                                  {"json": json, "re": re, "Any": Any})["QwenFCHandler"]
+    return cls()
+
+
+@lru_cache(maxsize=1)
+def lm_eval_exact_match() -> Any:
+    """lm-eval's `exact_match_hf_evaluate(predictions, references, ignore_case, ignore_punctuation, ...)`."""
+    _require("lm_eval", "GPQA grading")
+    import re
+    import string
+
+    import numpy as np
+
+    path = _package_file("lm_eval", "api/metrics.py")
+    return definitions_from_source(path, {"exact_match_hf_evaluate": ()},
+                                   {"np": np, "re": re, "string": string})["exact_match_hf_evaluate"]
+
+
+@lru_cache(maxsize=1)
+def bfcl_entry_checkers() -> dict[str, Any]:
+    """bfcl-eval's per-entry scoring (`eval_checker/eval_runner.py`): `_evaluate_single_ast_entry`
+    (decode, format check, ast_checker) and `_evaluate_single_relevance_entry` (irrelevance: no
+    decodable call), compiled over the installed checker and utils."""
+    checker, utils = bfcl_ast_checker(), bfcl_utils()
+    from bfcl_eval.constants.enums import Language, ReturnFormat
+
+    path = _package_file("bfcl_eval", "eval_checker/eval_runner.py")
+    names = {"_evaluate_single_ast_entry": (), "_evaluate_single_relevance_entry": ()}
+    scope = {"ast_checker": checker.ast_checker, "is_function_calling_format_output": utils.is_function_calling_format_output,
+             "is_empty_output": utils.is_empty_output, "Language": Language, "ReturnFormat": ReturnFormat, "Any": Any}
+    found = definitions_from_source(path, names, scope)
+    return {"ast": found["_evaluate_single_ast_entry"], "relevance": found["_evaluate_single_relevance_entry"]}
+
+
+@lru_cache(maxsize=1)
+def bfcl_utils() -> types.ModuleType:
+    """bfcl-eval's `utils` (load_dataset_entry with its language hints, load_ground_truth_entry,
+    is_empty_output, is_function_calling_format_output)."""
+    bfcl_ast_checker()          # installs the model_config shim its imports need
+    return importlib.import_module("bfcl_eval.utils")
+
+
+@lru_cache(maxsize=1)
+def bfcl_summary() -> types.ModuleType:
+    """bfcl-eval's `eval_checker/eval_runner_helper` (calculate_unweighted_accuracy: its summary formula)."""
+    bfcl_ast_checker()
+    return importlib.import_module("bfcl_eval.eval_checker.eval_runner_helper")
 
 
 def bfcl_data_dir() -> Path:

@@ -23,9 +23,10 @@ def metrics_table(results: dict[str, Any]) -> Table:
     t.add_row("tool-error rate", f"{100 * m['tool_error_rate']:.1f} %")
     if "tool_call_rate" in m:
         t.add_row("tool-call rate (samples with a call)", f"{100 * m['tool_call_rate']:.1f} %")
-    for family in ("ifeval", "bfcl"):   # the reference's own numbers (eval/ifeval.py, eval/bfcl.py)
+    for family in ("gpqa", "ifeval", "bfcl"):   # the families' own numbers (eval/gpqa.py, ifeval.py, bfcl.py)
         for key, value in m.get(family, {}).items():
-            t.add_row(f"{family} {key.replace('_', ' ')}", f"{100 * value:.1f} %")
+            shown = ", ".join(value) or "none" if isinstance(value, list) else f"{100 * value:.1f} %"
+            t.add_row(f"{family} {key.replace('_', ' ')}", shown)
     return t
 
 

@@ -70,12 +70,13 @@ def sample_record(traj, grade: dict[str, Any]) -> dict[str, Any]:
 
 async def _make_engine(s: EvalSettings):
     from rstar2_cli.config import EngineConfig
-    from rstar2_cli.rollout.engines import VLLMEngine, default_max_model_len
+    from rstar2_cli.eval.settings import context_length
+    from rstar2_cli.rollout.engines import VLLMEngine
     from rstar2_cli.rollout.openai_engine import OpenAIEngine
 
     if s.engine == "openai":
         return OpenAIEngine(base_url=s.base_url, model=s.model)
-    max_len = default_max_model_len(s.max_tokens, s.max_model_len)
+    max_len = context_length(s)
     cfg = EngineConfig(cpu_kvcache_space_gb=s.cpu_kvcache_space_gb)
     return VLLMEngine.from_config(s.model, cfg, max_model_len=max_len, seed=s.seed)
 
@@ -85,7 +86,7 @@ async def _generate(s: EvalSettings, family, problems, tokenizer, out_file: Path
 
     `engine` / `tools`: an already running generator and sandbox to reuse (the quickstart and
     the tests share one); otherwise they are started here and closed at the end."""
-    from rstar2_cli.eval.benchmarks import grade_in_thread
+    from rstar2_cli.eval.family import grade_in_thread
 
     async with AsyncExitStack() as stack:
         if engine is None:

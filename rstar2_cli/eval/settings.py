@@ -10,12 +10,61 @@ fields of the RL recipe a checkpoint was trained with (config.PROTOCOL_FIELDS), 
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rstar2_cli.config import PROTOCOL_FIELDS, RolloutConfig
 from rstar2_cli.eval.benchmarks import BENCHMARKS
+
+
+# vLLM (config/model.py, _get_and_verify_max_len) leaves max_position_embeddings as it is for
+# these RoPE types and multiplies it by rope_scaling.factor for the others.
+_ROPE_ALREADY_SCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def model_context_limit(model: str) -> int | None:
+    """The longest context a checkpoint accepts, as vLLM derives it from config.json:
+    `max_position_embeddings` (or the text config's), times the RoPE scaling factor where vLLM
+    applies one; None when the folder (or cached Hub repo) has no such config."""
+    path = Path(model).expanduser() / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model, "config.json")
+        except Exception:      # not a repo id
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    cfg = cfg.get("text_config") or cfg if isinstance(cfg, dict) else {}
+    limit = cfg.get("max_position_embeddings")
+    if not isinstance(limit, int):
+        return None
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) not in (None, "default", *_ROPE_ALREADY_SCALED):
+        limit = int(limit * float(rope.get("factor") or 1.0))
+    return limit
+
+
+def context_length(s: "EvalSettings") -> int:
+    """The engine's context: `--max-model-len` when given, else the response budget plus the
+    prompt's room, capped at the model's own limit (the engine then shortens each request's
+    budget to what its prompt leaves)."""
+    from rstar2_cli.rollout.engines import default_max_model_len
+
+    if s.max_model_len:
+        return s.max_model_len
+    want = default_max_model_len(s.max_tokens)
+    limit = model_context_limit(s.model)
+    return min(want, limit) if limit else want
 
 
 def protocol_of_rollout(rollout: RolloutConfig) -> dict[str, Any]:

@@ -63,7 +63,11 @@ def test_eval_all_fills_every_row(tiny_model, all_data, tmp_path, tiny_engine, s
     assert set(ifeval["metrics"]["ifeval"]) == {"prompt_level_strict_acc", "inst_level_strict_acc",
                                                 "prompt_level_loose_acc", "inst_level_loose_acc"}
     bfcl = json.loads((out / "A" / "bfcl" / "results.json").read_text())
-    assert bfcl["metrics"]["bfcl"]["overall"] == table["rows"][[b for b, _ in ROWS].index("bfcl")]["score"]
+    assert bfcl["metrics"]["bfcl"]["non_live_ast"] == table["rows"][[b for b, _ in ROWS].index("bfcl")]["score"]
+    assert {r["category"] for r in (json.loads(l) for l in (out / "A" / "bfcl" / TRAJ_FILE).read_text().splitlines())} \
+        == {"simple_python", "simple_java"}            # --limit 2 takes one question of each category in turn
+    gpqa_row = table["rows"][[b for b, _ in ROWS].index("gpqa_diamond")]
+    assert 0.0 <= gpqa_row["gpqa_boxed"] <= 1.0 and "gpqa_boxed" in md
     assert bfcl["reference"]["bfcl_eval"]
 
 

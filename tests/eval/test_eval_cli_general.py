@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from rstar2_cli.cli import app
 from rstar2_cli.data.problems import DataError
-from rstar2_cli.eval.benchmarks import set_rows
+from rstar2_cli.eval.family import set_rows
 
 
 def test_eval_all_refuses_one_data_file(tmp_path):

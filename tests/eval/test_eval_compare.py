@@ -52,7 +52,10 @@ def _fake_results(bench: str, solved: dict[str, float], k: int = 2) -> dict:
     metrics = {"problems": len(solved), "samples_per_problem": k, f"avg@{k}": sum(solved.values()) / len(solved),
                f"avg@{k}_std": 0.0, "response_tokens": {"mean": 10.0, "median": 10.0}, "tool_call_rate": 0.5}
     if bench == "bfcl":
-        metrics["bfcl"] = {"simple": 1.0, "overall": 0.75}
+        from rstar2_cli.eval.bfcl import accuracy
+
+        metrics["bfcl"] = accuracy([{"category": c, "reward": r} for c, r in
+                                    (("simple_python", 1.0), ("multiple", 1.0), ("parallel", 1.0), ("parallel_multiple", 0.0))])
     return {"benchmark": bench, "metrics": metrics, "reference": None,
             "per_problem": [{"problem_id": q, "solved_fraction": f} for q, f in solved.items()]}
 
@@ -70,9 +73,33 @@ def test_table_rows_in_paper_order_with_left_out_and_compare(tmp_path):
     assert calls == [("aime24", "A"), ("bfcl", "A"), ("custom", "A"), ("aime24", "B"), ("bfcl", "B"), ("custom", "B")]
     assert [r["benchmark"] for r in table["rows"]] == ["aime24", "bfcl", "arena_hard", "custom"]
     aime, bfcl, arena, _ = table["rows"]
-    assert aime["score"] == 0.75 and bfcl["score"] == 0.75 and not arena["run"]
+    # BFCL's summary: simple = mean(python 1, java 0, javascript 0) (not run: 0), then the mean of four
+    assert aime["score"] == 0.75 and bfcl["score"] == pytest.approx((1 / 3 + 1 + 1 + 0) / 4) and not arena["run"]
+    assert bfcl["bfcl_missing"] == ["simple_java", "simple_javascript", "irrelevance"]
     assert aime["compare"]["diff"] == pytest.approx(0.25)
     md = (tmp_path / MD_FILE).read_text()
     assert "| AIME24 | 75.0 | 75.0 ± 0.0 | 2 | 10 | 50.0 |" in md and "+25.0" in md
     assert json.loads((tmp_path / JSON_FILE).read_text())["compare_model"] == "B"
     assert [r["benchmark"] for r in run_table(run_one, "A", tmp_path, ["aime24"], with_left_out=False)["rows"]] == ["aime24"]
+
+
+def test_table_lists_sets_without_data_and_runs_the_rest(tmp_path):
+    """`eval all` without GPQA / IFEval data: those rows say "no data" and how to add them; a set
+    that fails to load mid-table joins them instead of stopping the table."""
+    from rstar2_cli.data.problems import DataError
+    from rstar2_cli.eval.paper_table import MD_FILE, run_table
+
+    def run_one(bench, model, out):
+        if bench == "math500":
+            raise DataError("hub:HuggingFaceH4/MATH-500: load failed: offline")
+        return _fake_results(bench, {"q1": 1.0})
+
+    no_data = {"gpqa_diamond": "no data: run `rstar2 prepare eval-data --gpqa FILE --out DIR`"}
+    table = run_table(run_one, "A", tmp_path, ["aime24", "math500", "gpqa_diamond"], no_data=no_data)
+    rows = {r["benchmark"]: r for r in table["rows"]}
+    assert rows["aime24"]["run"] and not rows["gpqa_diamond"]["run"] and not rows["math500"]["run"]
+    assert rows["gpqa_diamond"]["reason"] == no_data["gpqa_diamond"]
+    assert rows["math500"]["reason"].startswith("no data: hub:HuggingFaceH4/MATH-500") and "--data-dir" in rows["math500"]["reason"]
+    assert rows["arena_hard"]["reason"].startswith("left out: ")
+    md = (tmp_path / MD_FILE).read_text()
+    assert "prepare eval-data --gpqa" in md and "left out: needs an LLM judge" in md
