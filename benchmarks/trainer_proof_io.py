@@ -66,7 +66,8 @@ def dcp_round_trip(holder: dict, make_policy, folder: Path, free) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     if not policy.optimizer.state:
         raise AssertionError("the policy has taken no optimizer step: nothing to prove for AdamW")
-    need = sum(p.numel() for p in policy.model.parameters()) * 4 * 4     # fp32 weights x2 (shards, files) + AdamW
+    # fp32 weights: shards and consolidated files (8 B/param), then files and AdamW moments (4 + 8 B/param)
+    need = sum(p.numel() for p in policy.model.parameters()) * 12
     free_bytes = shutil.disk_usage(folder).free
     if free_bytes < need:
         raise AssertionError(f"--work {folder}: {free_bytes / 2**30:.1f} GiB free, the checkpoint needs "
@@ -181,7 +182,8 @@ def cuda_ipc_round_trip(gib: float, cuda: bool) -> dict:
     from torch.multiprocessing.reductions import reduce_tensor
 
     n = int(gib * 2**30)
-    buf = (torch.arange(n, dtype=torch.int32, device="cuda") % 251).to(torch.uint8)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    buf = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=gen)
     expected = int(buf.sum(dtype=torch.int64))
     torch.cuda.synchronize()
     start = time.perf_counter()
