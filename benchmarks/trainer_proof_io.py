@@ -114,11 +114,18 @@ def dcp_round_trip(holder: dict, make_policy, folder: Path, free) -> dict:
 
 
 def _scrub_function():
+    """(function, module name), or (None, why not) when no module has it."""
+    why = []
     for name in SCRUB_MODULES:
-        fn = getattr(importlib.import_module(name), SCRUB_FUNCTION, None)
+        try:
+            fn = getattr(importlib.import_module(name), SCRUB_FUNCTION, None)
+        except ImportError as e:      # a bare GPU box: the module needs what is not installed
+            why.append(f"{name} does not import ({e})")
+            continue
         if fn is not None:
             return fn, name
-    return None, None
+        why.append(f"no {SCRUB_FUNCTION}() in {name}")
+    return None, "; ".join(why)
 
 
 def spawn_env_check() -> dict:
@@ -127,7 +134,7 @@ def spawn_env_check() -> dict:
     spawned with multiprocessing's "spawn" start method is; both inherit os.environ at the spawn."""
     fn, module = _scrub_function()
     if fn is None:
-        raise Skipped(f"no {SCRUB_FUNCTION}() in {' or '.join(SCRUB_MODULES)} yet")
+        raise Skipped(module)
     probe = [sys.executable, "-c", f"import os; print(os.environ.get({AGENT_STORE_ENV!r}, '<unset>'))"]
     before = os.environ.get(AGENT_STORE_ENV)
     os.environ[AGENT_STORE_ENV] = "True"
