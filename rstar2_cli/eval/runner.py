@@ -145,8 +145,9 @@ def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[
 
     `engine` (anything with `async generate(req)` and `kv_free_fraction()`, or a list of them) and
     `tools` (a started sandbox) may be passed in to reuse them across evaluations. Each sample's
-    seed comes from its problem and index, so results do not depend on which engine ran it. The prompt layout (`system_prompt`,
-    `tools_in_prompt`, `protocol`) is part of the settings, so results.json records it."""
+    seed comes from its problem and index, so results do not depend on which engine ran it. The
+    prompt layout (`system_prompt`, `tools_in_prompt`, `protocol`) is part of the settings, so
+    results.json records it."""
     from transformers import AutoTokenizer
 
     from rstar2_cli.eval.benchmarks import family_of

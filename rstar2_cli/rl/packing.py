@@ -73,8 +73,8 @@ class PackedRow:
         it (`modeling_flash_attention_utils._is_packed_sequence` branches on a device bool,
         `prepare_fa_kwargs_from_position_ids` runs `nonzero`, and the tensor `max_length` becomes an
         int in the kernel call). With `cu_seq_lens_q/k` and integer `max_length_q/k` it takes the
-        `is_fa_with_varlen_kwargs` branch instead and never syncs. `cu_seq_lens` is int32 (the
-        kernel's type), one copy to `device` per micro-batch."""
+        `is_fa_with_varlen_kwargs` branch instead, which waits on nothing. `cu_seq_lens` is int32
+        (the kernel's type), one copy to `device` per micro-batch."""
         if self.input_ids.shape[0] != 1:
             raise ValueError(f"varlen_kwargs: a packed [1, T] row is needed, got {list(self.input_ids.shape)}")
         lengths = [s.prompt_len + s.response_len for s in self.spans]

@@ -5,9 +5,9 @@ Why inside the run and on the trainer's own engines and sandbox: a held-out curv
 to see overfitting or a collapse while it happens, and starting a second engine would double the
 memory of a colocated run. So, as the quickstart does, `run_eval` is given every engine of the
 rollout host (right after the weight sync, so they sample the policy just trained; the
-load-balanced scheduler spreads the samples over them, so a point takes about 1/N of one engine's
-time) and its sandbox, and grades with the recipe's reward mode and renders with its rollout protocol (prompt,
-tool texts and limits: what the policy is trained on). Generation follows `rstar2 eval`'s protocol
+load-balanced scheduler spreads the samples over them, so a point takes about 1/N of one
+engine's time) and its sandbox, and grades with the recipe's reward mode and renders with its
+rollout protocol (prompt, tool texts and limits: what the policy is trained on). Generation follows `rstar2 eval`'s protocol
 (temperature and top-p of EvalSettings) with the stage's response budget and turn limit, so a
 point costs about one rollout of `eval_samples` x the set's size.
 
