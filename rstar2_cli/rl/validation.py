@@ -7,9 +7,9 @@ memory of a colocated run. So, as the quickstart does, `run_eval` is given every
 rollout host (right after the weight sync, so they sample the policy just trained; the
 load-balanced scheduler spreads the samples over them, so a point takes about 1/N of one
 engine's time) and its sandbox, and grades with the recipe's reward mode and renders with its
-rollout protocol (prompt, tool texts and limits: what the policy is trained on). Generation follows `rstar2 eval`'s protocol
-(temperature and top-p of EvalSettings) with the stage's response budget and turn limit, so a
-point costs about one rollout of `eval_samples` x the set's size.
+rollout protocol (prompt, tool texts and limits: what the policy is trained on). Generation
+follows `rstar2 eval`'s protocol (temperature and top-p of EvalSettings) with the stage's response
+budget and turn limit, so a point costs about one rollout of `eval_samples` x the set's size.
 
 Results: `eval/<set>/accuracy` (avg@k with k = eval_samples) and its spread, the response
 length (`eval/<set>/response_tokens_mean` / `_median`), turns, tool calls and tool-error rate,
