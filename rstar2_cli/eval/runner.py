@@ -84,8 +84,9 @@ async def _make_engine(s: EvalSettings):
 async def _generate(s: EvalSettings, family, problems, tokenizer, out_file: Path, engine=None, tools=None) -> None:
     """Roll out every problem that is not complete in `out_file`, appending chunk by chunk.
 
-    `engine` / `tools`: an already running generator and sandbox to reuse (the quickstart and
-    the tests share one); otherwise they are started here and closed at the end."""
+    `engine` / `tools`: an already running generator (or a list of them, which share the work
+    through the load-balanced scheduler) and sandbox to reuse (the quickstart and the tests share
+    one); otherwise they are started here and closed at the end."""
     from rstar2_cli.eval.family import grade_in_thread
 
     async with AsyncExitStack() as stack:
@@ -105,7 +106,7 @@ async def _generate(s: EvalSettings, family, problems, tokenizer, out_file: Path
             await stack.enter_async_context(tools)
         from rstar2_cli.rollout.scheduler import LoadBalancedScheduler
 
-        generator = LoadBalancedScheduler([engine])
+        generator = LoadBalancedScheduler(list(engine) if isinstance(engine, (list, tuple)) else [engine])
         per_chunk = max(1, CHUNK_TRAJECTORIES // s.samples)
         for start in range(0, len(problems), per_chunk):
             chunk = problems[start : start + per_chunk]
@@ -143,9 +144,11 @@ class EngineReuse:
 def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[str, Any]:
     """Run (or resume) one evaluation and write results.json; returns the results dict.
 
-    `engine` (anything with `async generate(req, key=None)`) and `tools` (a started sandbox) may
-    be passed in to reuse them across evaluations. The prompt layout (`system_prompt`,
-    `tools_in_prompt`, `protocol`) is part of the settings, so results.json records it."""
+    `engine` (anything with `async generate(req)` and `kv_free_fraction()`, or a list of them) and
+    `tools` (a started sandbox) may be passed in to reuse them across evaluations. Each sample's
+    seed comes from its problem and index, so results do not depend on which engine ran it. The
+    prompt layout (`system_prompt`, `tools_in_prompt`, `protocol`) is part of the settings, so
+    results.json records it."""
     from transformers import AutoTokenizer
 
     from rstar2_cli.eval.benchmarks import family_of

@@ -1,8 +1,9 @@
 """Which attention kernel the policy model runs, and the micro-batch layout that goes with it.
 
 Why together: a layout is only free of cross-trajectory work with the right kernel.
-`flash_attention_2` takes one packed `[1, T]` row with restarting `position_ids` as variable-length
-sequences (transformers derives `cu_seqlens`, builds no mask), so it gets the `packed` layout.
+`flash_attention_2` takes one packed `[1, T]` row as variable-length sequences (the policy passes
+each row's `cu_seq_lens` and max length, computed on the host, so transformers neither derives them
+from `position_ids` nor waits on the device; no mask is built), so it gets the `packed` layout.
 SDPA has no variable-length entry point: a packed row makes transformers build a dense
 `[1, 1, T, T]` block-diagonal mask, and SDPA then computes all T^2 blocks and cannot use its
 flash backend on GPU. SDPA therefore always gets length-bucketed `padded` rows with no mask
@@ -29,6 +30,12 @@ class AttentionChoice:
     implementation: str     # transformers attn_implementation
     layout: str             # rl/packing.py LAYOUTS
     reason: str             # one line, for the run log
+
+    @property
+    def takes_varlen_kwargs(self) -> bool:
+        """Whether each packed row's forward gets its `cu_seq_lens` and max lengths
+        (`PackedRow.varlen_kwargs`): only flash-attn reads them; SDPA and eager run as they are."""
+        return self.implementation == "flash_attention_2" and self.layout == "packed"
 
 
 def choose_attention(requested: str, device_type: str, dtype: torch.dtype, flash_available: bool) -> AttentionChoice:

@@ -41,13 +41,14 @@ PLAIN_HEAD_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 TokenLoss = Callable[[torch.Tensor, slice], torch.Tensor]
 
 
-def final_hidden_states(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    """The decoder's last hidden states [1, L, H] (after the final norm), through the model's forward."""
+def final_hidden_states(model, input_ids: torch.Tensor, position_ids: torch.Tensor, **attn_kwargs) -> torch.Tensor:
+    """The decoder's last hidden states [1, L, H] (after the final norm), through the model's forward.
+    `attn_kwargs` reach every attention call (flash-attn's `cu_seq_lens_q/k`, `max_length_q/k`)."""
     seen: list[torch.Tensor] = []
     handle = model.model.register_forward_hook(lambda _module, _args, out: seen.append(out[0]))
     try:
         model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
-              logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device))
+              logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device), **attn_kwargs)
     finally:
         handle.remove()
     return seen[0]

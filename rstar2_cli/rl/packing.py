@@ -3,10 +3,10 @@
 Two layouts (`LAYOUTS`), chosen with the attention kernel (rl/attention.py):
 
   packed  sequences concatenated in one `[1, T]` row, `position_ids` restarting at 0 for each. For
-          `flash_attention_2`: with `attention_mask=None` transformers turns restarting position ids
-          into `cu_seqlens` and calls the variable-length kernel (`modeling_flash_attention_utils.
-          _is_packed_sequence`), so each sequence attends only to itself and no mask exists. Placement
-          is first-fit decreasing.
+          `flash_attention_2`: the forward gets the row's `cu_seq_lens` and max length
+          (`PackedRow.varlen_kwargs`) with `attention_mask=None`, and transformers calls the
+          variable-length kernel with them (`modeling_flash_attention_utils._flash_attention_forward`),
+          so each sequence attends only to itself and no mask exists. Placement is first-fit decreasing.
   padded  sequences sorted by length and cut into `[B, L]` buckets (B x L <= budget), right-padded,
           `position_ids` = 0..L-1 in every row. For SDPA: with no mask and increasing position ids
           transformers skips the mask and SDPA runs its causal kernel (`masking_utils.
@@ -64,6 +64,26 @@ class PackedRow:
     def tokens(self) -> int:
         """Real (non-padding) tokens."""
         return sum(s.prompt_len + s.response_len for s in self.spans)
+
+    def varlen_kwargs(self, device: torch.device | str) -> dict:
+        """flash-attn's variable-length arguments of a packed `[1, T]` row, computed on the host.
+
+        Why: given only restarting `position_ids`, transformers 5.19 re-derives the sequence
+        boundaries in every attention call of every layer and waits on the device three times to do
+        it (`modeling_flash_attention_utils._is_packed_sequence` branches on a device bool,
+        `prepare_fa_kwargs_from_position_ids` runs `nonzero`, and the tensor `max_length` becomes an
+        int in the kernel call). With `cu_seq_lens_q/k` and integer `max_length_q/k` it takes the
+        `is_fa_with_varlen_kwargs` branch instead, which waits on nothing. `cu_seq_lens` is int32
+        (the kernel's type), one copy to `device` per micro-batch."""
+        if self.input_ids.shape[0] != 1:
+            raise ValueError(f"varlen_kwargs: a packed [1, T] row is needed, got {list(self.input_ids.shape)}")
+        lengths = [s.prompt_len + s.response_len for s in self.spans]
+        bounds = [0]
+        for n in lengths:
+            bounds.append(bounds[-1] + n)
+        cu = torch.tensor(bounds, dtype=torch.int32).to(device)
+        longest = max(lengths)
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
 def plan_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:

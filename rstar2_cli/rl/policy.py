@@ -154,7 +154,9 @@ class PolicyTrainer:
     def _row_inputs(self, row: PackedRow, select: torch.Tensor):
         """(final hidden states [N, H], LM-head weight, targets [N]) of the row's response tokens
         where `select` is true (span after span); call under `_autocast`."""
-        hidden = final_hidden_states(self.model, row.input_ids.to(self.device), row.position_ids.to(self.device))
+        varlen = row.varlen_kwargs(self.device) if self.attention.takes_varlen_kwargs else {}
+        hidden = final_hidden_states(self.model, row.input_ids.to(self.device), row.position_ids.to(self.device),
+                                     **varlen)
         positions = row.logit_positions()[select.cpu()].to(self.device)
         return hidden.reshape(-1, hidden.shape[-1])[positions], head_weight(self.model), row.target_ids()[select.cpu()].to(self.device)
 

@@ -10,7 +10,7 @@ One step (`RLTrainer.train_step`), in the paper's order:
   7. push the new weights into the engines;
   8. log metrics (JSONL, live table, optional TensorBoard/wandb; curves.png at the end); every
      `train.eval_every` steps (and before the first) the held-out sets are evaluated on the
-     trainer's own engine and sandbox (`validation.py`) and logged with the step.
+     trainer's own engines and sandbox (`validation.py`) and logged with the step.
 A step whose groups are all filtered out (equal rewards, infrastructure failures) is skipped:
 no optimizer step, no LR step, no weight sync; it is logged with `train/skipped_empty` = 1.
 
@@ -259,7 +259,7 @@ class RLTrainer:
                              f"{self.saved_step}")
 
     def validate(self) -> dict[str, float]:
-        """Held-out eval of the current policy on rank 0's engine and sandbox (`validation.py`);
+        """Held-out eval of the current policy on rank 0's engines and sandbox (`validation.py`);
         other ranks get {} (rank 0 is node 0's rollout host)."""
         from rstar2_cli.rl.metrics import StepTimer
         from rstar2_cli.rl.validation import run_validation
@@ -268,7 +268,7 @@ class RLTrainer:
             return {}
         timer = StepTimer()
         with timer("eval"):
-            metrics = run_validation(self.cfg, self.rollouts.engines[0], self.rollouts.tools, self.step,
+            metrics = run_validation(self.cfg, self.rollouts.engines, self.rollouts.tools, self.step,
                                      self.out_dir, progress=self.progress)
         metrics.update(timer.sections())
         return metrics

@@ -1,14 +1,15 @@
 """Held-out evaluation inside an RL run (the release validates on AIME24 before training and
 every `trainer.test_freq=5` steps).
 
-Why inside the run and on the trainer's own engine and sandbox: a held-out curve is the only way
+Why inside the run and on the trainer's own engines and sandbox: a held-out curve is the only way
 to see overfitting or a collapse while it happens, and starting a second engine would double the
-memory of a colocated run. So, as the quickstart does, `run_eval` is given the rollout host's
-first engine (right after the weight sync, so it samples the policy just trained) and its
-sandbox, and grades with the recipe's reward mode and renders with its rollout protocol (prompt,
-tool texts and limits: what the policy is trained on). Generation follows `rstar2 eval`'s protocol
-(temperature and top-p of EvalSettings) with the stage's response budget and turn limit, so a
-point costs about one rollout of `eval_samples` x the set's size.
+memory of a colocated run. So, as the quickstart does, `run_eval` is given every engine of the
+rollout host (right after the weight sync, so they sample the policy just trained; the
+load-balanced scheduler spreads the samples over them, so a point takes about 1/N of one
+engine's time) and its sandbox, and grades with the recipe's reward mode and renders with its
+rollout protocol (prompt, tool texts and limits: what the policy is trained on). Generation
+follows `rstar2 eval`'s protocol (temperature and top-p of EvalSettings) with the stage's response
+budget and turn limit, so a point costs about one rollout of `eval_samples` x the set's size.
 
 Results: `eval/<set>/accuracy` (avg@k with k = eval_samples) and its spread, the response
 length (`eval/<set>/response_tokens_mean` / `_median`), turns, tool calls and tool-error rate,
@@ -53,9 +54,13 @@ def _summary(name: str, results: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def run_validation(cfg: RecipeConfig, engine, tools, step: int, out_dir: Path, *,
+def run_validation(cfg: RecipeConfig, engines: list, tools, step: int, out_dir: Path, *,
                    progress: bool = False) -> dict[str, float]:
-    """Evaluate every `train.eval_sets` entry with the current policy; flat metrics for the step."""
+    """Evaluate every `train.eval_sets` entry with the current policy on `engines` (all of them share
+    the samples); flat metrics for the step. Seeds are per problem and sample, so the results are
+    the same whichever engine draws a sample."""
+    if not engines:
+        raise ValueError("run_validation: no engine to evaluate on (only a rollout host validates)")
     from rich.console import Console
 
     from rstar2_cli.eval.runner import run_eval
@@ -71,7 +76,7 @@ def run_validation(cfg: RecipeConfig, engine, tools, step: int, out_dir: Path, *
                                 max_turns=cfg.rollout.max_turns, seed=cfg.train.seed, answer_mode=cfg.reward.mode,
                                 **protocol_of_rollout(cfg.rollout), grade_timeout=cfg.reward.timeout, max_model_len=cfg.engine.max_model_len,
                                 progress=progress)
-        results = run_eval(settings, engine=engine, tools=tools, console=Console(file=io.StringIO()))
+        results = run_eval(settings, engine=list(engines), tools=tools, console=Console(file=io.StringIO()))
         metrics.update(_summary(name, results))
     accuracies = [v for k, v in metrics.items() if k.endswith("/accuracy")]
     if accuracies:
