@@ -1,6 +1,6 @@
 """Typed recipe schema: one place for every paper constant.
 
-A recipe is a YAML file (see `recipes/`) whose sections map onto the models below. Defaults are
+A recipe is a YAML file (see `rstar2_cli/recipes/`) whose sections map onto the models below. Defaults are
 rStar2-Agent's stage-1 values, so that a recipe only states what differs; the comments say which
 source a default follows (paper or release; docs/fidelity.md tabulates both). Unknown keys are
 errors, not silently ignored: a typo such as `loss.eps_hihg` must fail at load time, with a
@@ -48,7 +48,7 @@ class RolloutConfig(_Section):
     """
     max_turns: int = Field(10, ge=1)                  # the paper's §4 value for stages 1-2 (15 in stage 3); the
                                                       # release's trainer yaml has multi_turn.max_assistant_turns 5
-                                                      # (its run script keeps it), which recipes/stage{1,2}.yaml set
+                                                      # (its run script keeps it), which rstar2_cli/recipes/stage{1,2}.yaml set
     max_response_tokens: int = Field(8192, ge=1)      # 8K stage 1, 12K stages 2-3 (paper §4); tool tokens count
     temperature: float = Field(1.0, ge=0.0)           # release: verl rollout.temperature 1.0
     top_p: float = Field(1.0, gt=0.0, le=1.0)         # release: verl rollout.top_p 1
