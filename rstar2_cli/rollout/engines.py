@@ -192,12 +192,15 @@ class VLLMEngine:
 
         import torch
 
-        if torch.cuda.is_available():
-            return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])
-        from rstar2_cli.rollout.engine_cpus import engine_process_env
+        from rstar2_cli.rollout.engine_env import engine_spawn_env
 
-        with engine_process_env(engine_args.tensor_parallel_size, eager=engine_args.enforce_eager):
-            return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])   # the core inherits it
+        with engine_spawn_env(sleep_mode=bool(engine_args.enable_sleep_mode)):   # no torchrun agent vars
+            if torch.cuda.is_available():
+                return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])
+            from rstar2_cli.rollout.engine_cpus import engine_process_env
+
+            with engine_process_env(engine_args.tensor_parallel_size, eager=engine_args.enforce_eager):
+                return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])   # the core inherits it
 
     # ------------------------------------------------------------------ Engine API
     def kv_free_fraction(self) -> float:
