@@ -68,6 +68,7 @@ def register(app: typer.Typer) -> None:
 
         from rstar2_cli.config import ConfigError, dump_recipe
         from rstar2_cli.launch.cluster_env import resolve_launch
+        from rstar2_cli.launch.engine_sizing import size_engines
         from rstar2_cli.launch.memory_plan import (MemoryPlanError, build_memory_plan, memory_spec_for,
                                                    resolve_gpu_memory)
         from rstar2_cli.launch.plan_view import render_plan
@@ -108,6 +109,7 @@ def register(app: typer.Typer) -> None:
                 gib, gpu_name = resolve_gpu_memory(gpu_memory)
             except MemoryPlanError as e:
                 fail(str(e))
+            cfg = size_engines(cfg, plan, gib)     # the engines' "auto" fields, from the memory plan's terms
             plan = dataclasses.replace(plan, memory=build_memory_plan(memory_spec_for(cfg, plan, gib, gpu_name)))
         if plan.launch_mode == "torchrun":   # torchrun forwards SIGUSR1 too and waits for the checkpoint
             from rstar2_cli.rl.preemption import torchrun_env

