@@ -68,9 +68,8 @@ def register(app: typer.Typer) -> None:
 
         from rstar2_cli.config import ConfigError, dump_recipe
         from rstar2_cli.launch.cluster_env import resolve_launch
-        from rstar2_cli.launch.engine_sizing import size_engines
-        from rstar2_cli.launch.memory_plan import (MemoryPlanError, build_memory_plan, memory_spec_for,
-                                                   resolve_gpu_memory)
+        from rstar2_cli.launch.engine_sizing import memory_spec_for, size_engines
+        from rstar2_cli.launch.memory_plan import MemoryPlanError, build_memory_plan, resolve_gpu_memory
         from rstar2_cli.launch.plan_view import render_plan
         from rstar2_cli.launch.topology import PlanError, plan_from_args
         from rstar2_cli.rl.stages import resolve_stage_recipe

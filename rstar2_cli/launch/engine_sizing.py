@@ -28,7 +28,9 @@ from __future__ import annotations
 import math
 
 from rstar2_cli.launch import memory_plan as mp
+from rstar2_cli.launch.model_shape import shape_for_model
 
+PROMPT_BUDGET_TOKENS = 2048   # context room for the prompt when max_model_len is not set
 # vLLM 0.32's offline default for GPUs of 70 GiB and more (engine/arg_utils.py `get_batch_defaults`,
 # UsageContext.LLM_CLASS); its profile run's activations are in the memory plan.
 GPU_BATCH_TOKENS = 16384
@@ -44,6 +46,11 @@ MAX_NUM_SEQS_CAP = 1024
 ENGINE_HEADROOM_FRACTION = 0.05
 
 
+def default_max_model_len(max_response_tokens: int, override: int | None = None) -> int:
+    """The engine's context length: `override` when set, else the response budget plus the prompt's."""
+    return override or (max_response_tokens + PROMPT_BUDGET_TOKENS)
+
+
 def planned_utilization(gpu_gib: float, resident_gib: float) -> float:
     """The engine's fraction of a `gpu_gib` GPU whose other tenants keep `resident_gib`, rounded
     down to 0.01."""
@@ -54,8 +61,6 @@ def planned_utilization(gpu_gib: float, resident_gib: float) -> float:
 def size_engines(cfg, plan, gpu_gib: float):
     """`cfg` (RecipeConfig) with every "auto" of its engine section sized for `plan` (a GPU
     launch) on `gpu_gib` GPUs; explicit values stay."""
-    from rstar2_cli.launch.model_shape import shape_for_model
-
     e = cfg.engine
     update: dict = {}
     if e.enforce_eager == "auto":
@@ -94,3 +99,18 @@ def engine_kwargs(cfg, *, on_cpu: bool, max_model_len: int) -> dict:
         util = planned_utilization(mp.local_gpu_memory()[0], 0.0)      # alone on its GPU
     kwargs["gpu_memory_utilization"] = util
     return kwargs
+
+
+def memory_spec_for(cfg, plan, gpu_memory_gib: float, gpu_name: str) -> mp.MemorySpec:
+    """The memory inputs of a GPU launch: the recipe `cfg` (RecipeConfig) placed by `plan`, its
+    engine fields sized (`size_engines`: no "auto" left)."""
+    shape, source = shape_for_model(cfg.model.path)
+    return mp.MemorySpec(
+        shape=shape, shape_source=source, trainer_ranks=plan.trainer_world_size, colocated=plan.colocated,
+        tp_size=plan.spec.tp_size, gpu_memory_gib=gpu_memory_gib, gpu_name=gpu_name,
+        gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+        micro_batch_tokens=cfg.train.micro_batch_tokens, logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        max_model_len=default_max_model_len(cfg.rollout.max_response_tokens, cfg.engine.max_model_len),
+        max_num_seqs=cfg.engine.max_num_seqs, max_num_batched_tokens=cfg.engine.max_num_batched_tokens,
+        cuda_graphs=not cfg.engine.enforce_eager)

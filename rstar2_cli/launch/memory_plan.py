@@ -325,21 +325,3 @@ def resolve_gpu_memory(option: str | None) -> tuple[float, str]:
     if local is not None:
         return round(local[0], 1), local[1]
     return GPU_MEMORY_PRESETS[DEFAULT_GPU], f"{DEFAULT_GPU}, the default"
-
-
-def memory_spec_for(cfg, plan, gpu_memory_gib: float, gpu_name: str) -> MemorySpec:
-    """The memory inputs of a GPU launch: the recipe `cfg` (RecipeConfig) placed by `plan`, its
-    engine fields sized (`engine_sizing.size_engines`: no "auto" left)."""
-    from rstar2_cli.launch.model_shape import shape_for_model
-    from rstar2_cli.rollout.engines import default_max_model_len
-
-    shape, source = shape_for_model(cfg.model.path)
-    return MemorySpec(
-        shape=shape, shape_source=source, trainer_ranks=plan.trainer_world_size, colocated=plan.colocated,
-        tp_size=plan.spec.tp_size, gpu_memory_gib=gpu_memory_gib, gpu_name=gpu_name,
-        gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-        micro_batch_tokens=cfg.train.micro_batch_tokens, logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
-        gradient_checkpointing=cfg.model.gradient_checkpointing,
-        max_model_len=default_max_model_len(cfg.rollout.max_response_tokens, cfg.engine.max_model_len),
-        max_num_seqs=cfg.engine.max_num_seqs, max_num_batched_tokens=cfg.engine.max_num_batched_tokens,
-        cuda_graphs=not cfg.engine.enforce_eager)

@@ -42,7 +42,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rstar2_cli.launch.engine_sizing import engine_kwargs
+from rstar2_cli.launch.engine_sizing import default_max_model_len, engine_kwargs
 from rstar2_cli.launch.gpu_visibility import visible_gpus
 from rstar2_cli.rollout.engine_health import HealthWatch
 from rstar2_cli.rollout.generation import Engine, GenRequest, GenResult, to_result, version_spans
@@ -55,13 +55,6 @@ if TYPE_CHECKING:
     from rstar2_cli.config import EngineConfig
 
 __all__ = ["Engine", "GenRequest", "GenResult", "VLLMEngine", "default_max_model_len", "version_spans"]
-
-PROMPT_BUDGET_TOKENS = 2048   # context room for the prompt when max_model_len is not set
-
-
-def default_max_model_len(max_response_tokens: int, override: int | None = None) -> int:
-    """The engine's context length: `override` when set, else the response budget plus the prompt's."""
-    return override or (max_response_tokens + PROMPT_BUDGET_TOKENS)
 
 
 class VLLMEngine:
