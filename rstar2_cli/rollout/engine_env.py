@@ -29,10 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import Iterator, MutableMapping
 
 AGENT_ENV_PREFIX = "TORCHELASTIC_"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+# One window at a time: two engines started from two threads (a restart beside a start) would
+# otherwise save and restore each other's changes and one spawn could see the agent variables.
+_WINDOW = threading.RLock()
 
 
 @contextlib.contextmanager
@@ -40,15 +44,16 @@ def engine_spawn_env(*, sleep_mode: bool, env: MutableMapping[str, str] = os.env
     """Around `AsyncLLM.from_engine_args` (vLLM builds its config and spawns the engine core
     inside it): drop torchrun's `TORCHELASTIC_*` variables and, for an engine with `sleep_mode`,
     pin the V1 model runner (module docstring); restore both afterwards."""
-    removed = {name: env[name] for name in list(env) if name.startswith(AGENT_ENV_PREFIX)}
-    for name in removed:
-        del env[name]
-    pinned = sleep_mode and V2_RUNNER_ENV not in env
-    if pinned:
-        env[V2_RUNNER_ENV] = "0"
-    try:
-        yield
-    finally:
+    with _WINDOW:
+        removed = {name: env[name] for name in list(env) if name.startswith(AGENT_ENV_PREFIX)}
+        for name in removed:
+            del env[name]
+        pinned = sleep_mode and V2_RUNNER_ENV not in env
         if pinned:
-            env.pop(V2_RUNNER_ENV, None)
-        env.update(removed)
+            env[V2_RUNNER_ENV] = "0"
+        try:
+            yield
+        finally:
+            if pinned:
+                env.pop(V2_RUNNER_ENV, None)
+            env.update(removed)
