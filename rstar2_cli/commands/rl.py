@@ -35,7 +35,8 @@ class _RlCommand(TyperCommand):
 def register(app: typer.Typer) -> None:
     @app.command("rl", cls=_RlCommand)
     def rl_cmd(
-        recipe: Optional[str] = typer.Argument(None, help="recipe YAML (default: the packaged stageN recipe for --stage N, rstar2_cli/recipes/)"),
+        recipe: Optional[str] = typer.Argument(None, help="recipe YAML (default: the packaged "
+                                                          "rstar2_cli/recipes/stageN.yaml for --stage N)"),
         stage: Optional[int] = typer.Option(None, "--stage", min=1, max=3, help="paper stage 1, 2 or 3"),
         overrides: List[str] = typer.Option([], "--set", help="override any field, e.g. --set optim.lr=2e-6 (repeatable)"),
         gpus: int = typer.Option(0, "--gpus", min=0, help="GPUs in all (0: CPU)"),
