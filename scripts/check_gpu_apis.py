@@ -74,8 +74,12 @@ INSTANCE_CALLS: tuple[Use, ...] = (
     _use("vllm.distributed.weight_transfer.WeightTransferTrainerFactory.trainer_init", 1, "client", "source"),
     _use(f"{TRAINER_ENGINE}.send_weights", 0),
     _use(f"{TRAINER_ENGINE}.shutdown", 0),
-    # the CPU engine's **chunking in rollout/engines.py
-    _use("vllm.engine.arg_utils.AsyncEngineArgs", 0, "enable_chunked_prefill", "max_num_batched_tokens"),
+    # the **sizing of rollout/engines.py (launch/engine_sizing.py `engine_kwargs`)
+    _use("vllm.engine.arg_utils.AsyncEngineArgs", 0, "enable_chunked_prefill", "max_num_batched_tokens",
+         "enforce_eager", "max_num_seqs", "gpu_memory_utilization"),
+    # the V1 runner pin of colocated engines (rollout/engine_env.py): the variable vLLM reads
+    _use("vllm.envs.VLLM_USE_V2_MODEL_RUNNER"),
+    _use("vllm.config.vllm.VllmConfig.use_v2_model_runner"),
     _use("torch.distributed.tensor.DTensor.full_tensor", 0),
     _use("torch.distributed.tensor.DTensor.to_local", 0),
 )

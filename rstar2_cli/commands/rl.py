@@ -35,7 +35,8 @@ class _RlCommand(TyperCommand):
 def register(app: typer.Typer) -> None:
     @app.command("rl", cls=_RlCommand)
     def rl_cmd(
-        recipe: Optional[str] = typer.Argument(None, help="recipe YAML (default: recipes/stageN.yaml for --stage N)"),
+        recipe: Optional[str] = typer.Argument(None, help="recipe YAML (default: the packaged "
+                                                          "rstar2_cli/recipes/stageN.yaml for --stage N)"),
         stage: Optional[int] = typer.Option(None, "--stage", min=1, max=3, help="paper stage 1, 2 or 3"),
         overrides: List[str] = typer.Option([], "--set", help="override any field, e.g. --set optim.lr=2e-6 (repeatable)"),
         gpus: int = typer.Option(0, "--gpus", min=0, help="GPUs in all (0: CPU)"),
@@ -68,8 +69,8 @@ def register(app: typer.Typer) -> None:
 
         from rstar2_cli.config import ConfigError, dump_recipe
         from rstar2_cli.launch.cluster_env import resolve_launch
-        from rstar2_cli.launch.memory_plan import (MemoryPlanError, build_memory_plan, memory_spec_for,
-                                                   resolve_gpu_memory)
+        from rstar2_cli.launch.engine_sizing import memory_spec_for, size_engines
+        from rstar2_cli.launch.memory_plan import MemoryPlanError, build_memory_plan, resolve_gpu_memory
         from rstar2_cli.launch.plan_view import render_plan
         from rstar2_cli.launch.topology import PlanError, plan_from_args
         from rstar2_cli.rl.stages import resolve_stage_recipe
@@ -108,6 +109,7 @@ def register(app: typer.Typer) -> None:
                 gib, gpu_name = resolve_gpu_memory(gpu_memory)
             except MemoryPlanError as e:
                 fail(str(e))
+            cfg = size_engines(cfg, plan, gib)     # the engines' "auto" fields, from the memory plan's terms
             plan = dataclasses.replace(plan, memory=build_memory_plan(memory_spec_for(cfg, plan, gib, gpu_name)))
         if plan.launch_mode == "torchrun":   # torchrun forwards SIGUSR1 too and waits for the checkpoint
             from rstar2_cli.rl.preemption import torchrun_env

@@ -12,7 +12,7 @@ from rstar2_cli.commands import checks, fail
 def register(app: typer.Typer) -> None:
     @app.command("sft")
     def sft_cmd(
-        recipe: Optional[str] = typer.Argument(None, help="SFT recipe YAML (e.g. recipes/sft.yaml)"),
+        recipe: Optional[str] = typer.Argument(None, help="SFT recipe YAML (e.g. rstar2_cli/recipes/sft.yaml)"),
         overrides: List[str] = typer.Option([], "--set", help="override a field, e.g. --set lora.r=16 (repeatable)"),
     ) -> None:
         """Supervised fine-tuning on tool-call / instruction / chat conversations (loss on assistant tokens only)."""

@@ -77,7 +77,7 @@ async def _make_engine(s: EvalSettings):
     if s.engine == "openai":
         return OpenAIEngine(base_url=s.base_url, model=s.model)
     max_len = context_length(s)
-    cfg = EngineConfig(cpu_kvcache_space_gb=s.cpu_kvcache_space_gb)
+    cfg = EngineConfig(cpu_kvcache_space_gb=s.cpu_kvcache_space_gb, colocate=False)   # alone on its GPU: no sleep
     return VLLMEngine.from_config(s.model, cfg, max_model_len=max_len, seed=s.seed)
 
 

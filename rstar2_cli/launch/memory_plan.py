@@ -4,7 +4,7 @@ A plan that runs out of memory on the first wake-up of the engines has cost a 64
 model loading. So `rstar2 rl --dry-run` adds up, for one GPU, everything the trainer and the
 vLLM engines hold in each phase, and says in one line which phase does not fit and by how much.
 Every term is a formula below with its source; the ones not derived from code are marked
-*assumed* (TRAINER_RUNTIME_GIB, ENGINE_RUNTIME_GIB, the backward transient). Nothing here was
+*assumed* (TRAINER_RUNTIME_GIB, ENGINE_RUNTIME_GIB, ENGINE_CUDA_GRAPHS_GIB, the backward transient). Nothing here was
 measured on a GPU.
 
 Trainer (rl/model_load.py, rl/policy.py): fp32 parameters sharded by FSDP2 over all N trainer
@@ -28,19 +28,25 @@ token (the tensors autograd saves in transformers' Qwen3DecoderLayer; tests/laun
   backward recomputes one layer at a time: T x (L x 2 h B + 2 A), the second A being that
   layer's activation gradients (assumed the size of its activations). Without it:
   T x (L + 1) x A.
-Log-prob head: the final norm's saved fp32 input and bf16 output for all T tokens, T x (6 h + 4)
-B, and one chunk of `train.logprob_chunk_tokens` C tokens over the vocabulary V:
+Log-prob head (rl/logprobs.py): the final norm's saved fp32 input and bf16 output for all T
+tokens and the hidden states' bf16 gradient `grad_h` the chunked head forms in its forward,
+T x (8 h + 4) B, and one chunk of `train.logprob_chunk_tokens` C tokens over the vocabulary V:
   C x V x 4 B x 4 (fp32 logits, log-softmax, the probabilities of the entropy, the logits'
-  gradient).
+  gradient). The head weight's gradient is accumulated over the chunks in fp32, `grad_w` [V, H],
+  and handed to autograd as a bf16 copy made while the fp32 one still exists: V x H x (4 + 2) B
+  (2.90 + 1.45 GiB at Qwen3-14B).
 
 Engines (rollout/engines.py; vLLM's sizing in vllm/v1/worker/gpu_worker.py and utils.py): each
 engine process takes `engine.gpu_memory_utilization` x GPU memory (request_memory: the fraction
 is of the GPU's total, and vLLM refuses to start when less is free); of that, weights (bf16,
 2 P / TP per GPU) and the profile run's peak activations are taken first, and the KV cache gets
-the rest. Profile activations: vLLM's default max_num_batched_tokens for the engine context
-(2048) tokens of one layer, plus the sampler's dummy run over `engine.max_num_seqs` rows of the
-vocabulary (fp32 logits, probabilities, log-probabilities):
-  2048 x 2 B x (3 h + (a + 2 kv) / TP + 3 I / TP) + max_num_seqs x V x 4 B x 3.
+the rest. Profile activations: `engine.max_num_batched_tokens` M tokens of one layer, plus the
+sampler's dummy run over `engine.max_num_seqs` rows of the vocabulary (fp32 logits,
+probabilities, log-probabilities):
+  M x 2 B x (3 h + (a + 2 kv) / TP + 3 I / TP) + max_num_seqs x V x 4 B x 3.
+With CUDA graphs (`engine.enforce_eager` false), vLLM 0.32 also takes its estimate of the graphs'
+memory from the budget before the KV cache (gpu_worker.py, `profile_cudagraph_memory`, on by
+default: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1): ENGINE_CUDA_GRAPHS_GIB, *assumed*.
 KV cache per token per GPU: 2 (K and V) x L x max(1, kv_heads / TP) x head_dim x 2 B.
 
 Phases, colocated (`engine.colocate`, the release's verl placement): during the update the
@@ -57,7 +63,7 @@ its phase (the activations and the root's final reduce-scatter never coincide, y
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rstar2_cli.launch.model_shape import Qwen3Shape
 
@@ -72,7 +78,9 @@ TRAINER_RUNTIME_GIB = 2.0
 # Assumed, not measured: one vLLM worker process on a GPU (context, TP communicator, non-torch
 # memory); it stays while the engine sleeps.
 ENGINE_RUNTIME_GIB = 1.5
-ENGINE_BATCH_TOKENS = 2048            # vLLM SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS (engine context)
+# Assumed, not measured: vLLM's estimate of one engine worker's CUDA graphs (decode batches up to
+# 512 sequences), taken from its budget before the KV cache.
+ENGINE_CUDA_GRAPHS_GIB = 1.0
 LOGPROB_CHUNK_FACTOR = 4              # fp32 logits, log-softmax, entropy probabilities, logits' gradient
 SAMPLER_FACTOR = 3                    # fp32 logits, probabilities, log-probabilities
 
@@ -126,15 +134,19 @@ def activation_bytes(shape: Qwen3Shape, tokens: int, checkpointing: bool) -> flo
 
 def logprob_head_bytes(shape: Qwen3Shape, tokens: int, chunk_tokens: int) -> float:
     chunk = min(chunk_tokens, tokens)
-    return tokens * (6 * shape.hidden + 4) + chunk * shape.vocab * FP32 * LOGPROB_CHUNK_FACTOR
+    return tokens * (8 * shape.hidden + 4) + chunk * shape.vocab * FP32 * LOGPROB_CHUNK_FACTOR
+
+
+def head_weight_grad_bytes(shape: Qwen3Shape) -> float:
+    """The chunked head's fp32 `grad_w` [V, H] and the bf16 copy autograd receives."""
+    return shape.vocab * shape.hidden * (FP32 + BF16)
 
 
 def engine_weight_bytes(shape: Qwen3Shape, tp: int) -> float:
     return BF16 * shape.total_params() / tp
 
 
-def engine_activation_bytes(shape: Qwen3Shape, tp: int, max_num_seqs: int,
-                            batch_tokens: int = ENGINE_BATCH_TOKENS) -> float:
+def engine_activation_bytes(shape: Qwen3Shape, tp: int, max_num_seqs: int, batch_tokens: int) -> float:
     s = shape
     per_token = BF16 * (3 * s.hidden + (s.attn_dim + 2 * s.kv_dim) / tp + 3 * s.intermediate / tp)
     return batch_tokens * per_token + max_num_seqs * s.vocab * FP32 * SAMPLER_FACTOR
@@ -165,6 +177,8 @@ class MemorySpec:
     gradient_checkpointing: bool
     max_model_len: int
     max_num_seqs: int
+    max_num_batched_tokens: int
+    cuda_graphs: bool                 # engine.enforce_eager false
 
 
 @dataclass(frozen=True)
@@ -192,11 +206,11 @@ def _gib(nbytes: float) -> float:
     return nbytes / GIB
 
 
-def build_memory_plan(spec: MemorySpec) -> MemoryPlan:
-    s, tp, gpu = spec.shape, spec.tp_size, spec.gpu_memory_gib
+def trainer_rows(spec: MemorySpec) -> list[tuple[str, float, bool]]:
+    """(row, GiB, freed before the engines wake) of one trainer rank."""
+    s, T = spec.shape, spec.micro_batch_tokens
     state = trainer_state_bytes(s, spec.trainer_ranks)
-    T = spec.micro_batch_tokens
-    trainer = [
+    return [
         (f"trainer parameters fp32 (1/{spec.trainer_ranks})", _gib(state["params"]), False),
         (f"trainer gradients fp32 (1/{spec.trainer_ranks})", _gib(state["grads"]), True),
         (f"AdamW moments fp32 (1/{spec.trainer_ranks})", _gib(state["adamw"]), False),
@@ -205,18 +219,42 @@ def build_memory_plan(spec: MemorySpec) -> MemoryPlan:
          _gib(activation_bytes(s, T, spec.gradient_checkpointing)), True),
         (f"log-prob head, {min(spec.logprob_chunk_tokens, T)}-token chunks",
          _gib(logprob_head_bytes(s, T, spec.logprob_chunk_tokens)), True),
+        ("log-prob head weight gradient, fp32 + bf16 copy", _gib(head_weight_grad_bytes(s)), True),
         ("trainer runtime (assumed)", TRAINER_RUNTIME_GIB, False),
     ]
+
+
+def trainer_resident_gib(shape: Qwen3Shape, ranks: int) -> float:
+    """What a trainer rank keeps on its GPU while colocated engines generate (the rows of
+    `trainer_rows` not freed): fp32 parameters, AdamW moments, runtime."""
+    state = trainer_state_bytes(shape, ranks)
+    return _gib(state["params"] + state["adamw"]) + TRAINER_RUNTIME_GIB
+
+
+def _fitting_micro_batch(spec: MemorySpec, engine_gib: float) -> int | None:
+    """The largest `train.micro_batch_tokens` (a multiple of 1024 below the recipe's) whose update
+    phase fits, or None when none does."""
+    for tokens in range(spec.micro_batch_tokens - 1024, 0, -1024):
+        trial = replace(spec, micro_batch_tokens=tokens)
+        if sum(value for _, value, _ in trainer_rows(trial)) + engine_gib <= spec.gpu_memory_gib:
+            return tokens
+    return None
+
+
+def build_memory_plan(spec: MemorySpec) -> MemoryPlan:
+    s, tp, gpu = spec.shape, spec.tp_size, spec.gpu_memory_gib
+    trainer = trainer_rows(spec)
     budget = spec.gpu_memory_utilization * gpu
     weights = _gib(engine_weight_bytes(s, tp))
-    engine_act = _gib(engine_activation_bytes(s, tp, spec.max_num_seqs))
-    kv = budget - weights - engine_act
+    engine_act = _gib(engine_activation_bytes(s, tp, spec.max_num_seqs, spec.max_num_batched_tokens))
+    graphs = ENGINE_CUDA_GRAPHS_GIB if spec.cuda_graphs else 0.0
+    kv = budget - weights - engine_act - graphs
     kv_tokens = max(0, int(kv * GIB // kv_bytes_per_token(s, tp)))
     engine = [
         (f"engine weights bf16 (1/TP {tp})", weights),
         (f"engine KV cache ({kv_tokens:,} tokens per replica)", kv),
-        ("engine activations (profile run)", engine_act),
-    ]
+        (f"engine activations (profile run, {spec.max_num_batched_tokens} tokens)", engine_act),
+    ] + ([("engine CUDA graphs (assumed)", graphs)] if spec.cuda_graphs else [])
     rows: list[MemoryRow] = []
     if spec.colocated:
         columns = ("rollout", "update")
@@ -237,19 +275,31 @@ def build_memory_plan(spec: MemorySpec) -> MemoryPlan:
     if kv <= 0:
         problems.append(f"engine: gpu_memory_utilization {spec.gpu_memory_utilization:g} x {gpu:g} GiB = "
                         f"{budget:.1f} GiB does not hold its weights ({weights:.1f} GiB) and activations "
-                        f"({engine_act:.1f} GiB): raise engine.gpu_memory_utilization or "
+                        f"({engine_act + graphs:.1f} GiB): raise engine.gpu_memory_utilization or "
                         "engine.tensor_parallel_size")
     elif kv_tokens < spec.max_model_len:
         problems.append(f"engine: the KV cache holds {kv_tokens:,} tokens, less than one "
                         f"max_model_len={spec.max_model_len:,} sequence: raise engine.gpu_memory_utilization "
                         "or engine.tensor_parallel_size")
-    for column, total in zip(columns, totals):
+    for i, (column, total) in enumerate(zip(columns, totals)):
         if total > gpu:
             where = f"the {column} phase" if spec.colocated else f"a {column}"
             problems.append(f"does not fit: {where} needs {total:.1f} GiB of {gpu:g} GiB per GPU, "
-                            f"{total - gpu:.1f} GiB over")
+                            f"{total - gpu:.1f} GiB over: " + _what_to_change(spec, column, total - gpu))
     return MemoryPlan(spec=spec, columns=columns, rows=tuple(rows), totals=totals, kv_cache_gib=kv,
                       kv_tokens_per_replica=kv_tokens, problems=tuple(problems))
+
+
+def _what_to_change(spec: MemorySpec, column: str, over_gib: float) -> str:
+    """The recipe field (and value) that brings this phase under the GPU's memory."""
+    if column in ("rollout", "engine GPU"):
+        fraction = int((spec.gpu_memory_utilization - over_gib / spec.gpu_memory_gib) * 100) / 100
+        return f"set engine.gpu_memory_utilization={fraction:.2f} (or leave it auto)"
+    engine_gib = ENGINE_RUNTIME_GIB if spec.colocated else 0.0
+    tokens = _fitting_micro_batch(spec, engine_gib)
+    if tokens is None:
+        return "more GPUs (trainer ranks shard the fp32 state)"
+    return f"set train.micro_batch_tokens={tokens} (or more GPUs)"
 
 
 def local_gpu_memory() -> tuple[float, str] | None:
@@ -275,19 +325,3 @@ def resolve_gpu_memory(option: str | None) -> tuple[float, str]:
     if local is not None:
         return round(local[0], 1), local[1]
     return GPU_MEMORY_PRESETS[DEFAULT_GPU], f"{DEFAULT_GPU}, the default"
-
-
-def memory_spec_for(cfg, plan, gpu_memory_gib: float, gpu_name: str) -> MemorySpec:
-    """The memory inputs of a GPU launch: the recipe `cfg` (RecipeConfig) placed by `plan`."""
-    from rstar2_cli.launch.model_shape import shape_for_model
-    from rstar2_cli.rollout.engines import default_max_model_len
-
-    shape, source = shape_for_model(cfg.model.path)
-    return MemorySpec(
-        shape=shape, shape_source=source, trainer_ranks=plan.trainer_world_size, colocated=plan.colocated,
-        tp_size=plan.spec.tp_size, gpu_memory_gib=gpu_memory_gib, gpu_name=gpu_name,
-        gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-        micro_batch_tokens=cfg.train.micro_batch_tokens, logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
-        gradient_checkpointing=cfg.model.gradient_checkpointing,
-        max_model_len=default_max_model_len(cfg.rollout.max_response_tokens, cfg.engine.max_model_len),
-        max_num_seqs=cfg.engine.max_num_seqs)

@@ -79,7 +79,10 @@ def memory_header(memory: MemoryPlan) -> str:
     placement = "colocated" if spec.colocated else "separate engine GPUs"
     return (f"memory per GPU (GiB): {spec.gpu_memory_gib:g} GiB GPU ({spec.gpu_name}), "
             f"{spec.trainer_ranks} trainer ranks, {placement}, TP {spec.tp_size}; model "
-            f"{spec.shape.total_params() / 1e9:.2f}B params from {spec.shape_source}")
+            f"{spec.shape.total_params() / 1e9:.2f}B params from {spec.shape_source}; engines: "
+            f"gpu_memory_utilization {spec.gpu_memory_utilization:g}, max_num_seqs {spec.max_num_seqs}, "
+            f"max_num_batched_tokens {spec.max_num_batched_tokens}, "
+            + ("CUDA graphs" if spec.cuda_graphs else "eager"))
 
 
 def memory_table(memory: MemoryPlan) -> Table:

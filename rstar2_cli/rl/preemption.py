@@ -1,7 +1,7 @@
 """Preemption: SIGTERM or SIGUSR1 ends an RL run at a step boundary, with a checkpoint, and exit code 75.
 
 Why: clusters warn a job before they kill it. SLURM sends the signal `sbatch --signal=B:USR1@N`
-asks for N seconds before the time limit (`recipes/slurm_rl.sbatch` forwards it to the trainers),
+asks for N seconds before the time limit (`rstar2_cli/recipes/slurm_rl.sbatch` forwards it to the trainers),
 and SIGTERM on preemption or `scancel`; Kubernetes sends SIGTERM and kills after the pod's
 terminationGracePeriodSeconds. A run that checkpoints on the warning loses nothing but the step
 in progress, and the requeued job continues with `rstar2 rl --resume auto`.
@@ -50,7 +50,7 @@ import time
 log = logging.getLogger(__name__)
 
 # sysexits.h EX_TEMPFAIL, "temporary failure, indicating something that is not really an error":
-# the run was stopped from outside and continues when restarted. recipes/slurm_rl.sbatch requeues
+# the run was stopped from outside and continues when restarted. rstar2_cli/recipes/slurm_rl.sbatch requeues
 # the job on it; any other non-zero exit is a real failure and is not requeued.
 PREEMPTED_EXIT_CODE = 75
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)

@@ -7,23 +7,30 @@ so a missing checkpoint or data file is a one-line error at launch, not an hour 
 """
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 from rstar2_cli.config import ConfigError, RecipeConfig, load_recipe
 
-REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+def packaged_recipes() -> Path:
+    """The recipes shipped inside the package (`rstar2_cli/recipes/`, package data of the wheel),
+    so an installed `rstar2` (`pip install .`, the ROCm image) finds `--stage N` from any folder."""
+    return Path(str(resources.files("rstar2_cli") / "recipes"))
 
 
 def find_recipe(name_or_path: str) -> Path:
-    """A path as given, else `recipes/<name>.yaml` in the working dir, else the repo's recipes."""
+    """A path as given, else `recipes/<name>.yaml` in the working dir (a user's own copies win),
+    else the packaged recipes."""
     p = Path(name_or_path)
     if p.is_file():
         return p
-    for root in (Path.cwd() / "recipes", REPO_RECIPES):
+    packaged = packaged_recipes()
+    for root in (Path.cwd() / "recipes", packaged):
         for cand in (root / name_or_path, root / f"{name_or_path}.yaml"):
             if cand.is_file():
                 return cand
-    raise ConfigError(f"{name_or_path}: recipe not found (looked in ./recipes and {REPO_RECIPES})")
+    raise ConfigError(f"{name_or_path}: recipe not found (looked in ./recipes and {packaged})")
 
 
 def final_checkpoint(cfg: RecipeConfig) -> Path:

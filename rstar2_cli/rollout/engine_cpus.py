@@ -7,7 +7,7 @@ default the engine's local world size, i.e. one CPU beside a TP-1 engine on x86)
 process's other threads, and the trainer process beside it (rl/cpu_threads.py), keep their torch
 work within that count of threads.
 
-An eager engine (`engine.enforce_eager`, the default) still compiles one helper with
+An eager engine (`engine.enforce_eager`, "auto" on CPU) still compiles one helper with
 TorchInductor: the sampled token's rank among the logprobs (`batched_count_greater_than`,
 vllm/v1/sample/ops/logprobs.py, `torch.compile(backend="inductor")` on CPU), traced and built in
 the first engine step that returns logprobs, which every rollout turn asks for. On the 2-core box

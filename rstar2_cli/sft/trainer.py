@@ -24,8 +24,8 @@ frozen base in bf16. `dtype: bfloat16` forces pure bf16. CPU trains in fp32.
 Multi-GPU (FSDP2 through accelerate; the per-device batch and accumulation adapt to WORLD_SIZE
 so the global batch stays `batch_size`):
 
-    torchrun --nproc-per-node 8 $(which rstar2) sft recipes/sft.yaml --set fsdp=true
-    # or: accelerate launch --num_processes 8 -m rstar2_cli.cli sft recipes/sft.yaml --set fsdp=true
+    torchrun --nproc-per-node 8 $(which rstar2) sft rstar2_cli/recipes/sft.yaml --set fsdp=true
+    # or: accelerate launch --num_processes 8 -m rstar2_cli.cli sft rstar2_cli/recipes/sft.yaml --set fsdp=true
 
 With `fsdp: true` gradient checkpointing becomes FSDP activation checkpointing, each decoder layer
 is one FSDP unit, weights are loaded on rank 0 only (`cpu_ram_efficient_loading`) and checkpoints

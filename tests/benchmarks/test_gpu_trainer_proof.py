@@ -46,7 +46,7 @@ def test_cpu_parts_pass_and_every_check_is_reported(tmp_path):
 
 
 @contextmanager
-def scrubbing():
+def scrubbing(**_):
     saved = os.environ.pop(proof_io.AGENT_STORE_ENV, None)
     try:
         yield
@@ -56,15 +56,15 @@ def scrubbing():
 
 
 @contextmanager
-def leaking():
+def leaking(**_):
     yield
 
 
 @pytest.mark.parametrize("scrub, passes", [(scrubbing, True), (leaking, False)])
 def test_spawn_env_check_tells_a_scrubbed_launch_from_a_leaking_one(monkeypatch, scrub, passes):
-    import rstar2_cli.rollout.engine_cpus as engine_cpus
+    import rstar2_cli.rollout.engine_env as engine_env
 
-    monkeypatch.setattr(engine_cpus, proof_io.SCRUB_FUNCTION, scrub, raising=False)
+    monkeypatch.setattr(engine_env, proof_io.SCRUB_FUNCTION, scrub, raising=False)
     monkeypatch.delenv(proof_io.AGENT_STORE_ENV, raising=False)
     if passes:
         figures = proof_io.spawn_env_check()

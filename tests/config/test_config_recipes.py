@@ -29,10 +29,10 @@ def test_every_number_in_the_paper_recipes_names_its_source():
     import re
     from pathlib import Path
 
-    from rstar2_cli.rl.stages import REPO_RECIPES
+    from rstar2_cli.rl.stages import packaged_recipes
 
     for name in ("stage1", "stage2", "stage3", "sft"):
-        for n, line in enumerate((REPO_RECIPES / f"{name}.yaml").read_text().splitlines(), 1):
+        for n, line in enumerate((packaged_recipes() / f"{name}.yaml").read_text().splitlines(), 1):
             body = line.split("#", 1)[0]
             if re.search(r":\s*[-+]?\d", body) and not body.strip().startswith("stage:"):   # a number
                 assert "#" in line, f"{name}.yaml:{n}: {line.strip()!r} has no source comment"

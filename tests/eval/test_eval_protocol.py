@@ -27,7 +27,8 @@ def test_protocol_comes_from_an_rl_recipe(tmp_path):
     cfg = EvalSettings(benchmark="aime24", model="m", **protocol_of_recipe(str(recipe))).rollout_config()
     assert (cfg.system_prompt, cfg.tools_in_prompt, cfg.response_format, cfg.force_reason) == \
         ("Be brief.", False, "rstar2", False)
-    assert protocol_of_recipe(str(REPO / "recipes" / "stage1.yaml"))["protocol"]["response_format"] == "release"
+    stage1 = REPO / "rstar2_cli" / "recipes" / "stage1.yaml"
+    assert protocol_of_recipe(str(stage1))["protocol"]["response_format"] == "release"
 
 
 def test_a_non_protocol_field_or_bad_value_is_refused():

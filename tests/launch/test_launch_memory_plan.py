@@ -17,11 +17,13 @@ P14 = 14_768_307_200      # Qwen3-14B: 40 x 330,311,936 + final norm 5,120 + 2 x
 
 
 def stage2_spec(**changes) -> mp.MemorySpec:
-    """Stage 2 on 64 MI300X as the recipe runs it: colocated, TP 2, 0.6 of the GPU for vLLM."""
+    """Stage 2 on 64 MI300X as `rstar2 rl` sizes it: colocated, TP 2, 0.91 of the GPU for vLLM,
+    512 sequences (512 prompts x 32 rollouts / 32 replicas), 16384-token steps, CUDA graphs."""
     spec = mp.MemorySpec(shape=QWEN3_14B, shape_source="test", trainer_ranks=64, colocated=True, tp_size=2,
-                         gpu_memory_gib=192.0, gpu_name="mi300x", gpu_memory_utilization=0.6,
+                         gpu_memory_gib=192.0, gpu_name="mi300x", gpu_memory_utilization=0.91,
                          micro_batch_tokens=32768, logprob_chunk_tokens=1024, gradient_checkpointing=True,
-                         max_model_len=12288 + 2048, max_num_seqs=256)
+                         max_model_len=12288 + 2048, max_num_seqs=512, max_num_batched_tokens=16384,
+                         cuda_graphs=True)
     return dataclasses.replace(spec, **changes)
 
 
@@ -105,54 +107,80 @@ def test_stage2_on_64_mi300x_row_by_row():
         "FSDP2 all-gather/reduce buffers": 2 * (1_555_829_760 + 2 * 330_311_936) + 6 * 1_555_829_760,
         # 40 checkpointed bf16 layer inputs + one recomputed layer and its gradients, 32768 tokens
         "activations, 32768 tokens, checkpointed": 32768 * (40 * 2 * 5120 + 2 * 283_496),  # 29.80 GiB
-        # final norm (fp32 in, bf16 out) for 32768 tokens + one 1024 x 151936 chunk x 4 B x 4
-        "log-prob head, 1024-token chunks": 32768 * (6 * 5120 + 4) + 1024 * 151_936 * 16,
+        # final norm (fp32 in, bf16 out) and the bf16 hidden-state gradient for 32768 tokens
+        # + one 1024 x 151936 chunk x 4 B x 4
+        "log-prob head, 1024-token chunks": 32768 * (6 * 5120 + 4 + 2 * 5120) + 1024 * 151_936 * 16,  # 3.57 GiB
+        # grad_w [151936, 5120] fp32 (3,111,649,280 B) and its bf16 copy (1,555,824,640 B)
+        "log-prob head weight gradient, fp32 + bf16 copy": 151_936 * 5120 * 4 + 151_936 * 5120 * 2,   # 4.35 GiB
         "engine weights bf16 (1/TP 2)": 2 * P14 / 2,
-        # 2048 profile tokens of one layer + the sampler's 256 x 151936 fp32 rows x 3
-        "engine activations (profile run)": 2048 * 2 * (3 * 5120 + (5120 + 2048) / 2 + 3 * 17408 / 2)
-                                            + 256 * 151_936 * 12,
+        # 16384 profile tokens of one layer + the sampler's 512 x 151936 fp32 rows x 3
+        "engine activations (profile run, 16384 tokens)": 16384 * 2 * (3 * 5120 + (5120 + 2048) / 2 + 3 * 17408 / 2)
+                                                          + 512 * 151_936 * 12,
     }
     for name, nbytes in expected.items():
         value = next(v for v in rows[name].gib if v is not None)
         assert value == pytest.approx(nbytes / GIB, rel=1e-12), name
-    kv = 0.6 * 192 - expected["engine weights bf16 (1/TP 2)"] / GIB - expected["engine activations (profile run)"] / GIB
-    assert plan.kv_cache_gib == pytest.approx(kv) == pytest.approx(100.839, abs=1e-3)
-    assert plan.kv_tokens_per_replica == int(kv * GIB // (2 * 40 * 4 * 128 * 2)) == 1_321_721
+    kv = (0.91 * 192 - expected["engine weights bf16 (1/TP 2)"] / GIB
+          - expected["engine activations (profile run, 16384 tokens)"] / GIB - mp.ENGINE_CUDA_GRAPHS_GIB)
+    assert plan.kv_cache_gib == pytest.approx(kv) == pytest.approx(157.722, abs=1e-3)
+    assert plan.kv_tokens_per_replica == int(kv * GIB // (2 * 40 * 4 * 128 * 2)) == 2_067_287
     trainer = sum(v for k, v in expected.items() if not k.startswith("engine")) / GIB + mp.TRAINER_RUNTIME_GIB
     resident = (expected["trainer parameters fp32 (1/64)"] + expected["AdamW moments fp32 (1/64)"]) / GIB \
         + mp.TRAINER_RUNTIME_GIB
+    assert resident == pytest.approx(mp.trainer_resident_gib(QWEN3_14B, 64))
     # rollout: the trainer's freed memory went back before the wake (empty_cache); its parameters,
-    # optimizer state and runtime stay, beside vLLM's 0.6 x 192 and its runtime
-    assert plan.totals == pytest.approx((resident + 0.6 * 192 + mp.ENGINE_RUNTIME_GIB,
+    # optimizer state and runtime stay, beside vLLM's 0.91 x 192 and its runtime
+    assert plan.totals == pytest.approx((resident + 0.91 * 192 + mp.ENGINE_RUNTIME_GIB,
                                          trainer + mp.ENGINE_RUNTIME_GIB))
-    assert plan.totals == pytest.approx((121.28, 52.82), abs=0.005)
+    assert plan.totals == pytest.approx((180.80, 57.48), abs=0.005)
     assert plan.fits and not plan.problems
     assert rows["activations, 32768 tokens, checkpointed"].gib == (None, pytest.approx(29.80, abs=0.005))
-    assert rows["engine KV cache (1,321,721 tokens per replica)"].gib[1] is None      # asleep in the update
+    assert rows["engine KV cache (2,067,287 tokens per replica)"].gib[1] is None      # asleep in the update
 
 
 def test_without_checkpointing_every_layer_keeps_its_activations():
     plan = mp.build_memory_plan(stage2_spec(gradient_checkpointing=False))
     row = next(r for r in plan.rows if r.name.startswith("activations"))
     assert row.gib[1] == pytest.approx(32768 * 41 * 283_496 / GIB) == pytest.approx(354.72, abs=0.01)
-    assert plan.problems == ("does not fit: the update phase needs 377.7 GiB of 192 GiB per GPU, 185.7 GiB over",)
+    # 14336 tokens: 14336 x (41 x 283,496 + 40,964 + 10,240) B = 155.9 GiB of activations and head
+    assert plan.problems == ("does not fit: the update phase needs 382.4 GiB of 192 GiB per GPU, 190.4 GiB over: "
+                             "set train.micro_batch_tokens=14336 (or more GPUs)",)
 
 
-def test_a_plan_that_does_not_fit_says_which_phase_and_by_how_much():
-    assert mp.build_memory_plan(stage2_spec(gpu_memory_gib=80.0, gpu_name="h100")).fits   # 54.1 and 52.8 GiB
-    plan = mp.build_memory_plan(stage2_spec(gpu_memory_gib=48.0))
-    assert plan.problems == ("does not fit: the update phase needs 52.8 GiB of 48 GiB per GPU, 4.8 GiB over",)
+def test_a_plan_that_does_not_fit_says_which_phase_by_how_much_and_what_to_change():
+    assert mp.build_memory_plan(stage2_spec(gpu_memory_gib=80.0, gpu_name="h100",
+                                            gpu_memory_utilization=0.87)).fits   # 75.7 and 57.5 GiB
+    plan = mp.build_memory_plan(stage2_spec(gpu_memory_gib=48.0, gpu_memory_utilization=0.5))
+    # 22528 tokens: 10240 fewer x 1,017,556 B of activations and head per token = 9.70 GiB less
+    assert plan.problems == ("does not fit: the update phase needs 57.5 GiB of 48 GiB per GPU, 9.5 GiB over: "
+                             "set train.micro_batch_tokens=22528 (or more GPUs)",)
     # rollout: 0.95 x 80 for vLLM, the trainer's resident 4.58 GiB and the engine runtime 1.5 GiB
     plan = mp.build_memory_plan(stage2_spec(gpu_memory_gib=80.0, gpu_memory_utilization=0.95))
     assert plan.totals[0] == pytest.approx(0.95 * 80 + (4 * P14 / 64 + 8 * P14 / 64) / GIB + mp.TRAINER_RUNTIME_GIB
                                            + mp.ENGINE_RUNTIME_GIB, rel=1e-3)
-    assert plan.problems == ("does not fit: the rollout phase needs 82.1 GiB of 80 GiB per GPU, 2.1 GiB over",)
+    assert plan.problems == ("does not fit: the rollout phase needs 82.1 GiB of 80 GiB per GPU, 2.1 GiB over: "
+                             "set engine.gpu_memory_utilization=0.92 (or leave it auto)",)
     small = mp.build_memory_plan(stage2_spec(gpu_memory_gib=80.0, gpu_memory_utilization=0.15))
     assert small.problems[0].startswith("engine: gpu_memory_utilization 0.15 x 80 GiB = 12.0 GiB does not hold "
                                         "its weights (13.8 GiB)")
-    long = mp.build_memory_plan(stage2_spec(max_model_len=2_000_000))
-    assert long.problems == ("engine: the KV cache holds 1,321,721 tokens, less than one max_model_len=2,000,000 "
+    long = mp.build_memory_plan(stage2_spec(max_model_len=3_000_000))
+    assert long.problems == ("engine: the KV cache holds 2,067,287 tokens, less than one max_model_len=3,000,000 "
                              "sequence: raise engine.gpu_memory_utilization or engine.tensor_parallel_size",)
+
+
+def test_one_h100_node_says_in_one_line_what_to_change():
+    """8 x 80 GB, 8 trainer ranks: the fp32 state is 27.5 GiB per rank, and with the chunked head's
+    weight gradient the update needs 81.5 GiB; 30720 tokens per micro-batch bring it to 79.6."""
+    plan = mp.build_memory_plan(stage2_spec(trainer_ranks=8, gpu_memory_gib=80.0, gpu_name="h100",
+                                            gpu_memory_utilization=0.64))
+    update = (16 * P14 / 8 + 2 * (1_555_829_760 + 2 * 330_311_936) + 6 * 1_555_829_760
+              + 32768 * (40 * 2 * 5120 + 2 * 283_496) + 32768 * (8 * 5120 + 4) + 1024 * 151_936 * 16
+              + 151_936 * 5120 * 6) / GIB + mp.TRAINER_RUNTIME_GIB + mp.ENGINE_RUNTIME_GIB
+    assert plan.totals[1] == pytest.approx(update) == pytest.approx(81.55, abs=0.005)
+    assert plan.problems == ("does not fit: the update phase needs 81.5 GiB of 80 GiB per GPU, 1.5 GiB over: "
+                             "set train.micro_batch_tokens=30720 (or more GPUs)",)
+    assert mp.build_memory_plan(stage2_spec(trainer_ranks=8, gpu_memory_gib=80.0, gpu_memory_utilization=0.64,
+                                            micro_batch_tokens=30720)).fits
 
 
 def test_separate_engine_gpus_hold_only_the_engine():
@@ -182,11 +210,14 @@ def test_dry_run_prints_the_table_and_the_verdict():
     assert out.exit_code == 0, out.output
     text = out.output
     assert "memory per GPU (GiB): 192 GiB GPU (mi300x), 64 trainer ranks, colocated, TP 2" in text
-    assert "engine KV cache (1,321,721 tokens per replica)" in text and "121.28" in text
-    assert "fits: at most 121.3 of 192 GiB per GPU (70.7 GiB headroom)" in text
+    assert "engines: gpu_memory_utilization 0.91, max_num_seqs 512" in text
+    assert "max_num_batched_tokens 16384" in text and "CUDA graphs" in text
+    assert "engine KV cache (2,067,287 tokens per replica)" in text and "180.80" in text
+    assert "fits: at most 180.8 of 192 GiB per GPU (11.2 GiB headroom)" in text
     out = runner.invoke(app, [*DRY, "--gpu-memory", "48"], terminal_width=250, env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
-    assert "does not fit: the update phase needs 52.8 GiB of 48 GiB per GPU, 4.8 GiB over" in out.output
+    assert ("does not fit: the update phase needs 57.5 GiB of 48 GiB per GPU, 9.5 GiB over: "
+            "set train.micro_batch_tokens=22528 (or more GPUs)") in out.output
     out = runner.invoke(app, [*DRY, "--gpu-memory", "141"], terminal_width=250, env={"COLUMNS": "250"})
     assert "memory per GPU (GiB): 141 GiB GPU (custom)" in out.output
     out = runner.invoke(app, [*DRY, "--gpu-memory", "lots"], terminal_width=250, env={"COLUMNS": "250"})

@@ -11,7 +11,7 @@ import pytest
 from rstar2_cli.launch import torchrun_cmd
 from rstar2_cli.launch.topology import plan_from_args
 
-SBATCH = Path(__file__).resolve().parents[2] / "recipes" / "slurm_rl.sbatch"
+SBATCH = Path(__file__).resolve().parents[2] / "rstar2_cli" / "recipes" / "slurm_rl.sbatch"
 TEXT = SBATCH.read_text()
 
 

@@ -60,12 +60,12 @@ def test_cli_reports_bad_data_in_one_line_and_exits_2(tiny_model, tmp_path):
                                              ("epoch=3", "epoch: unknown field"), ("packing=maybe", "packing")])
 def test_bad_settings_name_the_field(override, field):
     with pytest.raises(ConfigError) as e:
-        load_sft_config(REPO / "recipes" / "sft.yaml", [override])
-    assert field in str(e.value) and "recipes/sft.yaml" in str(e.value) and "\n" not in str(e.value)
+        load_sft_config(REPO / "rstar2_cli" / "recipes" / "sft.yaml", [override])
+    assert field in str(e.value) and "rstar2_cli/recipes/sft.yaml" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_recipe_carries_the_papers_hyperparameters_into_trl():
-    cfg = load_sft_config(REPO / "recipes" / "sft.yaml", ["lora.r=16"])
+    cfg = load_sft_config(REPO / "rstar2_cli" / "recipes" / "sft.yaml", ["lora.r=16"])
     assert (cfg.epochs, cfg.lr, cfg.warmup_ratio, cfg.lr_scheduler, cfg.batch_size) == (3, 5e-6, 0.04, "cosine", 128)
     assert cfg.lora.r == 16
     args = _training_args(cfg, on_gpu=False, bf16=False, world=8)
