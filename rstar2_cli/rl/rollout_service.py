@@ -141,7 +141,7 @@ class RolloutService:
         mine = outage.down_for() if outage is not None else 0.0
         if not rl_dist.is_distributed():
             return mine
-        return rl_dist.all_reduce_max([mine], self.info.device)[0]
+        return rl_dist.agree_max([mine])[0]
 
     def _weight_pusher(self, model: Any):
         from rstar2_cli.rl.policy import compute_dtype

@@ -299,7 +299,7 @@ class RLTrainer:
         from rstar2_cli.rl.validation import validation_due
         from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
 
-        watch = PreemptionWatch(self.cfg.train.preempt_grace_s, self.info.device).install()
+        watch = PreemptionWatch(self.cfg.train.preempt_grace_s).install()
         try:
             if self.step == 0 and validation_due(self.cfg, 0):
                 self.writer.write(0, {"step": 0.0, **self.validate()})
