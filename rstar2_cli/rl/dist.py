@@ -151,10 +151,3 @@ def scatter_objects(per_rank: list | None, src: int):
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
-
-
-def shard_for_rank(items: list, rank: int, world_size: int) -> list:
-    """Interleaved shard: rank r gets items r, r+W, r+2W, ... With this layout the policy's
-    per-rank mini-batch split (first half / second half of the local list) selects the same
-    global mini-batches as one rank would, so N ranks reproduce the 1-rank update."""
-    return list(items[rank::world_size])
