@@ -52,6 +52,23 @@ def _empty_piece(positions: list[int]) -> Piece:
     return positions, [], {"time/rollout": 0.0, "time/reward": 0.0}
 
 
+def agree_on_failure(failure: BaseException | None, what: str, kind: type[Exception]) -> None:
+    """Every rank raises if any rank failed at `what` (one agreement over the gloo group): the
+    rank that failed its own exception, the others `kind` naming `what`, so all ranks leave the
+    step alike (`EngineRestartsExhausted` on every rank: all of them join the abandoning
+    checkpoint). Without a process group, the failure itself."""
+    if not rl_dist.is_distributed():
+        if failure is not None:
+            raise failure
+        return
+    if failure is not None:
+        log.error("%s failed on this rank: %r", what, failure)
+    if rl_dist.agree_max([float(failure is not None)])[0] > 0:
+        if failure is not None:
+            raise failure
+        raise kind(f"{what} failed on another rank (its log says why); stopping on every rank")
+
+
 class RolloutService:
     """This rank's part of the rollout phase (engines and sandbox on rollout hosts only; the
     weight pusher on every rank: its gathers are collectives).
@@ -257,11 +274,27 @@ class RolloutService:
 
     def push_weights(self, policy: Any) -> None:
         """The policy's new weights into this node's engines (every rank: a collective); colocated,
-        the engines' weights wake before the load and their KV cache after it."""
+        the engines' weights wake before the load and their KV cache after it. A replica found
+        dead now is restarted first (or, past what the run allows, `EngineRestartsExhausted`).
+
+        A failure on one host fails the push on every rank: the ranks agree over the gloo group
+        after the host's check and after the transfer (`agree_on_failure`), so no rank goes on into
+        the gathers, or into the next step, while a host has given up. Not covered: a host that
+        fails in the middle of an ipc or nccl transfer, whose gathers run tensor by tensor
+        (the others wait in the next gather until the collective timeout)."""
+        from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
+
+        def attempt(action: Callable[[], None]) -> BaseException | None:
+            try:
+                action()
+            except Exception as e:
+                return e
+            return None
+
         with self.supervisor.lock:
-            if self.host.is_host:
-                self.supervisor.heal(self.engines)   # a replica found dead now is restarted first
-            self.weights_out.push(policy)
+            found = attempt(lambda: self.supervisor.heal(self.engines)) if self.host.is_host else None
+            agree_on_failure(found, "an engine found dead before the weight push", EngineRestartsExhausted)
+            agree_on_failure(attempt(lambda: self.weights_out.push(policy)), "the weight push", RuntimeError)
             self.version, self._policy = self.version + 1, policy
 
     def _current_weights(self) -> tuple[list | None, int]:
