@@ -215,8 +215,8 @@ def select_on_host(piece: Piece, *, node: int, cfg: Any, step: int, keep: Filter
     return roc.trajectories, advantages, summary
 
 
-def share_step(piece: Piece | str | None, rollouts: Any, cfg: Any, step: int, keep: Filter | None = None,
-               ppo_mini_batches: int = 1) -> StepShard:
+def share_step(piece: Piece | str | None, rollouts: Any, cfg: Any, step: int, keep: Filter | None = None
+               ) -> StepShard:
     """Steps 1-3 of the module docstring on every rank. `piece`: this host's Piece, or a string
     saying why its rollout failed (every rank then raises), None off-host; `rollouts` gives
     `host` (is_host, node_index), `host_ranks` and `info` (rank, world_size)."""
@@ -236,7 +236,7 @@ def share_step(piece: Piece | str | None, rollouts: Any, cfg: Any, step: int, ke
     errors = [s for s in summaries if isinstance(s, str)]
     if errors:
         raise RuntimeError(f"rollout failed on {errors[0]}")
-    plan = Plan(summaries, info.world_size, ppo_mini_batches)
+    plan = Plan(summaries, info.world_size, cfg.train.ppo_mini_batches)
     rows: list[tuple[int, int, Trajectory, float]] = []
     for h, src in enumerate(ranks):
         payloads = plan.payloads(h, kept, advantages) if info.rank == src else None

@@ -193,7 +193,7 @@ class RLTrainer:
         rolled = self.source.next_batch(self.step)
         # 4. RoC: each group of oversample*G downsampled to G; 5. advantages over the kept G; both
         # on the host that rolled the group out; this rank receives the trajectories it trains
-        shard = share_step(rolled.piece, rollouts, cfg, self.step, rolled.keep, cfg.train.ppo_mini_batches)
+        shard = share_step(rolled.piece, rollouts, cfg, self.step, rolled.keep)
         for name, seconds in shard.seconds.items():
             timer.add(name, seconds)
         advantages = shard.advantages

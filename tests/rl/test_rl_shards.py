@@ -93,7 +93,7 @@ def _run(cfg, prompts: int, nodes: int, per_node: int, monkeypatch, max_len: int
         piece = _piece(node_shard(prompts, node, nodes), cfg.rollouts_per_prompt, max_len) if is_host else None
         rollouts = SimpleNamespace(host=SimpleNamespace(is_host=is_host, node_index=node), host_ranks=host_ranks,
                                    info=SimpleNamespace(rank=rank, world_size=world))
-        out[rank] = share_step(piece, rollouts, cfg, step=3, ppo_mini_batches=cfg.train.ppo_mini_batches)
+        out[rank] = share_step(piece, rollouts, cfg, step=3)
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for t in threads:
@@ -114,7 +114,7 @@ def test_n_nodes_select_and_train_exactly_what_one_node_does(nodes, per_node, mo
     cfg, prompts = _cfg(), 11
     one = share_step(_piece(range(prompts), cfg.rollouts_per_prompt), SimpleNamespace(
         host=SimpleNamespace(is_host=True, node_index=0), host_ranks=[0], info=SimpleNamespace(rank=0, world_size=1)),
-        cfg, step=3, ppo_mini_batches=2)
+        cfg, step=3)
     assert 0 < one.kept < prompts * cfg.rollouts_per_prompt
     shards, _ = _run(cfg, prompts, nodes, per_node, monkeypatch)
     # the same trajectories, advantages and mini-batches over the ranks (RoC seeded per group)
