@@ -1,15 +1,14 @@
 """rl/dist.py: object collectives and agreements go over the gloo group, tensors stay on the default group.
 
 The process-group calls are replaced by recorders (the real ones need several processes); the
-recorders' signatures are checked against torch's in tests/api_contracts.py style below.
+recorders' signatures are checked against torch's (tests/api_contracts.py).
 """
 from __future__ import annotations
-
-import inspect
 
 import pytest
 import torch
 import torch.distributed as dist
+from api_contracts import assert_same_signature
 
 from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.rl.preemption import PreemptionWatch
@@ -40,8 +39,7 @@ def recorded(monkeypatch):
     fakes = dict(all_gather_object=all_gather_object, broadcast_object_list=broadcast_object_list,
                  scatter_object_list=scatter_object_list, all_reduce=all_reduce)
     for name, fake in fakes.items():
-        real = inspect.signature(getattr(dist, name))
-        assert list(inspect.signature(fake).parameters) == list(real.parameters), name
+        assert_same_signature(fake, getattr(dist, name))
         monkeypatch.setattr(dist, name, fake)
     monkeypatch.setattr(rl_dist, "is_distributed", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
@@ -88,7 +86,7 @@ def test_setup_distributed_creates_the_gloo_group_once_beside_nccl(monkeypatch):
         return GLOO
 
     for name, fake in (("init_process_group", init_process_group), ("new_group", new_group)):
-        assert list(inspect.signature(fake).parameters) == list(inspect.signature(getattr(dist, name)).parameters)
+        assert_same_signature(fake, getattr(dist, name))
         monkeypatch.setattr(dist, name, fake)
     monkeypatch.setattr(dist, "is_initialized", lambda: state["init"])
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
