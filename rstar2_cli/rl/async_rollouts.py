@@ -324,11 +324,6 @@ def finish_partial(counts: dict[str, float], report: StalenessReport) -> dict[st
     return out
 
 
-def partial_metrics(kept: Sequence[Trajectory], report: StalenessReport) -> dict[str, float]:
-    """`finish_partial` of one host's trained batch."""
-    return finish_partial(partial_counts(kept, report.step), report)
-
-
 @dataclass
 class HostReport:
     """A rollout host's part of a step's async columns (sent to every rank: no trajectories)."""
