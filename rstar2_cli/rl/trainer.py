@@ -118,7 +118,6 @@ class RLTrainer:
         random.seed(cfg.train.seed)
         np.random.seed(cfg.train.seed)
         torch.manual_seed(cfg.train.seed)
-        self.rng = np.random.default_rng(cfg.train.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.host = plan_rollout_host(cfg.engine, os.environ)    # a bad launch env fails here too
         # before the rollout service's thread starts: it takes the process default (rl/cpu_threads.py)
@@ -148,7 +147,6 @@ class RLTrainer:
         if ckpt is not None:
             state = checkpoint.load_checkpoint(ckpt, self.policy, self.sampler, reset_optimizer=False)
             self.step = state.step
-            self.rng = state.rng if state.rng is not None else self.rng
             engine_weights = str(ckpt)   # a checkpoint folder is a plain HF model folder
             saved_pending = state.extra.get("async_pending")
             self.nonfinite.update(state.extra.get("nonfinite", {}))
@@ -281,7 +279,7 @@ class RLTrainer:
         if pending is not None:
             extra["async_pending"] = pending
         try:
-            checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step, self.rng,
+            checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step,
                                        final=final, extra=extra, keep=self.cfg.train.keep_checkpoints)
         except checkpoint.CheckpointWriteError as e:   # a full disk: the previous checkpoint is intact
             raise RunAborted(f"step {self.step}: {e}") from None
