@@ -102,6 +102,7 @@ def make_trainer(tiny_model, tmp_path, monkeypatch):
 
 def test_a_step_draws_rolls_out_selects_updates_pushes_and_logs_in_that_order(make_trainer, tmp_path):
     trainer, rollouts, seen = make_trainer()
+    rollouts.start = lambda *args: pytest.fail("k = 0 started a rollout future")   # a direct call only
     before = {k: v.clone() for k, v in trainer.policy.full_state_dict()}
     m = trainer.train_step()
     # 1-3: exactly the sampler's first batch, rolled out by the step itself (k = 0: nothing ahead)
