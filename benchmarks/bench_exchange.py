@@ -92,7 +92,8 @@ def measure(args) -> dict:
             if r != node * per_node:               # a host receives nothing from itself
                 new[r] += max(parts) + summary_bytes[node]
     old = [sum(old_pieces) - (old_pieces[r // per_node] if r % per_node == 0 else 0) for r in range(args.ranks)]
-    return {"shapes": {k: v for k, v in vars(args).items() if k != "json"}, "tokens_per_step": tokens, "kept": len(plan.lengths),
+    shapes = {k: v for k, v in vars(args).items() if k != "json"}
+    return {"shapes": shapes, "tokens_per_step": tokens, "kept": len(plan.lengths),
             "old_bytes_per_rank_max": max(old), "new_bytes_per_rank_max": max(new),
             "new_bytes_per_rank_mean": sum(new) / len(new), "ratio": max(new) / max(old),
             "seconds": time.perf_counter() - started}
