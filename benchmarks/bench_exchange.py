@@ -100,7 +100,8 @@ def measure(args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=512, help="prompts per step (stage 2: 512)")
     ap.add_argument("--rollouts", type=int, default=32, help="rollouts per prompt, 2G (stage 2: 32)")
     ap.add_argument("--ranks", type=int, default=64, help="trainer ranks")

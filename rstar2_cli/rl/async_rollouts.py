@@ -1,4 +1,4 @@
-"""Asynchronous GRPO-RoC (experimental): rollouts up to k steps ahead of the trainer, the one place that says how it runs.
+"""Asynchronous GRPO-RoC (experimental), rollouts up to k steps ahead: the one place that says how it runs.
 
 `train.max_staleness` = k >= 1 rolls out the batches of steps s+1 .. s+k while step s trains; the
 trainer takes them through the rollout-source interface (`rollout_source.py`), as it takes the

@@ -205,7 +205,7 @@ def test_the_hosts_staleness_reports_merge_into_the_one_host_columns():
 
     trajs = _group(0, [[4], [4]]) + _group(1, [[3, 4], [4]]) + _group(2, [[2], [4, 5]])
     whole = drop_stale_groups(trajs, step=5, max_staleness=2)
-    parts = [drop_stale_groups(trajs[:2], step=5, max_staleness=2), drop_stale_groups(trajs[2:], step=5, max_staleness=2)]
+    parts = [drop_stale_groups(part, step=5, max_staleness=2) for part in (trajs[:2], trajs[2:])]
     assert merge_reports(parts).metrics() == whole.metrics()
 
 

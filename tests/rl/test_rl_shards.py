@@ -35,7 +35,8 @@ def _trajectory(pos: int, sample: int, max_len: int = 200) -> Trajectory:
     n = rng.randint(5, max_len)
     calls = rng.randint(0, 3)
     return Trajectory(prompt_id=f"q{pos % 5}", sample_index=sample, prompt_ids=[rng.randrange(1000) for _ in range(7)],
-                      response_ids=[rng.randrange(150_000) for _ in range(n)], loss_mask=[int(i % 9 != 3) for i in range(n)],
+                      response_ids=[rng.randrange(150_000) for _ in range(n)],
+                      loss_mask=[int(i % 9 != 3) for i in range(n)],
                       logprobs=[] if sample == 1 else [-rng.random() for _ in range(n)],
                       text="x " * n + "<answer>1</answer>" * rng.randint(0, 2), reward=float(rng.random() < 0.4),
                       num_turns=calls + 1, num_tool_calls=calls, num_tool_errors=min(calls, rng.randint(0, 1)),
