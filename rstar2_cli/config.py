@@ -201,9 +201,10 @@ class TrainConfig(_Section):
     # bf16), else sdpa over length-bucketed rows; never attention across trajectories (rl/attention.py)
     attn_implementation: Literal["auto", "flash_attention_2", "sdpa"] = "auto"
     ppo_mini_batches: int = Field(1, ge=1)            # optimizer steps per batch (release: 1)
-    # Asynchronous GRPO-RoC (rl/async_rollouts.py): batches for steps s+1..s+k are rolled out while
-    # step s trains; no trajectory is trained more than k policy versions after it was sampled.
-    # 0 = the release's synchronous step (rStar2-Agent trains synchronously), bit-identical.
+    # Asynchronous GRPO-RoC, experimental (rl/async_rollouts.py): batches for steps s+1..s+k are
+    # rolled out while step s trains; no trajectory is trained more than k policy versions after it
+    # was sampled. 0 = the release's synchronous step (rStar2-Agent trains synchronously), a direct
+    # call (rl/rollout_source.py).
     max_staleness: int = Field(0, ge=0, le=8)
     # Partial rollouts (needs max_staleness >= 1): a weight update stops in-flight turns at a token
     # boundary and they continue under the new weights, prefix recomputed (docs/async-rl.md §7);

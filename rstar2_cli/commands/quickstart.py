@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
         steps: Optional[int] = typer.Option(None, "--steps", min=1, help="override the preset's RL steps"),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=1, help="RL steps between held-out points"),
         max_staleness: Optional[int] = typer.Option(None, "--max-staleness", min=0,
-                                                    help="asynchronous RL: roll out up to k steps ahead (0: synchronous)"),
+                                                    help="experimental asynchronous RL: roll out up to k steps ahead "
+                                                         "(0: the paper's synchronous step)"),
     ) -> None:
         """Train a tiny model to use the Python tool, end to end on CPU, and write a report."""
         from pydantic import ValidationError

@@ -63,7 +63,10 @@ def register(app: typer.Typer) -> None:
                                                  help="GiB per GPU for the memory table, or mi300x (192), h100 (80), "
                                                       "h200 (141) (default: this node's GPU, else mi300x)"),
     ) -> None:
-        """Agentic RL with GRPO-RoC (paper stages 1-3)."""
+        """Agentic RL with GRPO-RoC (paper stages 1-3), the paper's synchronous step.
+
+        Experimental: --set train.max_staleness=k (k >= 1) rolls out up to k steps ahead of the
+        trainer (docs/async-rl.md)."""
         from rich.console import Console
         from rich.syntax import Syntax
 
@@ -121,7 +124,7 @@ def register(app: typer.Typer) -> None:
         if k:
             where = ("their own GPUs" if gpus else "vLLM's engine-core process, beside the trainer on the same cores")
             plan = dataclasses.replace(plan, notes=plan.notes + (
-                f"asynchronous: batches roll out up to {k} step(s) ahead on the engines ({where}); "
+                f"experimental: batches roll out up to {k} step(s) ahead on the engines ({where}); "
                 f"weight updates pause them between requests",))
 
         if dry_run:

@@ -1,16 +1,16 @@
-"""The rollout pipeline of the RL step, and asynchronous GRPO-RoC: the one place that says how it runs.
+"""Asynchronous GRPO-RoC (experimental), rollouts up to k steps ahead: the one place that says how it runs.
 
-`train.max_staleness` = k. Every step, synchronous or not, takes its batch from this pipeline
-(`RLTrainer.train_step`): k = 0 is the release's synchronous step (rStar2-Agent trains
-synchronously); k >= 1 rolls out the batches of steps s+1 .. s+k while step s trains.
+`train.max_staleness` = k >= 1 rolls out the batches of steps s+1 .. s+k while step s trains; the
+trainer takes them through the rollout-source interface (`rollout_source.py`), as it takes the
+synchronous step's (k = 0, the paper's and the release's step, a direct call without anything
+from this module). rStar2-Agent trains synchronously; this mode is an opt-in beyond the paper.
 
 The rule, in order: batch b, the sampler's b-th batch, may be rolled out once the engines hold
 version >= b - k; step b trains exactly batch b, once every group of it is complete. A batch is
 started when its own step asks for it (`next_batch`) and, ahead of the trainer, right after each
-weight update (`run_ahead`: the batches the new version admits). At k = 0 nothing runs ahead:
-step b draws, rolls out and grades batch b, then trains it, and nothing rolls out during the
-update, the held-out evals or a checkpoint. So the data order is the synchronous run's at every
-k (resume, RoC's RNG and the sampling seeds, per step, prompt and sample, see the same batches),
+weight update (`after_update`: the batches the new version admits). So the data order is the
+synchronous run's at every k (resume, RoC's RNG and the sampling seeds, per step, prompt and
+sample, see the same batches),
 RoC always selects within complete groups, and only the weights that sampled a batch differ: by
 at most k versions; with k = 1 this is verl's "one step off". The completion order (AReaL's
 "first B groups done") is not used: it would train short, easy groups first and drop the long,
@@ -43,16 +43,17 @@ Placement: colocated engines sleep on GPU while the trainer runs, so nothing cou
 `config.py` refuses k >= 1 with `engine.colocate: true` on GPUs (the launch validates the recipe
 for its device), and asks for `engine.colocate: false` and `--engine-gpus N`. On CPU, vLLM's
 engine core runs in its own process beside the trainer. The rollouts of every k run on the
-rollout service's event loop in a thread of its own (`rollout_service.py`); the hosts' shards are
-exchanged on the trainer's thread at the step that trains them (collectives never run from the
-rollout thread).
+rollout service's event loop in a thread of its own (`rollout_service.py`); each host drops its
+stale groups and selects over its own groups on the trainer's thread at the step that trains them
+(`shards.py`; collectives never run from the rollout thread), and the hosts' staleness reports
+are merged into the step's columns.
 
 Checkpoints (k >= 1): the batches in flight are finished first (a short stall), then saved with
 their trajectories and versions (every host's shard) and the sampler position before them;
 `--resume` with as many rollout hosts puts them back in flight as they were, so the resumed run
 trains exactly the batches and versions the interrupted run would have. With another number of
 hosts, or resumed at k = 0, the sampler is moved back and they are rolled out again by the
-resumed weights. Metrics (k >= 1 only; a k = 0 step logs no async/ column): `async/staleness_<j>`,
+resumed weights. Metrics (a k = 0 step logs no async/ column): `async/staleness_<j>`,
 `_mean`, `_max`, dropped groups and trajectories, mixed-version trajectories, the trainer's wait
 and idle fraction, the engines' idle fraction, the weight-update pause and the step interval.
 Measurements and the overlap simulator: docs/async-rl.md.
@@ -63,11 +64,12 @@ import concurrent.futures
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rstar2_cli.rl.metrics import StepTimer
-from rstar2_cli.rl.rollout_service import Piece
+from rstar2_cli.rl.rollout_source import Rolled
+from rstar2_cli.rl.shards import Piece, StepShard
 from rstar2_cli.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -85,29 +87,20 @@ class PendingBatch:
         return self.piece if self.future is None else self.future.result()
 
 
-@dataclass
-class RolledOut:
-    """One step's batch, as the trainer gets it."""
-    trajectories: list[Trajectory]                  # every host's, in prompt order; stale groups dropped
-    seconds: dict[str, float]                       # rollout and reward (slowest host), tools (mean)
-    per_node: dict[str, float]                      # trajectories each node rolled out (several nodes)
-    staleness: "StalenessReport"
-    waited: float                                   # the trainer's wait for it (s)
-
-
 class RolloutPipeline:
     """The batches in flight, oldest first, admitted by the in-order rule, and what a checkpoint
     keeps of them.
 
     `sampler` is the run's DataSampler (drawn on every rank in the same order); `rollouts` is the
     rollout side (`RolloutService`): `start(index, problems)` starts this host's rollout of batch
-    `index` and returns its future (None on ranks that roll nothing out), `exchange(n, local)`
-    gathers every host's piece, `busy_seconds()` is per engine."""
+    `index` and returns its future (None on ranks that roll nothing out), `settle(fn)` turns a
+    host's failure into the line every rank raises, `busy_seconds()` is per engine."""
 
     def __init__(self, max_staleness: int, total_steps: int, sampler: Any, rollouts: Any, *, first_index: int = 0,
                  partial: bool = False):
-        if max_staleness < 0:
-            raise ValueError(f"RolloutPipeline needs max_staleness >= 0, got {max_staleness}")
+        if max_staleness < 1:
+            raise ValueError(f"RolloutPipeline needs max_staleness >= 1 (0 is rollout_source.SyncRollouts), "
+                             f"got {max_staleness}")
         self.k, self.total_steps, self.sampler, self.rollouts = max_staleness, total_steps, sampler, rollouts
         self.partial = partial                           # train.partial_rollout: the per-token metrics too
         self.pending: deque[PendingBatch] = deque()
@@ -115,6 +108,7 @@ class RolloutPipeline:
         self.dropped_groups_total = 0
         self._sampler_before: dict[int, dict] = {}   # batch index -> sampler state before its draw
         self._since: tuple[StepTimer, list[float]] | None = None   # idle fractions count from here
+        self._waited = 0.0                             # the trainer's wait for its last batch (s)
 
     def fill(self, version: int) -> None:
         """Start every batch the rule admits at `version` (and that a step will train)."""
@@ -133,44 +127,51 @@ class RolloutPipeline:
             raise RuntimeError(f"step {index} expects batch {index} first in flight, have {have}")
         return self.pending.popleft()
 
-    def next_batch(self, step: int) -> RolledOut:
-        """Step `step`'s batch from every rollout host, in the global prompt order: drawn, rolled
-        out and graded now at k = 0, up to k steps ago otherwise; its stale groups dropped."""
+    def next_batch(self, step: int) -> Rolled:
+        """Step `step`'s batch, this host's piece of it, rolled out up to k steps ago; its groups
+        staler than k are dropped on the host (the filter) before RoC."""
         if self._since is None:
             self._since = (StepTimer(), self.rollouts.busy_seconds())
         self.fill(step)
         wait = StepTimer()
         pending = self.take(step)
-        trajs, seconds, per_node = self.rollouts.exchange(len(pending.problems), pending.wait)
-        waited = wait.elapsed()
-        report = drop_stale_groups(trajs, step, self.k)
-        if report.dropped_groups:
-            log.warning("step %d: %d group(s) staler than train.max_staleness=%d dropped", step + 1,
-                        report.dropped_groups, self.k)
-        self.dropped_groups_total += report.dropped_groups
-        return RolledOut(report.kept, seconds, per_node, report, waited)
+        piece = self.rollouts.settle(pending.wait)
+        self._waited = wait.elapsed()
+        return Rolled(piece, keep=lambda trajs: self._drop_stale(trajs, step))
 
-    def run_ahead(self, version: int) -> None:
+    def _drop_stale(self, trajs: list[Trajectory], step: int) -> tuple[list[Trajectory], "HostReport"]:
+        report = drop_stale_groups(trajs, step, self.k)
+        counts = partial_counts(report.kept, step) if self.partial else None
+        return report.kept, HostReport(replace(report, kept=[]), counts)
+
+    def after_update(self, version: int) -> None:
         """Right after an update to `version`: start the batches it admits ahead of the trainer
-        (up to version + k; none at k = 0, where the next batch is the next step's own)."""
+        (up to version + k)."""
         if self.next_index > version:
             self.fill(version)
 
-    def overlap_metrics(self, batch: RolledOut, weight_pause_s: float) -> dict[str, float]:
-        """The async/* columns of the step that trained `batch` (none at k = 0): staleness, and
-        the idle fractions over the wall time since the previous step ended (so the held-out evals
-        and checkpoints between steps, which rollouts overlap too, are counted)."""
-        if not self.k:
-            return {}
-        out = batch.staleness.metrics()
+    def overlap_metrics(self, shard: StepShard, weight_pause_s: float) -> dict[str, float]:
+        """The async/ columns of the step that trained `shard`: staleness (the hosts' reports
+        merged), and the idle fractions over the wall time since the previous step ended (so the
+        held-out evals and checkpoints between steps, which rollouts overlap too, are counted)."""
+        hosts = [r for r in shard.reports if r is not None]
+        report = merge_reports([r.staleness for r in hosts])
+        if report.dropped_groups:
+            log.warning("step %d: %d group(s) staler than train.max_staleness=%d dropped", report.step + 1,
+                        report.dropped_groups, self.k)
+        self.dropped_groups_total += report.dropped_groups
+        out = report.metrics()
         if self.partial:
-            out.update(partial_metrics(batch.trajectories, batch.staleness))
+            counts: Counter = Counter()
+            for r in hosts:
+                counts.update(r.partial or {})
+            out.update(finish_partial(counts, report))
         out["async/dropped_groups_total"] = float(self.dropped_groups_total)
-        out["async/trainer_wait_s"] = batch.waited
+        out["async/trainer_wait_s"] = self._waited
         since, busy_before = self._since
         interval, busy_now = since.elapsed(), self.rollouts.busy_seconds()
         self._since = (StepTimer(), busy_now)
-        out.update(idle_metrics(interval, batch.waited, [b - a for a, b in zip(busy_before, busy_now)],
+        out.update(idle_metrics(interval, self._waited, [b - a for a, b in zip(busy_before, busy_now)],
                                 weight_pause_s))
         out["async/step_interval_s"] = interval
         return out
@@ -196,10 +197,7 @@ class RolloutPipeline:
         """The rollouts drawn ahead, for the checkpoint: finished first (a short stall), then kept
         with their versions, so `--resume` trains exactly the batches the interrupted run would
         have and counts their staleness from the versions that really sampled them. `gather`
-        collects every rollout host's part (all ranks call it: a collective). None at k = 0:
-        nothing runs ahead between synchronous steps."""
-        if not self.k:
-            return None
+        collects every rollout host's part (all ranks call it: a collective)."""
         self.drain()
         snap = self.snapshot()
         per_host = gather(pending_to_state(snap) if is_host else None)
@@ -212,15 +210,13 @@ class RolloutPipeline:
                               num_hosts: int) -> str | None:
         """Put a checkpoint's rollouts back in flight (`host_ordinal`: this rank's place among
         the rollout hosts, None if it is not one). If they cannot be used as saved (this run is
-        synchronous, has another number of rollout hosts, or the batches do not start at
-        `step`), rewind the sampler to draw them again and return why."""
+        has another number of rollout hosts, or the batches do not start at `step`), rewind the
+        sampler to draw them again and return why."""
         batches, hosts = saved["batches"], saved["hosts"]
         self.dropped_groups_total = int(saved.get("dropped_groups_total", 0))
         if not batches:
             return None
-        if not self.k:
-            why = "train.max_staleness=0 rolls each batch out with the weights that train it"
-        elif len(hosts) != num_hosts:
+        if len(hosts) != num_hosts:
             why = f"{len(hosts)} rollout host(s) saved, {num_hosts} now"
         elif [i for i, _ in batches] != list(range(step, step + len(batches))):
             why = f"batches {[i for i, _ in batches]} saved, step {step} resumed"
@@ -300,21 +296,51 @@ def drop_stale_groups(trajs: Sequence[Trajectory], step: int, max_staleness: int
                            groups=len({t.group_index for t in trajs}), step=step)
 
 
-def partial_metrics(kept: Sequence[Trajectory], report: StalenessReport) -> dict[str, float]:
-    """Partial rollouts' columns of a trained batch: its generated tokens by staleness (versions
-    behind the policy trained; the same columns 0..k every step), the turns a weight update
-    stopped and that continued on the new weights, the context they re-prefilled, and the share
-    of the batch's groups dropped as staler than k."""
+def partial_counts(kept: Sequence[Trajectory], step: int) -> dict[str, float]:
+    """Partial rollouts' counts over a host's trained trajectories (they add up over hosts):
+    generated tokens by staleness (versions behind the policy trained at `step`), the turns a
+    weight update stopped and that continued on the new weights, the context they re-prefilled."""
     tokens: Counter = Counter()
     for t in kept:
         for v, n in t.tokens_per_version().items():
-            tokens[report.step - v] += n
-    top = max(report.max_staleness, max(tokens, default=0))
-    out = {f"async/tokens_staleness_{j}": float(tokens.get(j, 0)) for j in range(top + 1)}
+            tokens[step - v] += n
+    out = {f"async/tokens_staleness_{j}": float(n) for j, n in tokens.items()}
     out.update({"async/continued_turns": float(sum(t.continued_turns for t in kept)),
                 "async/continued_trajectories": float(sum(t.continued_turns > 0 for t in kept)),
-                "async/recompute_tokens": float(sum(t.recompute_tokens for t in kept)),
-                "async/dropped_groups_frac": report.dropped_groups / report.groups if report.groups else 0.0})
+                "async/recompute_tokens": float(sum(t.recompute_tokens for t in kept))})
+    return out
+
+
+def finish_partial(counts: dict[str, float], report: StalenessReport) -> dict[str, float]:
+    """The partial rollouts' columns of a trained batch: `partial_counts` (the same token columns
+    0..k every step) and the share of the batch's groups dropped as staler than k."""
+    prefix = "async/tokens_staleness_"
+    top = max([report.max_staleness] + [int(k[len(prefix):]) for k in counts if k.startswith(prefix)])
+    out = {f"{prefix}{j}": 0.0 for j in range(top + 1)}
+    out.update(counts)
+    for name in ("async/continued_turns", "async/continued_trajectories", "async/recompute_tokens"):
+        out.setdefault(name, 0.0)
+    out["async/dropped_groups_frac"] = report.dropped_groups / report.groups if report.groups else 0.0
+    return out
+
+
+@dataclass
+class HostReport:
+    """A rollout host's part of a step's async columns (sent to every rank: no trajectories)."""
+    staleness: StalenessReport
+    partial: dict[str, float] | None = None
+
+
+def merge_reports(reports: Sequence[StalenessReport]) -> StalenessReport:
+    """The hosts' staleness reports as one host's report of the whole batch (without `kept`)."""
+    out = StalenessReport(kept=[], histogram=Counter(), max_staleness=reports[0].max_staleness if reports else 1,
+                          step=reports[0].step if reports else 0)
+    for r in reports:
+        out.histogram.update(r.histogram)
+        out.dropped_groups += r.dropped_groups
+        out.dropped_trajectories += r.dropped_trajectories
+        out.mixed_versions += r.mixed_versions
+        out.groups += r.groups
     return out
 
 

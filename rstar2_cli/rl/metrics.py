@@ -13,10 +13,9 @@ import json
 import math
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
-
-import numpy as np
 
 from rstar2_cli.rollout.trajectory import Trajectory
 
@@ -58,11 +57,41 @@ class StepTimer:
         return {**self.sections(), "time/step": self.elapsed() if self.total is None else self.total}
 
 
-def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    arr = np.asarray(values, dtype=float)
-    return {f"{prefix}_mean": float(arr.mean()), f"{prefix}_max": float(arr.max()), f"{prefix}_min": float(arr.min())}
+@dataclass
+class Tally:
+    """The additive form of metrics over a set of trajectories: sums, maxima and minima. Why:
+    each rollout host selects and tallies its own trajectories (`rl/shards.py`), and the hosts'
+    tallies merge into exactly the tally of the whole batch, so the logged means and ratios are
+    those of one host holding every trajectory."""
+    sums: dict[str, float] = field(default_factory=dict)
+    maxs: dict[str, float] = field(default_factory=dict)
+    mins: dict[str, float] = field(default_factory=dict)
+
+    def __iadd__(self, other: "Tally") -> "Tally":
+        for k, v in other.sums.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        for mine, theirs, pick in ((self.maxs, other.maxs, max), (self.mins, other.mins, min)):
+            for k, v in theirs.items():
+                mine[k] = pick(mine[k], v) if k in mine else v
+        return self
+
+    @classmethod
+    def merged(cls, parts: Sequence["Tally"]) -> "Tally":
+        out = cls()
+        for p in parts:
+            out += p
+        return out
+
+    def spread(self, name: str, values: Sequence[float]) -> None:
+        """Sum, max and min of `values` under `name` (nothing for an empty list)."""
+        if values:
+            self.sums[name] = self.sums.get(name, 0.0) + float(sum(values))
+            self.maxs[name] = max(self.maxs.get(name, -math.inf), float(max(values)))
+            self.mins[name] = min(self.mins.get(name, math.inf), float(min(values)))
+
+    def mean(self, name: str, count: str) -> float:
+        n = self.sums.get(count, 0.0)
+        return self.sums.get(name, 0.0) / n if n else 0.0
 
 
 def tool_error_ratio(ts: Sequence[Trajectory]) -> float:
@@ -71,50 +100,76 @@ def tool_error_ratio(ts: Sequence[Trajectory]) -> float:
     return sum(t.num_tool_errors for t in ts) / calls if calls else 0.0
 
 
-def rollout_metrics(trajectories: Sequence[Trajectory], max_response_tokens: int | None = None) -> dict[str, float]:
-    """Reward/accuracy, lengths, turns and tool use over ALL rollouts of the step."""
-    ts = list(trajectories)
-    if not ts:
-        return {"rollout/trajectories": 0.0}
-    calls = sum(t.num_tool_calls for t in ts)
+SPREAD = ("response_length", "turns", "tool_calls")    # logged as _mean, _max, _min
+
+
+def rollout_tally(trajectories: Sequence[Trajectory], max_response_tokens: int | None = None) -> Tally:
+    """`rollout_metrics`' additive form (`finish_rollout` turns it into the logged values)."""
+    ts, limit, out = list(trajectories), max_response_tokens, Tally()
     pos = [t for t in ts if t.reward > 0]
-    lengths = [t.response_length for t in ts]
-    limit = max_response_tokens
-    clipped = [t.finish_reason == "length" or (limit is not None and t.response_length >= limit) for t in ts]
-    out = {
-        "rollout/trajectories": float(len(ts)),
-        "rollout/reward_mean": float(np.mean([t.reward for t in ts])),
-        "rollout/accuracy": float(np.mean([t.reward > 0 for t in ts])),
-        "rollout/clip_ratio": float(np.mean(clipped)),
-        "rollout/tool_calls_total": float(calls),
-        "rollout/tool_error_ratio": tool_error_ratio(ts),
-        "rollout/tool_error_ratio_positive": tool_error_ratio(pos),
-        "rollout/tool_time_total": float(sum(t.tool_time for t in ts)),
-        "rollout/infra_errors": float(sum(bool(t.infra_error) for t in ts)),   # left their groups (RoC)
-    }
-    out.update(_stats("rollout/response_length", lengths))
-    out.update(_stats("rollout/turns", [t.num_turns for t in ts]))
-    out.update(_stats("rollout/tool_calls", [t.num_tool_calls for t in ts]))
+    out.sums.update({
+        "n": float(len(ts)), "reward": float(sum(t.reward for t in ts)), "positives": float(len(pos)),
+        "clipped": float(sum(t.finish_reason == "length" or (limit is not None and t.response_length >= limit)
+                             for t in ts)),
+        "tool_errors": float(sum(t.num_tool_errors for t in ts)),
+        "tool_calls_positive": float(sum(t.num_tool_calls for t in pos)),
+        "tool_errors_positive": float(sum(t.num_tool_errors for t in pos)),
+        "tool_time": float(sum(t.tool_time for t in ts)), "infra_errors": float(sum(bool(t.infra_error) for t in ts)),
+        "tokens": float(sum(len(t.prompt_ids) + t.response_length for t in ts)),
+    })
+    for name, values in zip(SPREAD, ([t.response_length for t in ts], [t.num_turns for t in ts],
+                                     [t.num_tool_calls for t in ts])):
+        out.spread(name, values)
+    out.sums.setdefault("tool_calls", 0.0)
     return out
 
 
-def step_metrics(step: int, rollouts: Sequence[Trajectory], roc: Any = None,
+def finish_rollout(tally: Tally) -> dict[str, float]:
+    """Reward/accuracy, lengths, turns and tool use over ALL rollouts of the step, from their tally."""
+    s = tally.sums
+    if not s.get("n"):
+        return {"rollout/trajectories": 0.0}
+    out = {
+        "rollout/trajectories": s["n"],
+        "rollout/reward_mean": s["reward"] / s["n"],
+        "rollout/accuracy": s["positives"] / s["n"],
+        "rollout/clip_ratio": s["clipped"] / s["n"],
+        "rollout/tool_calls_total": s["tool_calls"],
+        "rollout/tool_error_ratio": s["tool_errors"] / s["tool_calls"] if s["tool_calls"] else 0.0,
+        "rollout/tool_error_ratio_positive": (s["tool_errors_positive"] / s["tool_calls_positive"]
+                                              if s["tool_calls_positive"] else 0.0),
+        "rollout/tool_time_total": s["tool_time"],
+        "rollout/infra_errors": s["infra_errors"],   # left their groups (RoC)
+    }
+    for name in SPREAD:
+        out.update({f"rollout/{name}_mean": s[name] / s["n"], f"rollout/{name}_max": tally.maxs[name],
+                    f"rollout/{name}_min": tally.mins[name]})
+    return out
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], max_response_tokens: int | None = None) -> dict[str, float]:
+    """Reward/accuracy, lengths, turns and tool use over ALL rollouts of the step."""
+    return finish_rollout(rollout_tally(trajectories, max_response_tokens))
+
+
+def step_metrics(step: int, rollouts: Sequence[Trajectory] | Tally, roc: Any = None,
                  update: Mapping[str, float] | None = None, timing: StepTimer | Mapping[str, float] | None = None,
                  max_response_tokens: int | None = None) -> dict[str, float]:
     """Everything logged for one step.
 
-    roc: a RocResult (or its .metrics dict); update: PolicyTrainer.update()'s dict; timing: a
-    StepTimer or a {"time/<phase>": seconds} dict (rollout, tools, reward, train, sync, step).
+    rollouts: the step's trajectories or their (merged) `rollout_tally`; roc: a RocResult or a
+    metrics dict; update: PolicyTrainer.update()'s dict; timing: a StepTimer or a
+    {"time/<phase>": seconds} dict (rollout, tools, reward, train, sync, step).
     """
+    tally = rollouts if isinstance(rollouts, Tally) else rollout_tally(rollouts, max_response_tokens)
     out: dict[str, float] = {"step": float(step)}
-    out.update(rollout_metrics(rollouts, max_response_tokens))
+    out.update(finish_rollout(tally))
     out.update(dict(getattr(roc, "metrics", roc) or {}))
     out.update({f"train/{k}": float(v) for k, v in (update or {}).items()})
     times = timing.metrics() if isinstance(timing, StepTimer) else dict(timing or {})
     out.update(times)
     if times.get("time/rollout"):
-        tokens = sum(len(t.prompt_ids) + t.response_length for t in rollouts)
-        out["throughput/rollout_tokens_per_s"] = tokens / times["time/rollout"]
+        out["throughput/rollout_tokens_per_s"] = tally.sums.get("tokens", 0.0) / times["time/rollout"]
     if update and times.get("time/train"):
         out["throughput/train_loss_tokens_per_s"] = float(update.get("loss_tokens", 0.0)) / times["time/train"]
     return out

@@ -8,7 +8,8 @@ Parallelism: under torchrun (WORLD_SIZE > 1, the process group joined by the cal
 `rl_dist.setup_distributed`) each decoder layer and then the root are wrapped
 with FSDP2 `fully_shard` (gloo on CPU, nccl on GPU); the model is built on the meta device and
 each rank reads only its own shards from the checkpoint (rl/model_load.py). Every rank receives its own shard of
-trajectories; the global loss-token count is all-reduced, so N ranks reproduce the 1-rank update.
+trajectories with the global mini-batch of each (rl/shards.py); the global loss-token count of each mini-batch
+is all-reduced, so N ranks take the 1-rank optimizer steps.
 FSDP2 averages gradients over ranks, so the loss is multiplied by world_size before backward to
 turn that mean into the sum the global token normalisation expects. All ranks must run the same
 number of forward/backward passes (FSDP collectives), so a rank with fewer micro-batches runs
@@ -237,15 +238,21 @@ class PolicyTrainer:
             return token_logprobs_with_loss(*self._row_inputs(row, tok.select), self.logprob_chunk_tokens,
                                             token_loss, with_entropy=True)
 
-    def update(self, batch: Sequence[Trajectory], advantages: Sequence[float]) -> dict[str, float]:
-        """One RL step on this rank's shard: ppo_mini_batches optimizer steps, then LR step."""
+    def update(self, batch: Sequence[Trajectory], advantages: Sequence[float],
+               mini_batches: Sequence[int] | None = None) -> dict[str, float]:
+        """One RL step on this rank's shard: ppo_mini_batches optimizer steps, then LR step.
+        `mini_batches`: the global mini-batch of each trajectory (`rl/shards.py`'s plan, which
+        makes N ranks take the 1-rank optimizer steps); default: the local list split in order."""
         if len(batch) != len(advantages):
             raise ValueError(f"{len(batch)} trajectories but {len(advantages)} advantages")
         if self.loss_cfg.old_logprobs == "rollout":
             old = [self._rollout_logprobs(t) for t in batch]
         else:
             old = None if self.reuses_update_logprobs else self.compute_logprobs(batch)
-        chunks = [list(c) for c in np.array_split(np.arange(len(batch)), self.ppo_mini_batches)]
+        if mini_batches is None:
+            chunks = [list(c) for c in np.array_split(np.arange(len(batch)), self.ppo_mini_batches)]
+        else:
+            chunks = [[i for i, b in enumerate(mini_batches) if b == m] for m in range(self.ppo_mini_batches)]
         losses, norms, stats, vllm_diff, taken = [], [], LossStats(), [0.0, 0.0], 0
         for chunk in chunks:
             tensors = {i: self._token_tensors(batch[i], advantages[i], None if old is None else old[i]) for i in chunk}

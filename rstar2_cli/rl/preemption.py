@@ -10,7 +10,7 @@ What happens, in order:
   1. the signal handler (installed by `RLTrainer.train` in the main thread of every trainer
      process) only records the signal and starts the grace clock: the step in progress runs on;
   2. at every step boundary all ranks agree (`PreemptionWatch.agreed`: one all-reduce max of a
-     flag; the signal may have reached only some ranks, e.g. one node's), so they stop together;
+     flag over the gloo group; the signal may have reached only some ranks, e.g. one node's), so they stop together;
   3. the trainer writes a checkpoint (the same `save` as a periodic one: with
      `train.max_staleness` >= 1 the rollouts in flight are finished and saved with it, as
      `async_rollouts.py` says) and raises `Preempted`; the process exits with
@@ -86,8 +86,8 @@ class PreemptionWatch:
     around the step loop; `signal.signal` only works in the main thread, elsewhere it stays
     inert and `agreed` still joins the collective)."""
 
-    def __init__(self, grace_s: float, device=None):
-        self.grace_s, self.device = grace_s, device
+    def __init__(self, grace_s: float):
+        self.grace_s = grace_s
         self.signalled: int | None = None
         self.signalled_at: float | None = None
         self._previous: dict[int, object] = {}
@@ -137,7 +137,5 @@ class PreemptionWatch:
 
         if not rl_dist.is_distributed():
             return self.signalled is not None
-        import torch
-
-        device = self.device if self.device is not None else torch.device("cpu")
-        return rl_dist.all_reduce_max([1.0 if self.signalled is not None else 0.0], device)[0] > 0
+        # over the gloo group: ranks that reach the boundary first wait on the CPU, not on a GPU
+        return rl_dist.agree_max([1.0 if self.signalled is not None else 0.0])[0] > 0

@@ -53,12 +53,12 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Sequence
+from typing import Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
 from rstar2_cli.config import RocConfig
-from rstar2_cli.rl.metrics import tool_error_ratio
+from rstar2_cli.rl.metrics import Tally
 from rstar2_cli.rollout.trajectory import Trajectory
 
 PENALTY_EPS = 1e-3          # keeps 1/(p+eps) finite for a perfect (zero-penalty) positive
@@ -185,7 +185,8 @@ def _release_select(group: Sequence[Trajectory], group_size: int) -> list[int] |
 class RocResult:
     groups: list[list[Trajectory]]                  # kept groups, each in rollout order
     dropped: Counter = field(default_factory=Counter)   # groups dropped, per reason
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)   # counts, and the populations' metrics
+    tally: Tally = field(default_factory=Tally)     # the populations' additive form (`population_tally`)
 
     @property
     def trajectories(self) -> list[Trajectory]:
@@ -219,28 +220,57 @@ def all_rewards_equal(group: Sequence[Trajectory]) -> bool:
     return len(group) == 0 or all(np.isclose(t.reward, group[0].reward) for t in group)
 
 
-def _population_metrics(ts: Sequence[Trajectory], prefix: str) -> dict[str, float]:
+def population_tally(ts: Sequence[Trajectory], prefix: str) -> Tally:
+    """The additive form of `population_metrics` (hosts' tallies merge: `rl/shards.py`)."""
     pos = [t for t in ts if is_positive(t)]
-    fmt = [format_penalty(t) for t in ts]
-    fmt_pos = [f for t, f in zip(ts, fmt) if is_positive(t)]
     answers = [answer_count(t.text) for t in ts]
+    n = {"n": len(ts), "positives": len(pos), "calls": sum(t.num_tool_calls for t in ts),
+         "errors": sum(t.num_tool_errors for t in ts), "calls_positive": sum(t.num_tool_calls for t in pos),
+         "errors_positive": sum(t.num_tool_errors for t in pos), "format": sum(format_penalty(t) for t in ts),
+         "format_positive": sum(format_penalty(t) for t in pos), "answers": sum(answers),
+         "zero_answer": sum(a == 0 for a in answers), "multi_answer": sum(a > 1 for a in answers)}
+    return Tally(sums={f"{prefix}:{k}": float(v) for k, v in n.items()})
+
+
+def population_metrics(tally: Tally, prefix: str) -> dict[str, float]:
+    """Tool errors, format penalties and answers of one population (before or after selection)."""
+    s = {k.split(":", 1)[1]: v for k, v in tally.sums.items() if k.startswith(f"{prefix}:")}
+
+    def ratio(a: str, b: str) -> float:
+        return s[a] / s[b] if s[b] else 0.0
+
     return {
-        f"{prefix}/trajectories": float(len(ts)),
-        f"{prefix}/tool_error_ratio": tool_error_ratio(ts),
-        f"{prefix}/tool_error_ratio_positive": tool_error_ratio(pos),
-        f"{prefix}/format_penalty_mean": float(np.mean(fmt)) if fmt else 0.0,
-        f"{prefix}/format_penalty_positive_mean": float(np.mean(fmt_pos)) if fmt_pos else 0.0,
-        f"{prefix}/answers_per_rollout": float(np.mean(answers)) if answers else 0.0,
-        f"{prefix}/zero_answer_count": float(sum(a == 0 for a in answers)),
-        f"{prefix}/multi_answer_count": float(sum(a > 1 for a in answers)),
+        f"{prefix}/trajectories": s["n"],
+        f"{prefix}/tool_error_ratio": ratio("errors", "calls"),
+        f"{prefix}/tool_error_ratio_positive": ratio("errors_positive", "calls_positive"),
+        f"{prefix}/format_penalty_mean": ratio("format", "n"),
+        f"{prefix}/format_penalty_positive_mean": ratio("format_positive", "positives"),
+        f"{prefix}/answers_per_rollout": ratio("answers", "n"),
+        f"{prefix}/zero_answer_count": s["zero_answer"],
+        f"{prefix}/multi_answer_count": s["multi_answer"],
     }
+
+
+POPULATIONS = ("roc_before", "roc_after")
+
+
+def _population_metrics(result: "RocResult", ts: Sequence[Trajectory], prefix: str) -> dict[str, float]:
+    result.tally += population_tally(ts, prefix)
+    return population_metrics(result.tally, prefix)
+
+
+# one generator for every group, or a function giving each group its own
+GroupRng = np.random.Generator | Callable[[Sequence[Trajectory]], np.random.Generator]
 
 
 def downsample_groups(groups: Sequence[Sequence[Trajectory]], group_size: int,
                       mode: Literal["paper", "release"] = "paper",
-                      rng: np.random.Generator | None = None, *, oversample: int = 2,
+                      rng: GroupRng | None = None, *, oversample: int = 2,
                       reject_equal_reward: bool = True) -> RocResult:
-    """Select up to `group_size` trajectories from each oversampled group.
+    """Select up to `group_size` trajectories from each oversampled group. `rng` as a function
+    of the group: the trainer seeds each group by the run's seed, the step and the group's
+    position in the batch (`rl/shards.py`), so the choice does not depend on which rollout host
+    selects the group or on how many hosts there are.
 
     Drop reasons: ``equal_reward`` (all rewards equal before selection),
     ``equal_reward_after_roc`` (after selection), ``too_few_samples`` (release mode, n < G),
@@ -252,7 +282,8 @@ def downsample_groups(groups: Sequence[Sequence[Trajectory]], group_size: int,
         raise ValueError(f"roc mode must be 'paper' or 'release', got {mode!r}")
     rng = rng if rng is not None else np.random.default_rng()
     before = [t for g in groups for t in g]
-    result = RocResult(groups=[], metrics=_population_metrics(before, "roc_before"))
+    result = RocResult(groups=[])
+    result.metrics.update(_population_metrics(result, before, "roc_before"))
     for group in groups:
         group = list(group)
         if not group:
@@ -262,7 +293,7 @@ def downsample_groups(groups: Sequence[Sequence[Trajectory]], group_size: int,
             result.dropped["equal_reward"] += 1
             continue
         if mode == "paper":
-            chosen = _paper_select(group, group_size, oversample, rng)
+            chosen = _paper_select(group, group_size, oversample, rng(group) if callable(rng) else rng)
         else:
             chosen = _release_select(group, group_size)
             if chosen is None:
@@ -280,7 +311,8 @@ def downsample_groups(groups: Sequence[Sequence[Trajectory]], group_size: int,
 def first_g_groups(groups: Sequence[Sequence[Trajectory]], group_size: int, *,
                    reject_equal_reward: bool = True) -> RocResult:
     """Plain GRPO: the first G samples of each group, then the equal-reward filter."""
-    result = RocResult(groups=[], metrics=_population_metrics([t for g in groups for t in g], "roc_before"))
+    result = RocResult(groups=[])
+    result.metrics.update(_population_metrics(result, [t for g in groups for t in g], "roc_before"))
     for group in groups:
         kept = list(group)[:group_size]
         if not kept:
@@ -294,7 +326,7 @@ def first_g_groups(groups: Sequence[Sequence[Trajectory]], group_size: int, *,
 
 
 def _finish_metrics(result: RocResult, groups: Sequence[Sequence[Trajectory]]) -> None:
-    result.metrics.update(_population_metrics(result.trajectories, "roc_after"))
+    result.metrics.update(_population_metrics(result, result.trajectories, "roc_after"))
     result.metrics["roc/groups_in"] = float(len(groups))
     result.metrics["roc/groups_kept"] = float(len(result.groups))
     result.metrics["roc/groups_dropped"] = float(sum(result.dropped.values()))
@@ -303,7 +335,7 @@ def _finish_metrics(result: RocResult, groups: Sequence[Sequence[Trajectory]]) -
 
 
 def select_for_training(trajectories: Iterable[Trajectory], cfg: RocConfig, group_size: int,
-                        rng: np.random.Generator) -> RocResult:
+                        rng: GroupRng) -> RocResult:
     """The trainer's entry point: drop infrastructure failures, group by sampled instance, then
     RoC (cfg.enabled) or plain GRPO."""
     accountable, infra_metrics = split_infra_failures(trajectories)

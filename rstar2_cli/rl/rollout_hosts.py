@@ -4,8 +4,8 @@ Why one rollout host per node: a node's engines are best driven by one process (
 that load-balances over all of the node's replicas), and the engines of every node must work at
 once, or a 64-GPU run generates with one node's GPUs while the other seven wait. So the local
 rank 0 of every node is that node's rollout host: it starts the node's vLLM replicas and its
-sandbox (pool or cluster client), rolls out its shard of the step's prompts, and the trainer
-gathers the shards back into the global order on every rank.
+sandbox (pool or cluster client), rolls out its shard of the step's prompts, and selects the
+trajectories to train among them (`shards.py`).
 
 Where the engines go comes from the launch plan (`rstar2_cli/launch/topology.py`), which sets
 per node `RSTAR2_ENGINE_GPU_IDS` (GPU ids on that node; consecutive groups of the TP size form
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from rstar2_cli.config import EngineConfig
 from rstar2_cli.launch.topology import ENGINE_GPUS_ENV, ENGINE_TP_ENV
@@ -142,28 +141,3 @@ def host_ranks(roles: Sequence[tuple[int, bool]], num_nodes: int) -> list[int]:
         raise RolloutHostError(f"rollout hosts by node {found}: expected exactly one (LOCAL_RANK 0) "
                                f"on each of nodes 0..{num_nodes - 1}")
     return [hosts[n][0] for n in range(num_nodes)]
-
-
-def reassemble(shards: Sequence[tuple[Sequence[int], Sequence[Any]]], num_prompts: int,
-               per_prompt: int) -> list[Any]:
-    """Global order from per-node shards: each shard is (prompt positions, items grouped by
-    prompt, `per_prompt` each, in the order of the positions). Items with a `group_index` (the
-    trajectories) get their global batch position there, so RoC groups by sampled instance."""
-    groups: list[Sequence[Any] | None] = [None] * num_prompts
-    for positions, items in shards:
-        if len(items) != len(positions) * per_prompt:
-            raise ValueError(f"a shard of {len(positions)} prompts holds {len(items)} items, "
-                             f"expected {len(positions) * per_prompt}")
-        for j, pos in enumerate(positions):
-            if not 0 <= pos < num_prompts:
-                raise ValueError(f"prompt position {pos}: the step has {num_prompts} prompts")
-            if groups[pos] is not None:
-                raise ValueError(f"prompt position {pos} rolled out by two nodes")
-            groups[pos] = items[j * per_prompt:(j + 1) * per_prompt]
-            for item in groups[pos]:
-                if hasattr(item, "group_index"):
-                    item.group_index = pos
-    missing = [i for i, g in enumerate(groups) if g is None]
-    if missing:
-        raise ValueError(f"prompt positions {missing} rolled out by no node")
-    return [item for g in groups for item in g]  # type: ignore[union-attr]

@@ -1,23 +1,22 @@
 """The rollout side of an RL run: this process's vLLM engines and sandbox, the event loop that
-drives them, the weight pusher, and the exchange of rolled-out shards between the nodes.
+drives them, and the weight pusher.
 
 Placement (`rollout_hosts.py`): the local rank 0 of every node is that node's rollout host. It
 starts the node's vLLM replicas on the GPUs the launch plan names (`RSTAR2_ENGINE_GPU_IDS`,
 `RSTAR2_ENGINE_TP`; without them `engine.replicas` replicas on its default device) and a sandbox
 (the embedded pool, or `sandbox.url`: the Redis cluster), then rolls out and grades its
-interleaved node-shard of each batch through its own load-balanced scheduler (`start`). The
-hosts broadcast their shards and every rank reassembles them in the global prompt order
-(`exchange`), so RoC, advantages and the update see the same list on every rank as with a single
-host. Sampling seeds depend on the step, the prompt id and the sample index only, so which node
-rolls a prompt out changes nothing. After the update each host pushes the weights into its
+interleaved node-shard of each batch through its own load-balanced scheduler (`roll_out`, or
+`start` ahead of the trainer). RoC and the advantages run on the host over its own groups, and
+each rank receives only the trajectories it trains (`shards.py`). Sampling seeds depend on the
+step, the prompt id and the sample index only, so which node rolls a prompt out changes nothing. After the update each host pushes the weights into its
 engines (`push_weights`: `rollout/weight_sync/`, vLLM's weight transfer on GPU, ipc or
 nccl; chunked safetensors on CPU), every rank joining the gathers. On one process (CPU
 quickstart, single GPU) rank 0 is the only host and nothing is sent anywhere.
 
 Threads: the rollouts run on this object's event loop, in a thread of its own (`rstar2-rollouts`),
-so the trainer's thread only waits for a batch (`RolloutPipeline` in `async_rollouts.py` decides
-when each batch starts: at its own step, or up to `train.max_staleness` steps ahead). Each engine
-runs on its own loop thread besides (`rollout/engines.py`).
+so the trainer's thread only waits for a batch (`rollout_source.py` decides when each batch
+starts: at its own step, or up to `train.max_staleness` steps ahead). Each engine runs on its own
+loop thread besides (`rollout/engines.py`).
 
 Engine death (`rollout/engine_health.py`): each host has an `EngineSupervisor`; a replica whose
 engine core dies or hangs mid-rollout is restarted and given the current weights here
@@ -41,25 +40,38 @@ from typing import Any, Callable
 from rstar2_cli.config import RecipeConfig
 from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.rl.metrics import StepTimer
-from rstar2_cli.rl.rollout_hosts import RolloutHostPlan, host_ranks, reassemble
+from rstar2_cli.rl.rollout_hosts import RolloutHostPlan, host_ranks
+from rstar2_cli.rl.shards import Piece
 from rstar2_cli.rollout.trajectory import Trajectory
 from rstar2_cli.rollout.weight_sync.engine_side import run_on_loop
 
 log = logging.getLogger(__name__)
 
-# What a rollout host produces for one batch: (positions of its node-shard in the batch,
-# trajectories graded, {"time/rollout": s, "time/reward": s}); None on ranks that are not hosts.
-Piece = tuple[list[int], list[Trajectory], dict[str, float]]
-
-
 def _empty_piece(positions: list[int]) -> Piece:
-    """What a host with no prompts in this batch contributes to the exchange."""
+    """What a host with no prompts in this batch contributes."""
     return positions, [], {"time/rollout": 0.0, "time/reward": 0.0}
+
+
+def agree_on_failure(failure: BaseException | None, what: str, kind: type[Exception]) -> None:
+    """Every rank raises if any rank failed at `what` (one agreement over the gloo group): the
+    rank that failed its own exception, the others `kind` naming `what`, so all ranks leave the
+    step alike (`EngineRestartsExhausted` on every rank: all of them join the abandoning
+    checkpoint). Without a process group, the failure itself."""
+    if not rl_dist.is_distributed():
+        if failure is not None:
+            raise failure
+        return
+    if failure is not None:
+        log.error("%s failed on this rank: %r", what, failure)
+    if rl_dist.agree_max([float(failure is not None)])[0] > 0:
+        if failure is not None:
+            raise failure
+        raise kind(f"{what} failed on another rank (its log says why); stopping on every rank")
 
 
 class RolloutService:
     """This rank's part of the rollout phase (engines and sandbox on rollout hosts only; the
-    weight pusher and the exchange on every rank: they are collectives).
+    weight pusher on every rank: its gathers are collectives).
 
     `problems`: the training problems (a batch names them by index); `weights`: the folder the
     engines load (the start model, or the checkpoint resumed); `version`: the step it holds."""
@@ -141,7 +153,7 @@ class RolloutService:
         mine = outage.down_for() if outage is not None else 0.0
         if not rl_dist.is_distributed():
             return mine
-        return rl_dist.all_reduce_max([mine], self.info.device)[0]
+        return rl_dist.agree_max([mine])[0]
 
     def _weight_pusher(self, model: Any):
         from rstar2_cli.rl.policy import compute_dtype
@@ -175,14 +187,38 @@ class RolloutService:
         self.loop.close()
 
     # ------------------------------------------------------------------ roll out and grade
-    def start(self, index: int, problem_indices: list[int]) -> concurrent.futures.Future | None:
-        """Start this host's rollout and grading of batch `index` (the problems at
-        `problem_indices`) on the rollout thread; its future gives this host's Piece. None on
-        ranks that are not rollout hosts."""
-        from rstar2_cli.rollout.agent_loop import occurrences, run_agent_loop
+    def roll_out(self, index: int, problem_indices: list[int]) -> Piece | str | None:
+        """The synchronous step's direct call: this host's rollout and grading of batch `index`
+        (the problems at `problem_indices`), done when it returns (`settle` says what a failure
+        gives). None on ranks that are not rollout hosts."""
+        return self.settle(lambda: self._run(self._produce(index, problem_indices)))
 
+    def start(self, index: int, problem_indices: list[int]) -> concurrent.futures.Future | None:
+        """Start this host's rollout and grading of batch `index` on the rollout thread (rollouts
+        ahead of the trainer, `async_rollouts.py`); its future gives this host's Piece. None on
+        ranks that are not rollout hosts."""
         if not self.host.is_host:
             return None
+        return asyncio.run_coroutine_threadsafe(self._produce(index, problem_indices), self.loop)
+
+    def settle(self, result: Callable[[], Piece]) -> Piece | str | None:
+        """This host's piece from `result()`; None off-host. A rollout that raised: re-raised in a
+        single process; distributed, logged and returned as one line naming the node, which every
+        rank then raises (`shards.share_step`), so no rank waits for a host that failed."""
+        if not self.host.is_host:
+            return None
+        try:
+            return result()
+        except Exception as e:
+            if not rl_dist.is_distributed():
+                raise
+            log.exception("rollout failed on this node")
+            return f"node {self.host.node_index}: {e!r}"
+
+    def _produce(self, index: int, problem_indices: list[int]):
+        """The coroutine that rolls out and grades this host's node-shard of batch `index`."""
+        from rstar2_cli.rollout.agent_loop import occurrences, run_agent_loop
+
         batch = [self.problems[i] for i in problem_indices]
         positions = self.host.prompt_positions(len(batch))
         drawn_before = occurrences([p.id for p in batch])   # duplicates differ across nodes too
@@ -203,7 +239,7 @@ class RolloutService:
                 await asyncio.to_thread(self._grade, trajs)
             return positions, trajs, timer.sections()
 
-        return asyncio.run_coroutine_threadsafe(produce(), self.loop)
+        return produce()
 
     def _grade(self, trajs: list[Trajectory]) -> None:
         from rstar2_cli import reward   # looked up at call time: tests replace reward.grade_batch
@@ -213,35 +249,6 @@ class RolloutService:
                                     mode=cfg.reward.mode, workers=cfg.reward.workers)
         for t, g in zip(trajs, grades):
             t.reward, t.extracted, t.grade_reason = g.reward, g.extracted, g.reason
-
-    def exchange(self, n_batch: int, local: Callable[[], Piece | None]
-                 ) -> tuple[list[Trajectory], dict[str, float], dict[str, float]]:
-        """Every host contributes its node-shard (`local()`: its Piece, once rolled out); every
-        rank gets all trajectories in the global prompt order, the seconds of the step's rollout
-        phase ({"rollout", "reward"}: the slowest host's; "tools": mean per trajectory) and,
-        with more than one node, how many trajectories each node rolled out."""
-        piece: Any = None
-        if self.host.is_host:
-            try:
-                piece = local()
-            except Exception as e:
-                if not rl_dist.is_distributed():
-                    raise
-                log.exception("rollout failed on this node")
-                piece = f"node {self.host.node_index}: {e!r}"   # tell the other ranks, then fail
-            else:
-                for t in piece[1]:
-                    t.extra["node"] = self.host.node_index
-        pieces = self.gather_from_hosts(piece)
-        errors = [p for p in pieces if isinstance(p, str)]
-        if errors:
-            raise RuntimeError(f"rollout failed on {errors[0]}")
-        trajs = reassemble([(p[0], p[1]) for p in pieces], n_batch, self.cfg.rollouts_per_prompt)
-        seconds = {k: max(p[2][f"time/{k}"] for p in pieces) for k in ("rollout", "reward")}
-        seconds["tools"] = float(sum(t.tool_time for t in trajs)) / max(1, len(trajs))
-        per_node = ({f"rollout/trajectories_node{n}": float(len(p[1])) for n, p in enumerate(pieces)}
-                    if len(pieces) > 1 else {})
-        return trajs, seconds, per_node
 
     def gather_from_hosts(self, mine: Any) -> list[Any]:
         """Each rollout host's `mine`, in node order, on every rank (a collective)."""
@@ -267,11 +274,27 @@ class RolloutService:
 
     def push_weights(self, policy: Any) -> None:
         """The policy's new weights into this node's engines (every rank: a collective); colocated,
-        the engines' weights wake before the load and their KV cache after it."""
+        the engines' weights wake before the load and their KV cache after it. A replica found
+        dead now is restarted first (or, past what the run allows, `EngineRestartsExhausted`).
+
+        A failure on one host fails the push on every rank: the ranks agree over the gloo group
+        after the host's check and after the transfer (`agree_on_failure`), so no rank goes on into
+        the gathers, or into the next step, while a host has given up. Not covered: a host that
+        fails in the middle of an ipc or nccl transfer, whose gathers run tensor by tensor
+        (the others wait in the next gather until the collective timeout)."""
+        from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
+
+        def attempt(action: Callable[[], None]) -> BaseException | None:
+            try:
+                action()
+            except Exception as e:
+                return e
+            return None
+
         with self.supervisor.lock:
-            if self.host.is_host:
-                self.supervisor.heal(self.engines)   # a replica found dead now is restarted first
-            self.weights_out.push(policy)
+            found = attempt(lambda: self.supervisor.heal(self.engines)) if self.host.is_host else None
+            agree_on_failure(found, "an engine found dead before the weight push", EngineRestartsExhausted)
+            agree_on_failure(attempt(lambda: self.weights_out.push(policy)), "the weight push", RuntimeError)
             self.version, self._policy = self.version + 1, policy
 
     def _current_weights(self) -> tuple[list | None, int]:

@@ -14,11 +14,12 @@ One step (`RLTrainer.train_step`), in the paper's order:
 A step whose groups are all filtered out (equal rewards, infrastructure failures) is skipped:
 no optimizer step, no LR step, no weight sync; it is logged with `train/skipped_empty` = 1.
 
-Steps 1-3 come from the rollout pipeline (`async_rollouts.py`, where `train.max_staleness` is
-documented): at k = 0 they run in the step itself, in this order; at k >= 1 they ran up to k steps
-ahead, while earlier steps trained. The engines, the sandbox, the weight pusher and the exchange
-of rolled-out shards between nodes are the rollout service's (`rollout_service.py`). Metrics
-stay on rank 0; every rank writes its own shards of a checkpoint (`checkpoint.py`).
+Steps 1-3 come from the rollout source (`rollout_source.py`): at k = `train.max_staleness` = 0 a
+direct call in the step itself, in this order; at k >= 1 (experimental, `async_rollouts.py`) they
+ran up to k steps ahead, while earlier steps trained. Steps 4-5 run on each rollout host over its
+own groups, and each rank receives only the trajectories it trains (`shards.py`). The engines, the
+sandbox and the weight pusher are the rollout service's (`rollout_service.py`). Metrics stay on
+rank 0; every rank writes its own shards of a checkpoint (`checkpoint.py`).
 
 Faults: SIGTERM or SIGUSR1 ends the run at the next step boundary with a checkpoint and exit code
 75 (`preemption.py`); `--resume auto` continues from `latest` if there is one, else starts fresh.
@@ -96,11 +97,11 @@ class RLTrainer:
 
         from rstar2_cli.data.problems import load_problems
         from rstar2_cli.rl import checkpoint
-        from rstar2_cli.rl.async_rollouts import RolloutPipeline
         from rstar2_cli.rl.cpu_threads import TrainerThreads
         from rstar2_cli.rl.metrics import MetricsWriter
         from rstar2_cli.rl.policy import PolicyTrainer
         from rstar2_cli.rl.rollout_service import RolloutService
+        from rstar2_cli.rl.rollout_source import rollout_source
         from rstar2_cli.rl.sampler import DataSampler
 
         self.cfg, self.progress, self.on_step = cfg, progress, on_step
@@ -117,7 +118,6 @@ class RLTrainer:
         random.seed(cfg.train.seed)
         np.random.seed(cfg.train.seed)
         torch.manual_seed(cfg.train.seed)
-        self.rng = np.random.default_rng(cfg.train.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.host = plan_rollout_host(cfg.engine, os.environ)    # a bad launch env fails here too
         # before the rollout service's thread starts: it takes the process default (rl/cpu_threads.py)
@@ -147,7 +147,6 @@ class RLTrainer:
         if ckpt is not None:
             state = checkpoint.load_checkpoint(ckpt, self.policy, self.sampler, reset_optimizer=False)
             self.step = state.step
-            self.rng = state.rng if state.rng is not None else self.rng
             engine_weights = str(ckpt)   # a checkpoint folder is a plain HF model folder
             saved_pending = state.extra.get("async_pending")
             self.nonfinite.update(state.extra.get("nonfinite", {}))
@@ -163,18 +162,18 @@ class RLTrainer:
         self.rollouts = RolloutService(cfg, self.problems, self.tokenizer, self.host, self.info,
                                        model=self.policy.model, weights=engine_weights, version=self.step,
                                        progress=progress)
-        self.pipeline = RolloutPipeline(cfg.train.max_staleness, cfg.train.steps, self.sampler, self.rollouts,
-                                        first_index=self.step, partial=cfg.train.partial_rollout)
+        self.source = rollout_source(cfg.train.max_staleness, cfg.train.steps, self.sampler, self.rollouts,
+                                     first_index=self.step, partial=cfg.train.partial_rollout)
         if saved_pending is not None:
             ordinal = self.rollouts.host_ranks.index(self.info.rank) if self.host.is_host else None
-            why = self.pipeline.load_checkpoint_state(saved_pending, self.step, ordinal,
+            why = self.source.load_checkpoint_state(saved_pending, self.step, ordinal,
                                                       len(self.rollouts.host_ranks))
             if why:
                 log.warning("resume: the %d saved rollout batch(es) are drawn again and rolled out by the "
                             "resumed weights (%s)", len(saved_pending["batches"]), why)
 
     def close(self) -> None:
-        self.pipeline.cancel()
+        self.source.cancel()
         self.rollouts.close()
         self.writer.close()
         self.threads.restore()
@@ -182,52 +181,50 @@ class RLTrainer:
     # ------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, float]:
         """One GRPO-RoC step, top to bottom in the paper's order (module docstring)."""
-        from rstar2_cli.rl.dist import shard_for_rank
-        from rstar2_cli.rl.loss import advantages_for_groups
         from rstar2_cli.rl.metrics import StepTimer, step_metrics
-        from rstar2_cli.rl.roc import select_for_training
+        from rstar2_cli.rl.shards import share_step
         from rstar2_cli.rl.validation import validation_due
 
         cfg, rollouts = self.cfg, self.rollouts
         timer = StepTimer()
-        # 1-3. this step's prompts, rolled out and graded by every rollout host, in prompt order
-        batch = self.pipeline.next_batch(self.step)
-        for name, seconds in batch.seconds.items():
+        # 1-3. this step's prompts, rolled out and graded by every rollout host (its node-shard)
+        rolled = self.source.next_batch(self.step)
+        # 4. RoC: each group of oversample*G downsampled to G; 5. advantages over the kept G; both
+        # on the host that rolled the group out; this rank receives the trajectories it trains
+        shard = share_step(rolled.piece, rollouts, cfg, self.step, rolled.keep)
+        for name, seconds in shard.seconds.items():
             timer.add(name, seconds)
-        # 4. RoC: each group of oversample*G downsampled to G; 5. advantages over the kept G
-        roc = select_for_training(batch.trajectories, cfg.roc, cfg.train.group_size, self.rng)
-        kept, advantages = roc.trajectories, advantages_for_groups(roc.groups)
+        advantages = shard.advantages
         if self.step + 1 in self._fault_nonfinite:     # fault injection (module docstring)
             advantages = [float("nan")] * len(advantages)
         update: dict[str, float] = {}
-        if kept:
+        if shard.kept:
             with rollouts.weights_changing():   # no engine restart reads the weights meanwhile
                 # 6. the update on this rank's shard (colocated on GPU: the engines sleep meanwhile)
                 with timer("train"):
                     rollouts.sleep()
-                    mine = shard_for_rank(list(zip(kept, advantages)), self.info.rank, self.info.world_size)
                     with self.threads.alone():
-                        update = self.policy.update([m[0] for m in mine], [m[1] for m in mine])
+                        update = self.policy.update(shard.trajectories, advantages, shard.mini_batches)
                 # 7. the new weights into the engines (colocated: woken for it)
                 with timer("sync"):
                     rollouts.push_weights(self.policy)
         else:   # every group filtered out: nothing to learn, so no optimizer, LR or weight step
+            dropped = {k[len("roc/dropped_"):]: int(v) for k, v in shard.roc.items() if k.startswith("roc/dropped_")}
             log.warning("step %d: no group left after filtering (%s): skipped, no optimizer or LR step",
-                        self.step + 1, ", ".join(f"{k} {v}" for k, v in roc.dropped.items()) or "no groups")
+                        self.step + 1, ", ".join(f"{k} {v}" for k, v in dropped.items() if v) or "no groups")
             rollouts.keep_weights()
         timer.stop()
         self.step += 1
-        self.pipeline.run_ahead(self.step)      # k >= 1: the new version admits batches at once
+        self.source.after_update(self.step)      # k >= 1: the new version admits batches at once
         # 8. log
-        metrics = step_metrics(self.step, batch.trajectories, roc, update, timer,
-                               max_response_tokens=cfg.rollout.max_response_tokens)
-        metrics["train/skipped_empty"] = float(not kept)
+        metrics = step_metrics(self.step, shard.tally, shard.roc, update, timer)
+        metrics["train/skipped_empty"] = float(not shard.kept)
         metrics.update(self._count_nonfinite(update))
         # restarts during this step (the supervisor counts per process; a resumed run starts at 0)
         restarts, self._engine_restarts_seen = rollouts.engine_restarts - self._engine_restarts_seen, rollouts.engine_restarts
         metrics["faults/engine_restarts"] = float(restarts)
-        metrics.update(batch.per_node)
-        metrics.update(self.pipeline.overlap_metrics(batch, timer.seconds.get("sync", 0.0)))
+        metrics.update(shard.per_node)
+        metrics.update(self.source.overlap_metrics(shard, timer.seconds.get("sync", 0.0)))
         if validation_due(cfg, self.step):
             metrics.update(self.validate())
         self.writer.write(self.step, metrics)
@@ -277,12 +274,12 @@ class RLTrainer:
         from rstar2_cli.rl import checkpoint
 
         target = self.out_dir / ("final" if final else f"step_{self.step:06d}")
-        pending = self.pipeline.checkpoint_state(self.rollouts.gather_from_hosts, self.host.is_host)
+        pending = self.source.checkpoint_state(self.rollouts.gather_from_hosts, self.host.is_host)
         extra = {"nonfinite": dict(self.nonfinite)}
         if pending is not None:
             extra["async_pending"] = pending
         try:
-            checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step, self.rng,
+            checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step,
                                        final=final, extra=extra, keep=self.cfg.train.keep_checkpoints)
         except checkpoint.CheckpointWriteError as e:   # a full disk: the previous checkpoint is intact
             raise RunAborted(f"step {self.step}: {e}") from None
@@ -299,7 +296,7 @@ class RLTrainer:
         from rstar2_cli.rl.validation import validation_due
         from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
 
-        watch = PreemptionWatch(self.cfg.train.preempt_grace_s, self.info.device).install()
+        watch = PreemptionWatch(self.cfg.train.preempt_grace_s).install()
         try:
             if self.step == 0 and validation_due(self.cfg, 0):
                 self.writer.write(0, {"step": 0.0, **self.validate()})
@@ -310,7 +307,7 @@ class RLTrainer:
                 try:
                     self.train_step()
                 except EngineRestartsExhausted as e:   # the step's rollout is abandoned, drawn again on resume
-                    self.pipeline.abandon(self.step)
+                    self.source.abandon(self.step)
                     saved = self.save() if self.step != self.saved_step else self.last_checkpoint
                     if watch.signalled is not None:   # SIGTERM to every process of a preempted job
                         raise Preempted(self.step, saved, watch.signal_name) from None

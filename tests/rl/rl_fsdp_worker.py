@@ -13,9 +13,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rl_synthetic import make_trajectories  # noqa: E402
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # noqa: E402
-from rstar2_cli.rl.dist import setup_distributed, shard_for_rank  # noqa: E402
+from rstar2_cli.rl.dist import setup_distributed  # noqa: E402
 from rstar2_cli.rl.loss import group_advantages  # noqa: E402
 from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
+from rstar2_cli.rl.shards import plan_shards  # noqa: E402
 
 
 def main(model_dir: str, out_dir: str) -> None:
@@ -28,8 +29,9 @@ def main(model_dir: str, out_dir: str) -> None:
     for g in range(4):
         adv += group_advantages([t.reward + 0.1 * j for j, t in enumerate(batch[4 * g: 4 * g + 4])])
     rank, world = policy.info.rank, policy.info.world_size
-    mine, my_adv = shard_for_rank(batch, rank, world), shard_for_rank(adv, rank, world)
-    results = [policy.update(mine, my_adv) for _ in range(2)]
+    plan = plan_shards([len(t.prompt_ids) + t.response_length for t in batch], world, 2)[rank]
+    mine, my_adv, mini = [batch[i] for i, _ in plan], [adv[i] for i, _ in plan], [m for _, m in plan]
+    results = [policy.update(mine, my_adv, mini) for _ in range(2)]
     state = dict(policy.full_state_dict())
     if rank == 0:
         Path(out_dir).mkdir(parents=True, exist_ok=True)

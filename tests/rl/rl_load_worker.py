@@ -25,7 +25,7 @@ from rstar2_cli.rl.checkpoint import (  # noqa: E402
     load_checkpoint,
     save_checkpoint,
 )
-from rstar2_cli.rl.dist import setup_distributed, shard_for_rank  # noqa: E402
+from rstar2_cli.rl.dist import setup_distributed  # noqa: E402
 from rstar2_cli.rl.model_load import build_policy_model  # noqa: E402
 from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
 
@@ -55,7 +55,7 @@ def main(out_dir: str, model_dirs: list[str]) -> None:
                 tied = model.lm_head.weight is model.model.embed_tokens.weight
                 torch.save({"state": state, "inv_freq": rotary, "tied": tied}, out / f"{i}_{method}.pt")
     policy = _policy(model_dirs[0])
-    batch = shard_for_rank(make_trajectories(8, seed=1), rank, policy.info.world_size)
+    batch = make_trajectories(8, seed=1)[rank::policy.info.world_size]     # any split: AdamW state to save
     policy.update(batch, [1.0 - 2.0 * (j % 2) for j in range(len(batch))])   # moved weights, AdamW state
     saved = dict(policy.full_state_dict())
     save_checkpoint(out / "ckpt" / "step_000001", policy, step=1)

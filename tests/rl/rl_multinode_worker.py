@@ -1,8 +1,8 @@
 """One rank of the simulated two-node RL run (see test_rl_multinode_e2e.py), started by torchrun.
 
 argv: recipe.json out_dir. Runs two RL steps through RLTrainer and writes out_dir/rank{R}.json
-with what the test checks: the trajectory list RoC saw each step (digest and the node that rolled
-out each trajectory), this host's scheduler dispatch counts, a greedy probe of this host's engine
+with what the test checks: the trajectory list this host's RoC saw each step (digest, prompt
+positions and the node that rolled out each trajectory), this host's scheduler dispatch counts, a greedy probe of this host's engine
 before and after training, and (rank 0) whether the streamed engine weights equal the
 checkpoint's full state dict.
 """
@@ -36,7 +36,7 @@ def main(recipe_path: str, out_dir: str) -> None:
 
     def recording_select(trajs, *args, **kwargs):
         seen.append({"digest": digest(trajs), "nodes": [t.extra["node"] for t in trajs],
-                     "order": [[t.prompt_id, t.sample_index] for t in trajs]})
+                     "order": [[t.prompt_id, t.sample_index, t.group_index] for t in trajs]})
         return select(trajs, *args, **kwargs)
 
     roc.select_for_training = recording_select

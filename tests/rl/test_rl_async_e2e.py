@@ -87,8 +87,8 @@ def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(
     # resume from step 2 (one more step than before): batch 2 comes back as it was rolled out
     (out / "latest").write_text("step_000002\n")
     trainer = RLTrainer(recipe(4), resume=True, progress=False)
-    assert trainer.step == 2 and [b.index for b in trainer.pipeline.pending] == [2]
-    restored = trainer.pipeline.pending[0].wait()[1]
+    assert trainer.step == 2 and [b.index for b in trainer.source.pending] == [2]
+    restored = trainer.source.pending[0].wait()[1]
     assert [t.policy_versions for t in restored] == [t["policy_versions"] for t in saved]
     assert all(e.weights_version == 2 for e in trainer.rollouts.engines)    # not 0 (AReaL #1342)
     trainer.train()

@@ -3,6 +3,7 @@ what a checkpoint keeps of the rollouts in flight, and the config's guard rails.
 from __future__ import annotations
 
 import concurrent.futures
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,6 +15,7 @@ from rstar2_cli.rl.async_rollouts import (
     pending_from_state,
     pending_to_state,
 )
+from rstar2_cli.rl.rollout_source import SyncRollouts, rollout_source
 from rstar2_cli.rl.sampler import DataSampler
 from rstar2_cli.rollout.trajectory import Trajectory
 
@@ -35,9 +37,11 @@ class FakeRollouts:
             f.set_result(([0], [traj], {"time/rollout": 1.0, "time/reward": 0.5}))
         return f
 
-    def exchange(self, n_batch, local):
-        positions, trajs, timing = local()
-        return trajs, {"rollout": timing["time/rollout"], "reward": timing["time/reward"], "tools": 0.0}, {}
+    def roll_out(self, index, problems):
+        return self.start(index, problems).result()
+
+    def settle(self, result):
+        return result()
 
     def busy_seconds(self):
         return [0.0]
@@ -45,7 +49,17 @@ class FakeRollouts:
 
 def _pipeline(k: int, steps: int = 10, **fake):
     rollouts = FakeRollouts(**fake)
-    return RolloutPipeline(k, steps, DataSampler(1000, 2, shuffle=False), rollouts), rollouts.started
+    source = rollout_source(k, steps, DataSampler(1000, 2, shuffle=False), rollouts, first_index=0, partial=False)
+    return source, rollouts.started
+
+
+def _train(source, step):
+    """What the trainer does with a step's batch on its (one) host: the source's filter, then the
+    shard whose reports the source turns into the async columns."""
+    rolled = source.next_batch(step)
+    positions, trajs, _ = rolled.piece
+    kept, report = rolled.keep(trajs) if rolled.keep else (trajs, None)
+    return kept, report, SimpleNamespace(reports=[report])
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -139,41 +153,60 @@ def test_checkpoint_state_resumes_as_saved_or_rewinds_the_sampler_to_regenerate(
     assert resumed.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=1) is None
     assert [b.index for b in resumed.pending] == [1, 2] and resumed.dropped_groups_total == 3
     assert resumed.take(1).wait()[1][0].policy_versions == [1] and started == []
-    # two rollout hosts now, or a synchronous run: the batches are drawn again
-    for k, hosts, why in ((1, 2, "1 rollout host(s) saved, 2 now"), (0, 1, "max_staleness=0")):
-        other, started = _pipeline(k)
-        other.sampler.next_batch(), other.sampler.next_batch(), other.sampler.next_batch()
-        assert why in other.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=hosts)
-        other.fill(1)
-        assert started == [1, 2][:k + 1] and [b.problems for b in other.pending] == [[2, 3], [4, 5]][:k + 1]
+    # two rollout hosts now: the batches are drawn again
+    other, started = _pipeline(1)
+    other.sampler.next_batch(), other.sampler.next_batch(), other.sampler.next_batch()
+    assert "1 rollout host(s) saved, 2 now" in other.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=2)
+    other.fill(1)
+    assert started == [1, 2] and [b.problems for b in other.pending] == [[2, 3], [4, 5]]
+    # a synchronous run draws them again too, one at its own step
+    sync, started = _pipeline(0)
+    sync.sampler.next_batch(), sync.sampler.next_batch(), sync.sampler.next_batch()
+    assert "max_staleness=0" in sync.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=1)
+    before = sync.sampler.state_dict()
+    assert sync.next_batch(1).piece[1][0].prompt_id == "b1" and started == [1]
+    rewound = DataSampler(1000, 2, shuffle=False)
+    rewound.load_state_dict(before)
+    assert rewound.next_batch() == [2, 3]                   # batch 1's problems, drawn again
 
 
-def test_a_synchronous_pipeline_rolls_each_batch_out_at_its_own_step_and_logs_no_async_columns():
-    pipe, started = _pipeline(0, steps=3)
+def test_a_synchronous_step_rolls_its_own_batch_out_by_a_direct_call_and_logs_no_async_columns():
+    source, started = _pipeline(0, steps=3)
+    assert isinstance(source, SyncRollouts)
     for step in range(3):
-        batch = pipe.next_batch(step)
+        rolled = source.next_batch(step)
         assert started == list(range(step + 1))            # drawn and rolled out by the step itself
-        assert [t.prompt_id for t in batch.trajectories] == [f"b{step}"]
-        assert batch.seconds == {"rollout": 1.0, "reward": 0.5, "tools": 0.0}
-        pipe.run_ahead(step + 1)                            # nothing runs ahead of the next step
-        assert started == list(range(step + 1)) and not pipe.pending
-        assert pipe.overlap_metrics(batch, weight_pause_s=0.1) == {}
-    assert pipe.checkpoint_state(lambda mine: [mine], is_host=True) is None    # nothing in flight to keep
+        assert rolled.piece[1][0].prompt_id == f"b{step}" and rolled.keep is None
+        source.after_update(step + 1)                       # nothing runs ahead of the next step
+        assert started == list(range(step + 1))
+        assert source.overlap_metrics(SimpleNamespace(reports=[None]), weight_pause_s=0.1) == {}
+    assert source.checkpoint_state(lambda mine: [mine], is_host=True) is None    # nothing in flight to keep
+    with pytest.raises(ValueError, match="max_staleness >= 1"):
+        RolloutPipeline(0, 3, DataSampler(8, 2), FakeRollouts())
 
 
 def test_an_asynchronous_step_runs_batches_ahead_and_drops_groups_staler_than_k():
     pipe, started = _pipeline(1, steps=4, versions={2: 0})   # batch 2 stamped by version 0: 2 behind
-    batch = pipe.next_batch(0)
-    assert started == [0, 1] and batch.staleness.histogram == {0: 1}
-    pipe.run_ahead(1)                                       # version 1 admits batch 2 at once
+    _, report, shard = _train(pipe, 0)
+    assert started == [0, 1] and report.staleness.histogram == {0: 1}
+    pipe.after_update(1)                                    # version 1 admits batch 2 at once
     assert started == [0, 1, 2]
-    m = pipe.overlap_metrics(batch, weight_pause_s=0.25)
+    m = pipe.overlap_metrics(shard, weight_pause_s=0.25)
     assert m["async/staleness_0"] == 1 and m["async/weight_pause_s"] == 0.25 and "async/step_interval_s" in m
-    pipe.next_batch(1)
-    pipe.run_ahead(2)
-    stale = pipe.next_batch(2)
-    assert stale.trajectories == [] and stale.staleness.dropped_groups == 1
-    assert pipe.overlap_metrics(stale, 0.0)["async/dropped_groups_total"] == 1
+    _train(pipe, 1)
+    pipe.after_update(2)
+    kept, report, shard = _train(pipe, 2)
+    assert kept == [] and report.staleness.dropped_groups == 1
+    assert pipe.overlap_metrics(shard, 0.0)["async/dropped_groups_total"] == 1
+
+
+def test_the_hosts_staleness_reports_merge_into_the_one_host_columns():
+    from rstar2_cli.rl.async_rollouts import merge_reports
+
+    trajs = _group(0, [[4], [4]]) + _group(1, [[3, 4], [4]]) + _group(2, [[2], [4, 5]])
+    whole = drop_stale_groups(trajs, step=5, max_staleness=2)
+    parts = [drop_stale_groups(part, step=5, max_staleness=2) for part in (trajs[:2], trajs[2:])]
+    assert merge_reports(parts).metrics() == whole.metrics()
 
 
 def _recipe(**train):
@@ -218,11 +251,17 @@ def test_colocated_engines_on_gpus_refuse_staleness_once_the_run_knows_its_devic
 def test_an_abandoned_step_is_drawn_again_from_the_same_sampler_position(k):
     """An engine death past engine.max_restarts: the step's batch (and those ahead) are given up
     and the sampler moved back, so a checkpoint written then resumes by drawing them again."""
-    pipe, started = _pipeline(k, steps=6)
-    pipe.next_batch(0)
-    pipe.fill(1)
-    drawn = [list(b.problems) for b in pipe.pending]
-    pipe.abandon(1)
-    assert not pipe.pending and pipe.next_index == 1
-    pipe.fill(1)
-    assert [list(b.problems) for b in pipe.pending] == drawn   # the same batches, in the same order
+    source, started = _pipeline(k, steps=6)
+    source.next_batch(0)
+    if not k:
+        before = source.sampler.state_dict()
+        source.next_batch(1)
+        source.abandon(1)
+        assert source.sampler.state_dict() == before and started == [0, 1]
+        return
+    source.fill(1)
+    drawn = [list(b.problems) for b in source.pending]
+    source.abandon(1)
+    assert not source.pending and source.next_index == 1
+    source.fill(1)
+    assert [list(b.problems) for b in source.pending] == drawn   # the same batches, in the same order

@@ -1,5 +1,6 @@
-"""Two simulated nodes on CPU: each rolls out its own prompts on its own engine, both train on the
-same gathered list, and both engines receive the updated weights.
+"""Two simulated nodes on CPU: each rolls out its own prompts on its own engine and selects among
+them (RoC, advantages), both ranks train on their shards of the kept trajectories, and both
+engines receive the updated weights.
 
 Two `torchrun --nnodes 2 --nproc-per-node 1 --node-rank {0,1}` agents on this machine (static
 rendezvous on 127.0.0.1), so each process is the local rank 0 of its "node": a rollout host with
@@ -32,7 +33,7 @@ def _recipe(tiny_model: Path, data: Path, out: Path, max_staleness: int) -> dict
 
 
 @pytest.mark.parametrize("max_staleness", [0, 1])
-def test_two_nodes_roll_out_their_own_shards_and_train_on_the_same_list(tiny_model, tmp_path, free_port,
+def test_two_nodes_roll_out_and_select_their_own_shards_and_train_together(tiny_model, tmp_path, free_port,
                                                                         max_staleness):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}*7?", "answer": str(7 * i)}) + "\n"
@@ -61,13 +62,13 @@ def test_two_nodes_roll_out_their_own_shards_and_train_on_the_same_list(tiny_mod
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert (r0["node"], r0["is_host"], r1["node"], r1["is_host"]) == (0, True, 1, True)
 
-    # Both ranks handed RoC the same list, in the global prompt order, each step.
-    assert [s["digest"] for s in r0["steps"]] == [s["digest"] for s in r1["steps"]] and len(r0["steps"]) == 2
-    for step in r0["steps"]:
-        prompts = [o[0] for o in step["order"]]
-        assert prompts == [p for p in dict.fromkeys(prompts) for _ in range(4)]      # 3 groups of 2G=4
-        # interleaved node-shards: prompt positions 0 and 2 on node 0, position 1 on node 1
-        assert step["nodes"] == [0] * 4 + [1] * 4 + [0] * 4
+    # Each host handed RoC its own node-shard, whole groups of 2G = 4 at their batch positions
+    # (interleaved: prompt positions 0 and 2 on node 0, position 1 on node 1), each step.
+    assert len(r0["steps"]) == len(r1["steps"]) == 2
+    for mine, theirs in zip(r0["steps"], r1["steps"]):
+        assert mine["nodes"] == [0] * 8 and theirs["nodes"] == [1] * 4
+        assert [o[2] for o in mine["order"]] == [0] * 4 + [2] * 4 and [o[2] for o in theirs["order"]] == [1] * 4
+        assert [o[1] for o in mine["order"] + theirs["order"]] == [0, 1, 2, 3] * 3
     # Each host generated its shard with its own engine; rank 0 logged the per-node counts.
     assert sum(r0["dispatched"]) >= 16 and sum(r1["dispatched"]) >= 8
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -45,7 +45,7 @@ def test_partial_rollouts_train_within_the_bound_and_resume_with_per_token_versi
 
     (out / "latest").write_text("step_000002\n")
     trainer = RLTrainer(recipe(4), resume=True, progress=False)
-    restored = trainer.pipeline.pending[0].wait()[1]
+    restored = trainer.source.pending[0].wait()[1]
     assert [t.version_spans for t in restored] == [t["version_spans"] for t in saved]
     assert [t.response_ids for t in restored] == [t["response_ids"] for t in saved]
     assert all(e.weights_version == 2 and e.pause_mode == "keep" for e in trainer.rollouts.engines)

@@ -12,7 +12,8 @@ import torch
 from rl_synthetic import build_tiny_model
 
 from rstar2_cli.config import ConfigError, LossConfig, ModelConfig, OptimConfig, RolloutConfig, load_recipe_dict
-from rstar2_cli.rl.async_rollouts import drop_stale_groups, partial_metrics, pending_from_state, pending_to_state
+from rstar2_cli.rl.async_rollouts import (drop_stale_groups, finish_partial, partial_counts, pending_from_state,
+                                          pending_to_state)
 from rstar2_cli.rl.policy import PolicyTrainer, loss_positions
 from rstar2_cli.rollout.agent_loop import record_versions, run_agent_loop
 from rstar2_cli.rollout.engines import GenResult, version_spans
@@ -70,11 +71,11 @@ def test_a_group_whose_oldest_loss_token_is_too_old_is_dropped_and_counted():
     report = drop_stale_groups([fresh, spanning, sibling], step=3, max_staleness=1)
     assert report.kept == [fresh] and report.dropped_groups == 1 and report.dropped_trajectories == 2
     assert report.mixed_versions == 1
-    m = partial_metrics(report.kept, report)
+    m = finish_partial(partial_counts(report.kept, 3), report)
     assert m["async/dropped_groups_frac"] == 0.5 and m["async/tokens_staleness_0"] == 2.0
     assert m["async/tokens_staleness_1"] == 0.0 and m["async/continued_turns"] == 0.0
     kept = drop_stale_groups([fresh, spanning, sibling], step=3, max_staleness=2)
-    m = partial_metrics(kept.kept, kept)
+    m = finish_partial(partial_counts(kept.kept, 3), kept)
     assert m["async/tokens_staleness_2"] == 1.0 and m["async/tokens_staleness_0"] == 5.0
     assert m["async/continued_turns"] == 1.0 and m["async/recompute_tokens"] == 7.0
 

@@ -5,8 +5,7 @@ import pytest
 
 from rstar2_cli.config import EngineConfig
 from rstar2_cli.launch.topology import plan_from_args
-from rstar2_cli.rl.rollout_hosts import (EngineSlot, RolloutHostError, host_ranks, node_shard, plan_rollout_host,
-                                         reassemble)
+from rstar2_cli.rl.rollout_hosts import EngineSlot, RolloutHostError, host_ranks, node_shard, plan_rollout_host
 
 
 def torchrun_env(node: int, nodes: int, local_rank: int, per_node: int, **extra: str) -> dict[str, str]:
@@ -82,22 +81,6 @@ def test_node_shards_cover_every_prompt_once_and_differ_by_at_most_one(prompts, 
     shards = [node_shard(prompts, n, nodes) for n in range(nodes)]
     assert sorted(p for s in shards for p in s) == list(range(prompts))
     assert max(map(len, shards)) - min(map(len, shards)) <= 1
-
-
-def test_reassemble_restores_the_global_order_from_interleaved_shards():
-    per_prompt, prompts, nodes = 3, 7, 3
-    expected = [(p, k) for p in range(prompts) for k in range(per_prompt)]
-    shards = []
-    for n in reversed(range(nodes)):      # arrival order must not matter
-        pos = node_shard(prompts, n, nodes)
-        shards.append((pos, [(p, k) for p in pos for k in range(per_prompt)]))
-    assert reassemble(shards, prompts, per_prompt) == expected
-    with pytest.raises(ValueError, match=r"prompt positions \[2, 5\] rolled out by no node"):
-        reassemble(shards[1:], prompts, per_prompt)                  # node 2's shard is missing
-    with pytest.raises(ValueError, match="position 6 rolled out by two nodes"):
-        reassemble(shards + [([6], [(6, 0), (6, 1), (6, 2)])], prompts, per_prompt)
-    with pytest.raises(ValueError, match="holds 2 items, expected 3"):
-        reassemble([([0], [1, 2])], 1, per_prompt)
 
 
 def test_host_ranks_need_exactly_one_host_per_node():

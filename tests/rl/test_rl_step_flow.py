@@ -15,6 +15,7 @@ from rl_synthetic import build_tiny_model, make_trajectories, tiny_rl_recipe
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig, load_recipe_dict
 from rstar2_cli.rl.metrics import read_metrics
 from rstar2_cli.rl.policy import PolicyTrainer
+from rstar2_cli.rl.rollout_source import SyncRollouts
 from rstar2_cli.rl.sampler import DataSampler
 
 
@@ -26,12 +27,12 @@ class RecordingRollouts:
     grade = staticmethod(lambda i: float(i % 2))
 
     def __init__(self, cfg, problems, tokenizer, host, info, *, model, weights, version, progress):
-        self.cfg, self.problems, self.version = cfg, problems, version
+        self.cfg, self.problems, self.version, self.host, self.info = cfg, problems, version, host, info
         self.calls: list[tuple] = []
         self.engines, self.tools, self.host_ranks = [], None, [0]
         RecordingRollouts.last = self
 
-    def start(self, index, problem_indices):
+    def roll_out(self, index, problem_indices):
         n = self.cfg.rollouts_per_prompt
         trajs = make_trajectories(n * len(problem_indices), seed=index)
         for i, t in enumerate(trajs):
@@ -39,14 +40,15 @@ class RecordingRollouts:
             t.prompt_id, t.sample_index, t.group_index = p.id, i % n, i // n
             t.reward, t.policy_versions = self.grade(i), [self.version]
         self.calls.append(("start", index, list(problem_indices)))
+        return list(range(len(problem_indices))), trajs, {"time/rollout": 0.5, "time/reward": 0.25}
+
+    def start(self, index, problem_indices):
         future: concurrent.futures.Future = concurrent.futures.Future()
-        future.set_result((list(range(len(problem_indices))), trajs, {"time/rollout": 0.5, "time/reward": 0.25}))
+        future.set_result(self.roll_out(index, problem_indices))
         return future
 
-    def exchange(self, n_batch, local):
-        positions, trajs, timing = local()
-        assert positions == list(range(n_batch))
-        return trajs, {"rollout": timing["time/rollout"], "reward": timing["time/reward"], "tools": 0.0}, {}
+    def settle(self, result):
+        return result()
 
     def gather_from_hosts(self, mine):
         return [mine]
@@ -100,12 +102,13 @@ def make_trainer(tiny_model, tmp_path, monkeypatch):
 
 def test_a_step_draws_rolls_out_selects_updates_pushes_and_logs_in_that_order(make_trainer, tmp_path):
     trainer, rollouts, seen = make_trainer()
+    rollouts.start = lambda *args: pytest.fail("k = 0 started a rollout future")   # a direct call only
     before = {k: v.clone() for k, v in trainer.policy.full_state_dict()}
     m = trainer.train_step()
     # 1-3: exactly the sampler's first batch, rolled out by the step itself (k = 0: nothing ahead)
     order = DataSampler(7, 2, seed=3)
     assert rollouts.calls[0] == ("start", 0, order.next_batch())
-    assert trainer.sampler.state_dict() == order.state_dict() and not trainer.pipeline.pending
+    assert trainer.sampler.state_dict() == order.state_dict() and isinstance(trainer.source, SyncRollouts)
     # 4-7: RoC keeps G = 2 of each group of 4, then sleep -> update -> push (which wakes the engines)
     assert [c[0] for c in rollouts.calls] == ["start", "sleep", "push"]
     pushed = rollouts.calls[2][1]

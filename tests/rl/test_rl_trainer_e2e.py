@@ -78,10 +78,9 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
             assert torch.equal(restored["state"][name][key], moments[key]), (name, key)
     assert any(m["exp_avg"].abs().max() > 0 for m in saved_optim["state"].values())    # two real updates
     assert trainer.policy.scheduler.last_epoch == 2 == saved_state["scheduler"]["last_epoch"]
-    assert trainer.rng.bit_generator.state == saved_state["roc_rng"]
     started = []
-    start = trainer.rollouts.start
-    trainer.rollouts.start = lambda index, problems: started.append((index, problems)) or start(index, problems)
+    roll_out = trainer.rollouts.roll_out
+    trainer.rollouts.roll_out = lambda index, problems: started.append((index, problems)) or roll_out(index, problems)
     trainer.train()
     assert started == [(2, batches[2])]
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
@@ -110,14 +109,14 @@ def test_a_step_graded_by_the_real_grader_pool(tiny_model, tmp_path, monkeypatch
                             for i in range(2)))
     trainer = RLTrainer(_recipe(tiny_model, data, tmp_path / "run", steps=1), progress=False)
     seen = []
-    exchange = trainer.rollouts.exchange
+    roll_out = trainer.rollouts.roll_out
 
-    def recording_exchange(n_batch, local):
-        out = exchange(n_batch, local)
-        seen.extend(out[0])
+    def recording_roll_out(index, problems):
+        out = roll_out(index, problems)
+        seen.extend(out[1])
         return out
 
-    trainer.rollouts.exchange = recording_exchange
+    trainer.rollouts.roll_out = recording_roll_out
     try:
         m = trainer.train_step()
     finally:
