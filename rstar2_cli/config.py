@@ -149,6 +149,10 @@ class RocConfig(_Section):
     mode: Literal["paper", "release"] = "paper"
     oversample: int = Field(2, ge=1)                  # roll out oversample*G, keep G (release: n=32 -> 16)
     reject_equal_reward: bool = True                  # drop groups whose rewards are all equal
+    # leave out trajectories with a void turn (a complete turn with neither a tool call nor an answer,
+    # rl/admission.py): SimpleTIR (arXiv 2509.02479) filters them against multi-turn collapse; the
+    # release and the paper do not (off)
+    exclude_void_turns: bool = False
 
 
 class LossConfig(_Section):

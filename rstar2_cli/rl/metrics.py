@@ -72,7 +72,8 @@ def tool_error_ratio(ts: Sequence[Trajectory]) -> float:
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], max_response_tokens: int | None = None) -> dict[str, float]:
-    """Reward/accuracy, lengths, turns and tool use over ALL rollouts of the step."""
+    """Reward/accuracy, lengths, turns and tool use (`rollout/tool_calls_mean`: calls per
+    trajectory; void turns; the share stopped at the turn cap) over ALL rollouts of the step."""
     ts = list(trajectories)
     if not ts:
         return {"rollout/trajectories": 0.0}
@@ -91,6 +92,11 @@ def rollout_metrics(trajectories: Sequence[Trajectory], max_response_tokens: int
         "rollout/tool_error_ratio_positive": tool_error_ratio(pos),
         "rollout/tool_time_total": float(sum(t.tool_time for t in ts)),
         "rollout/infra_errors": float(sum(bool(t.infra_error) for t in ts)),   # left their groups (RoC)
+        # void turns (agent_loop.py; SimpleTIR, arXiv 2509.02479): per turn and per trajectory
+        "rollout/void_turn_ratio": sum(t.num_void_turns for t in ts) / max(1, sum(t.num_turns for t in ts)),
+        "rollout/void_turn_trajectories": float(np.mean([t.num_void_turns > 0 for t in ts])),
+        # stopped by rollout.max_turns with a call still to run
+        "rollout/max_turns_ratio": float(np.mean([t.finish_reason == "max_turns" for t in ts])),
     }
     out.update(_stats("rollout/response_length", lengths))
     out.update(_stats("rollout/turns", [t.num_turns for t in ts]))

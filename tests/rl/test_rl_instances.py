@@ -10,6 +10,7 @@ from rstar2_cli.protocol import format_tool_call
 from rstar2_cli.rl.rollout_hosts import reassemble
 from rstar2_cli.rollout.agent_loop import instance_key, occurrences, run_agent_loop, trajectory_seed
 from rstar2_cli.rollout.engines import GenResult
+from rstar2_cli.rollout.generation import EngineRequestError
 from sandbox.core.result import RunResult
 
 ANSWER = "<reason>It is 42.</reason>\n<answer>The answer is $\\boxed{42}$.</answer><|im_end|>"
@@ -32,7 +33,7 @@ class Engine:
     async def generate(self, req, key=None):
         self.requests.append((key, req.seed))
         if key in self.fail_keys:
-            raise ConnectionError("engine down")
+            raise EngineRequestError("engine down")
         turn = sum(k == key for k, _ in self.requests) - 1
         text = call(self.codes[key]) if key in self.codes and turn == 0 else ANSWER
         ids = []
