@@ -247,11 +247,14 @@ class RecipeConfig(_Section):
                 "loss.old_logprobs: rollout and loss.tis: true together: the ratio pi_theta/pi_rollout already "
                 "is the importance weight to the behaviour policy; set loss.tis: false"
             )
-        if self.loss.old_logprobs == "rollout" and (self.rollout.temperature != 1.0 or self.rollout.top_p != 1.0):
+        if self.rollout.temperature <= 0.0:
+            raise ValueError(f"rollout.temperature={self.rollout.temperature:g}: RL samples, so it must be > 0 "
+                             "(the trainer scores logits / temperature, as verl's dp_actor)")
+        engine_ratio = "loss.tis" if self.loss.tis else "loss.old_logprobs: rollout"
+        if (self.loss.tis or self.loss.old_logprobs == "rollout") and self.rollout.top_p != 1.0:
             raise ValueError(
-                f"loss.old_logprobs: rollout with rollout.temperature={self.rollout.temperature:g}, "
-                f"top_p={self.rollout.top_p:g}: vLLM returns the raw logits' log-probs, the sampling "
-                "distribution only at temperature 1 and top_p 1"
+                f"{engine_ratio} with rollout.top_p={self.rollout.top_p:g}: the engine's log-probs are then "
+                "renormalised over the nucleus and the trainer's are not; set rollout.top_p: 1"
             )
         if self.train.max_staleness > 0 and not self.loss.tis and self.loss.old_logprobs == "trainer":
             raise ValueError(

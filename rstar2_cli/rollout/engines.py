@@ -109,7 +109,7 @@ class VLLMEngine:
     def from_config(cls, model_path: str, cfg: "EngineConfig", max_model_len: int, seed: int = 0,
                     *, kv_cache_tokens: int | None = None, dtype: str = "auto",
                     gpu_ids: Sequence[int] | None = None, weight_transfer: str = "chunked",
-                    scheduling_policy: str = "fcfs") -> "VLLMEngine":
+                    scheduling_policy: str = "fcfs", sampling_logprobs: bool = False) -> "VLLMEngine":
         """Build a replica from the recipe's `engine` section. `dtype` is `model.dtype` of the
         recipe ("auto": bf16 on GPU, fp32 on CPU, so CPU logprobs match an fp32 trainer).
         `kv_cache_tokens` caps the KV cache (benchmarks use it to create memory pressure).
@@ -117,7 +117,11 @@ class VLLMEngine:
         tensor-parallel rank, as indices into this process's CUDA_VISIBLE_DEVICES if it is set.
         `weight_transfer`: "ipc" or "nccl" enables vLLM's weight-transfer engine of that backend
         (GPU; see the weight_sync package); "chunked" uses only our worker extension.
-        `scheduling_policy`: vLLM's "fcfs" or "priority" (`GenRequest.priority`, lower first)."""
+        `scheduling_policy`: vLLM's "fcfs" or "priority" (`GenRequest.priority`, lower first).
+        `sampling_logprobs`: return the log-probs of the distribution sampled from (after the
+        request's temperature: vLLM's logprobs_mode "processed_logprobs", vllm/config/model.py)
+        instead of the raw logits' (its default "raw_logprobs"); RL sets it when it samples at a
+        temperature other than 1, where the two differ."""
         import torch
 
         on_cpu = not torch.cuda.is_available()
@@ -151,6 +155,7 @@ class VLLMEngine:
             enable_sleep_mode=bool(cfg.colocate and not on_cpu),   # training shares the GPUs
             disable_log_stats=True,   # no periodic log lines; our stat logger still gets stats
             scheduling_policy=scheduling_policy,
+            logprobs_mode="processed_logprobs" if sampling_logprobs else "raw_logprobs",
         )
         health = {"health_check_s": cfg.health_check_s, "health_timeout_s": cfg.health_timeout_s}
         if gpu_ids is None or on_cpu:
