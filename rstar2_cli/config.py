@@ -149,9 +149,9 @@ class RocConfig(_Section):
     mode: Literal["paper", "release"] = "paper"
     oversample: int = Field(2, ge=1)                  # roll out oversample*G, keep G (release: n=32 -> 16)
     reject_equal_reward: bool = True                  # drop groups whose rewards are all equal
-    # leave out trajectories with a void turn (a complete turn with neither a tool call nor an answer,
-    # rl/admission.py): SimpleTIR (arXiv 2509.02479) filters them against multi-turn collapse; the
-    # release and the paper do not (off)
+    # leave out trajectories with a void turn (a complete turn with neither a well-formed tool call nor
+    # an answer, rollout/agent_loop.py): SimpleTIR (arXiv 2509.02479, abstract and §3) filters them
+    # against multi-turn collapse; the paper and the release do not, so off
     exclude_void_turns: bool = False
 
 

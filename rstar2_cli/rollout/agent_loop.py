@@ -26,9 +26,9 @@ end a trajectory with finish_reason "error" and infra_error "engine_error", whic
 leaves out (rl/admission.py); any other exception is a bug and propagates.
 
 Void turns (SimpleTIR, arXiv 2509.02479: a turn with neither code nor a final answer) are counted
-per trajectory (`Trajectory.num_void_turns`): a turn that ended on a stop id with no tool-call
-attempt (a malformed call is an attempt) and no answer (`has_answer`). A turn cut by the response
-budget is not counted (it is clipped, `rollout/clip_ratio`).
+per trajectory (`Trajectory.num_void_turns`): a turn that ended on a stop id with no well-formed
+tool call (a malformed one, answered with a parse error, is no complete code block) and no answer
+(`has_answer`). A turn cut by the response budget is not counted (it is clipped, `rollout/clip_ratio`).
 """
 from __future__ import annotations
 
@@ -164,8 +164,9 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             turn_text = proto.decode(res.token_ids)
             attempts = parse_tool_calls(turn_text, proto.tools, cfg.max_calls_per_turn,
                                         messages=cfg.parse_messages, unclosed_feedback=cfg.unclosed_tag_feedback)
-            if not attempts and last in proto.stop_ids and not has_answer(turn_text):
-                traj.num_void_turns += 1      # a complete turn with neither a call nor an answer
+            if (last in proto.stop_ids and not any(isinstance(a, ToolCall) for a in attempts)
+                    and not has_answer(turn_text)):
+                traj.num_void_turns += 1      # a complete turn with neither a well-formed call nor an answer
             # A turn continues only if it ended on a stop id (end-of-turn, or </tool_call> with
             # rollout.stop_at_tool_call) and made a call attempt.
             if not attempts or last not in proto.stop_ids:

@@ -148,12 +148,15 @@ def test_void_turns_and_turns_at_the_cap_are_counted(tok):
     from rstar2_cli.rl.metrics import rollout_metrics
 
     void = "<reason>Hmm, let me think again.</reason><|im_end|>"
-    problems = [(p, "q", "42") for p in ("void", "clean", "capped")]
-    turns = {"void#0": [void], "clean#0": [call("print(42)"), ANSWER], "capped#0": [call("print(1)")] * 4}
+    malformed = "<reason>Run it.</reason>\n<tool_call>\nprint(42)\n</tool_call><|im_end|>"   # no JSON
+    problems = [(p, "q", "42") for p in ("void", "clean", "capped", "malformed")]
+    turns = {"void#0": [void], "clean#0": [call("print(42)"), ANSWER], "capped#0": [call("print(1)")] * 4,
+             "malformed#0": [malformed, ANSWER]}
     trajs = rollout(tok, problems, ScriptEngine(tok, turns), samples=1)
-    assert [(t.num_void_turns, t.finish_reason) for t in trajs] == [(1, "stop"), (0, "stop"), (0, "max_turns")]
+    assert [(t.num_void_turns, t.num_turns, t.finish_reason) for t in trajs] == [
+        (1, 1, "stop"), (0, 2, "stop"), (0, 4, "max_turns"), (1, 2, "stop")]
     m = rollout_metrics(trajs)
-    assert m["rollout/void_turn_trajectories"] == pytest.approx(1 / 3)
-    assert m["rollout/void_turn_ratio"] == pytest.approx(1 / (1 + 2 + 4))
-    assert m["rollout/max_turns_ratio"] == pytest.approx(1 / 3)
-    assert m["rollout/tool_calls_mean"] == pytest.approx((0 + 1 + 3) / 3)
+    assert m["rollout/void_turn_trajectories"] == pytest.approx(2 / 4)
+    assert m["rollout/void_turn_ratio"] == pytest.approx(2 / (1 + 2 + 4 + 2))
+    assert m["rollout/max_turns_ratio"] == pytest.approx(1 / 4)
+    assert m["rollout/tool_calls_mean"] == pytest.approx((0 + 1 + 3 + 1) / 4)
