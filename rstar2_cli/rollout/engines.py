@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from rstar2_cli.launch.gpu_visibility import visible_gpus
 from rstar2_cli.rollout.engine_health import HealthWatch
-from rstar2_cli.rollout.generation import Engine, GenRequest, GenResult, to_result, version_spans
+from rstar2_cli.rollout.generation import (Engine, EngineRequestError, GenRequest, GenResult, to_result,
+                                          version_spans)
 from rstar2_cli.rollout.weight_sync.backends import engine_weight_sync_args
 from rstar2_cli.rollout.weight_sync.chunked import load_chunks, push_weights
 
@@ -214,8 +215,9 @@ class VLLMEngine:
 
         room = self.max_model_len - len(req.prompt_ids)
         if room < 1:
-            raise ValueError(f"prompt of {len(req.prompt_ids)} tokens leaves no room in "
-                             f"max_model_len={self.max_model_len}")
+            # the request's failure, not a bug: a long problem plus earlier turns fill the context
+            raise EngineRequestError(f"prompt of {len(req.prompt_ids)} tokens leaves no room in "
+                                     f"max_model_len={self.max_model_len}")
         return SamplingParams(
             n=1, max_tokens=min(req.max_tokens, room), temperature=req.temperature,
             top_p=req.top_p, stop_token_ids=list(req.stop_token_ids), seed=req.seed,
