@@ -246,7 +246,7 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | Path) -> None:
                               ("rollout/tool_error_ratio_positive", "positive"),
                               ("roc_after/tool_error_ratio_positive", "positive, kept by RoC")]),
         ("groups", [("roc/groups_kept", "kept"), ("roc/groups_dropped", "dropped"),
-                    ("roc/infra_excluded", "infra-failed trajectories"), ("train/skipped_empty", "step skipped")]),
+                    ("roc/infra_excluded", "faulted trajectories (sandbox, engine, grader)"), ("train/skipped_empty", "step skipped")]),
     ]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for ax, (title, lines) in zip(axes.flat, panels):
