@@ -250,7 +250,7 @@ class VLLMEngine:
             if self._inflight == 0:
                 self._busy_total += time.monotonic() - self._busy_since
         if final is None or not final.outputs:
-            raise RuntimeError("vLLM returned no output for a request")
+            raise EngineRequestError("vLLM returned no output for a request")
         return to_result(final.outputs[0], req.logprobs, version, spans=self.pause_mode == "keep")
 
     async def generate(self, req: GenRequest) -> GenResult:
