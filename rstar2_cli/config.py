@@ -165,6 +165,10 @@ class RocConfig(_Section):
     mode: Literal["paper", "release"] = "paper"
     oversample: int = Field(2, ge=1)                  # roll out oversample*G, keep G (release: n=32 -> 16)
     reject_equal_reward: bool = True                  # drop groups whose rewards are all equal
+    # leave out trajectories with a void turn (a complete turn with neither a well-formed tool call nor
+    # an answer, rollout/agent_loop.py): SimpleTIR (arXiv 2509.02479, abstract and §3) filters them
+    # against multi-turn collapse; the paper and the release do not, so off
+    exclude_void_turns: bool = False
 
 
 class LossConfig(_Section):
@@ -260,11 +264,14 @@ class RecipeConfig(_Section):
                 "loss.old_logprobs: rollout and loss.tis: true together: the ratio pi_theta/pi_rollout already "
                 "is the importance weight to the behaviour policy; set loss.tis: false"
             )
-        if self.loss.old_logprobs == "rollout" and (self.rollout.temperature != 1.0 or self.rollout.top_p != 1.0):
+        if self.rollout.temperature <= 0.0:
+            raise ValueError(f"rollout.temperature={self.rollout.temperature:g}: RL samples, so it must be > 0 "
+                             "(the trainer scores logits / temperature, as verl's dp_actor)")
+        engine_ratio = "loss.tis" if self.loss.tis else "loss.old_logprobs: rollout"
+        if (self.loss.tis or self.loss.old_logprobs == "rollout") and self.rollout.top_p != 1.0:
             raise ValueError(
-                f"loss.old_logprobs: rollout with rollout.temperature={self.rollout.temperature:g}, "
-                f"top_p={self.rollout.top_p:g}: vLLM returns the raw logits' log-probs, the sampling "
-                "distribution only at temperature 1 and top_p 1"
+                f"{engine_ratio} with rollout.top_p={self.rollout.top_p:g}: the engine's log-probs are then "
+                "renormalised over the nucleus and the trainer's are not; set rollout.top_p: 1"
             )
         if self.train.max_staleness > 0 and not self.loss.tis and self.loss.old_logprobs == "trainer":
             raise ValueError(

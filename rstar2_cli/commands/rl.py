@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
         from rstar2_cli.launch.memory_plan import MemoryPlanError, build_memory_plan, resolve_gpu_memory
         from rstar2_cli.launch.plan_view import render_plan
         from rstar2_cli.launch.topology import PlanError, plan_from_args
-        from rstar2_cli.rl.stages import resolve_stage_recipe
+        from rstar2_cli.rl.stages import resolve_stage_recipe, start_text
 
         console = Console()
         if resume is not None and resume not in RESUME_MODES:
@@ -120,6 +120,7 @@ def register(app: typer.Typer) -> None:
             extra = tuple(torchrun_env(cfg.train.preempt_grace_s).items())
             plan = dataclasses.replace(plan, nodes=tuple(dataclasses.replace(n, env=n.env + extra)
                                                          for n in plan.nodes))
+        plan = dataclasses.replace(plan, notes=plan.notes + (start_text(cfg),))
         k = cfg.train.max_staleness
         if k:
             where = ("their own GPUs" if gpus else "vLLM's engine-core process, beside the trainer on the same cores")

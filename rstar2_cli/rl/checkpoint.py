@@ -339,6 +339,38 @@ def load_model_weights(policy: PolicyTrainer, hf_dir: Path) -> None:
     fill_from_safetensors(policy.model, hf_dir)
 
 
+def _load_optimizer(step_dir: Path, policy: PolicyTrainer, state: dict[str, Any]) -> None:
+    """The checkpoint's AdamW state (moments, step counts, param-group settings) into the policy."""
+    if state["has_optimizer_state"]:
+        # the template (this rank's shards, allocated by torch) is filled in place by DCP
+        optim = {"optimizer": get_optimizer_state_dict(policy.model, policy.optimizer, options=_SHARDED_OPTIONS)}
+        _dcp(dcp.load, optim, storage_reader=dcp.FileSystemReader(str(step_dir / STATE_DIR)))
+        set_optimizer_state_dict(policy.model, policy.optimizer, optim_state_dict=optim["optimizer"],
+                                 options=_SHARDED_OPTIONS)
+    else:   # saved before the first optimizer step: AdamW starts fresh, as it had
+        policy.optimizer.state.clear()
+
+
+def continue_optimizer(path: str | Path, policy: PolicyTrainer) -> int:
+    """A stage that continues the previous one (`init_from`, rl/stages.py): the previous stage's
+    AdamW moments and LR-schedule position into `policy`, whose weights already came from the same
+    folder (`model.path`). The new recipe's optimizer settings (optim.lr, betas, weight_decay) win
+    over the saved ones, and its LR schedule continues from the saved position (a warm-up already
+    done is not repeated). Data order, RNG states and the step count are the new stage's own.
+    Returns the schedule position (LR steps taken so far)."""
+    step_dir = resolve_checkpoint(path)
+    state = read_trainer_state(step_dir)
+    _load_optimizer(step_dir, policy, state)
+    cfg, groups = policy.optim_cfg, policy.optimizer.param_groups
+    position = int(state["scheduler"]["last_epoch"])
+    lambdas = policy.scheduler.lr_lambdas
+    lrs = [cfg.lr * lam(position) for lam in lambdas]
+    for group, lr in zip(groups, lrs):
+        group.update(lr=lr, initial_lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    policy.scheduler.load_state_dict({**state["scheduler"], "base_lrs": [cfg.lr] * len(groups), "_last_lr": lrs})
+    return position
+
+
 def load_checkpoint(path: str | Path, policy: PolicyTrainer, sampler: DataSampler | None = None, *,
                     reset_optimizer: bool = False) -> LoadedCheckpoint:
     """Restore weights, optimizer + LR schedule (unless `reset_optimizer`, e.g. stage 3),
@@ -347,14 +379,7 @@ def load_checkpoint(path: str | Path, policy: PolicyTrainer, sampler: DataSample
     load_model_weights(policy, step_dir)
     state = read_trainer_state(step_dir)
     if not reset_optimizer:
-        if state["has_optimizer_state"]:
-            # the template (this rank's shards, allocated by torch) is filled in place by DCP
-            optim = {"optimizer": get_optimizer_state_dict(policy.model, policy.optimizer, options=_SHARDED_OPTIONS)}
-            _dcp(dcp.load, optim, storage_reader=dcp.FileSystemReader(str(step_dir / STATE_DIR)))
-            set_optimizer_state_dict(policy.model, policy.optimizer, optim_state_dict=optim["optimizer"],
-                                     options=_SHARDED_OPTIONS)
-        else:   # saved before the first optimizer step: AdamW starts fresh, as it had
-            policy.optimizer.state.clear()
+        _load_optimizer(step_dir, policy, state)
         policy.scheduler.load_state_dict(state["scheduler"])
     if sampler is not None and state["sampler"] is not None:
         sampler.load_state_dict(state["sampler"])

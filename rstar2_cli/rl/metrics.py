@@ -116,6 +116,9 @@ def rollout_tally(trajectories: Sequence[Trajectory], max_response_tokens: int |
         "tool_errors_positive": float(sum(t.num_tool_errors for t in pos)),
         "tool_time": float(sum(t.tool_time for t in ts)), "infra_errors": float(sum(bool(t.infra_error) for t in ts)),
         "tokens": float(sum(len(t.prompt_ids) + t.response_length for t in ts)),
+        "void_turns": float(sum(t.num_void_turns for t in ts)),
+        "void_trajectories": float(sum(t.num_void_turns > 0 for t in ts)),
+        "max_turns": float(sum(t.finish_reason == "max_turns" for t in ts)),
     })
     for name, values in zip(SPREAD, ([t.response_length for t in ts], [t.num_turns for t in ts],
                                      [t.num_tool_calls for t in ts])):
@@ -140,6 +143,11 @@ def finish_rollout(tally: Tally) -> dict[str, float]:
                                               if s["tool_calls_positive"] else 0.0),
         "rollout/tool_time_total": s["tool_time"],
         "rollout/infra_errors": s["infra_errors"],   # left their groups (RoC)
+        # void turns (agent_loop.py; SimpleTIR, arXiv 2509.02479): per turn and per trajectory
+        "rollout/void_turn_ratio": s["void_turns"] / s["turns"] if s.get("turns") else 0.0,
+        "rollout/void_turn_trajectories": s["void_trajectories"] / s["n"],
+        # stopped by rollout.max_turns with a call still to run
+        "rollout/max_turns_ratio": s["max_turns"] / s["n"],
     }
     for name in SPREAD:
         out.update({f"rollout/{name}_mean": s[name] / s["n"], f"rollout/{name}_max": tally.maxs[name],
@@ -148,7 +156,8 @@ def finish_rollout(tally: Tally) -> dict[str, float]:
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], max_response_tokens: int | None = None) -> dict[str, float]:
-    """Reward/accuracy, lengths, turns and tool use over ALL rollouts of the step."""
+    """Reward/accuracy, lengths, turns and tool use (`rollout/tool_calls_mean`: calls per
+    trajectory; void turns; the share stopped at the turn cap) over ALL rollouts of the step."""
     return finish_rollout(rollout_tally(trajectories, max_response_tokens))
 
 
@@ -295,7 +304,7 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | Path) -> None:
                               ("rollout/tool_error_ratio_positive", "positive"),
                               ("roc_after/tool_error_ratio_positive", "positive, kept by RoC")]),
         ("groups", [("roc/groups_kept", "kept"), ("roc/groups_dropped", "dropped"),
-                    ("roc/infra_excluded", "infra-failed trajectories"), ("train/skipped_empty", "step skipped")]),
+                    ("roc/infra_excluded", "faulted trajectories (sandbox, engine, grader)"), ("train/skipped_empty", "step skipped")]),
     ]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for ax, (title, lines) in zip(axes.flat, panels):

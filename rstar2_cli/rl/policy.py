@@ -93,7 +93,8 @@ class TokenTensors:
     mask: torch.Tensor             # from here on one entry per loss position: the loss-mask value
     adv: torch.Tensor
     old: torch.Tensor | None       # old log-probs; None: the update's own, detached
-    rollout: torch.Tensor | None   # the engine's log-probs; None where a member has none
+    rollout: torch.Tensor | None   # the engine's log-probs; None where a member has none (then the
+                                   # whole row trains without TIS: counted, `tis_off_tokens`)
 
     @classmethod
     def concat(cls, parts: Sequence["TokenTensors"], device: torch.device) -> "TokenTensors":
@@ -107,12 +108,17 @@ class PolicyTrainer:
     def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, loss_cfg: LossConfig, *,
                  micro_batch_tokens: int, ppo_mini_batches: int = 1, dual_clip: float | None = None,
                  model=None, info: rl_dist.DistInfo | None = None, logprob_chunk_tokens: int = 1024,
-                 max_staleness: int = 0, attn_implementation: str = "auto", layout: str | None = None):
+                 max_staleness: int = 0, attn_implementation: str = "auto", layout: str | None = None,
+                 temperature: float = 1.0):
         """`info`: this process's ranks and device, from `rl_dist.setup_distributed()` (the
         caller's entry point starts torch.distributed); default: the process as it stands.
         `attn_implementation`: see rl/attention.py. `layout`: the micro-batch layout, by default the
         one that goes with the kernel; `benchmarks/bench_update.py` sets "packed" under SDPA to
-        measure the dense-mask baseline."""
+        measure the dense-mask baseline. `temperature`: the rollout's sampling temperature; every
+        log-prob here is of logits / temperature, the distribution the engine sampled from (verl's
+        dp_actor divides the logits the same way), so ratios and TIS compare like with like."""
+        if not temperature > 0.0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         if ppo_mini_batches < 1:
             raise ValueError(f"ppo_mini_batches must be >= 1, got {ppo_mini_batches}")
         self.model_cfg, self.optim_cfg, self.loss_cfg = model_cfg, optim_cfg, loss_cfg
@@ -121,6 +127,7 @@ class PolicyTrainer:
         self.dual_clip = dual_clip
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.max_staleness = max_staleness
+        self.temperature = float(temperature)
         self.info = info if info is not None else rl_dist.process_info()
         self.device = self.info.device
         self.dtype = compute_dtype(model_cfg.dtype, self.device)
@@ -158,6 +165,8 @@ class PolicyTrainer:
         varlen = row.varlen_kwargs(self.device) if self.attention.takes_varlen_kwargs else {}
         hidden = final_hidden_states(self.model, row.input_ids.to(self.device), row.position_ids.to(self.device),
                                      **varlen)
+        if self.temperature != 1.0:       # (h / T) W^T = logits / T; backward flows through the division
+            hidden = hidden / self.temperature
         positions = row.logit_positions()[select.cpu()].to(self.device)
         return hidden.reshape(-1, hidden.shape[-1])[positions], head_weight(self.model), row.target_ids()[select.cpu()].to(self.device)
 
@@ -254,6 +263,7 @@ class PolicyTrainer:
         else:
             chunks = [[i for i, b in enumerate(mini_batches) if b == m] for m in range(self.ppo_mini_batches)]
         losses, norms, stats, vllm_diff, taken = [], [], LossStats(), [0.0, 0.0], 0
+        tis_off = 0.0     # loss tokens trained without TIS although loss.tis is on (`TokenTensors.concat`)
         for chunk in chunks:
             tensors = {i: self._token_tensors(batch[i], advantages[i], None if old is None else old[i]) for i in chunk}
             local_tokens = sum(float(tensors[i].mask.sum()) for i in chunk)
@@ -267,6 +277,8 @@ class PolicyTrainer:
                     self._dummy_pass(backward=True)
                     continue
                 tok = TokenTensors.concat([tensors[chunk[s.index]] for s in rows[r].spans], self.device)
+                if self.loss_cfg.tis and tok.rollout is None:
+                    tis_off += float(tok.mask.numel())
                 loss, logp, entropy = self._row_loss(rows[r], tok, global_tokens)
                 (loss * self.info.world_size).backward()
                 loss_sum += float(loss.detach())
@@ -291,7 +303,7 @@ class PolicyTrainer:
         lr = self.scheduler.get_last_lr()[0]
         if taken:                        # no optimizer step (no loss token, or non-finite): no LR step either
             self.scheduler.step()
-        out = self._summarise(losses, norms, stats, vllm_diff, lr, len(batch))
+        out = self._summarise(losses, norms, stats, vllm_diff + [tis_off], lr, len(batch))
         out["optimizer_steps"], out["nonfinite_skipped"] = float(taken), float(len(losses) - taken)
         return out
 
@@ -312,6 +324,8 @@ class PolicyTrainer:
         out.update(total.as_metrics())
         if summed[len(names) + 1] > 0:
             out["logprob_abs_diff_vllm"] = summed[len(names)] / summed[len(names) + 1]
+        if self.loss_cfg.tis:
+            out["tis_off_tokens"] = summed[len(names) + 2]
         return out
 
     # ------------------------------------------------------------ weights out

@@ -34,10 +34,10 @@ Penalties:
   in the response text, which misses the first turn (its marker is in the prompt) and an
   unfinished last one.
 
-Infrastructure failures (``Trajectory.infra_error``: a sandbox internal error, which covers a
-worker crash, a queue timeout and a remote backend error, or an engine error) are not the
-model's doing: such trajectories leave their group before selection and advantages, and are
-counted in ``roc/infra_excluded`` (and per kind).
+Faults (a sandbox internal error, which covers a worker crash, a queue timeout and a remote
+backend error; an engine error; a grader timeout, crash or error) are not the model's doing:
+such trajectories leave their group before selection and advantages (``admission.py`` decides,
+per trajectory), and are counted in ``roc/infra_excluded`` and ``faults/excluded_<reason>``.
 
 Groups are the sampled instances of the step (``Trajectory.group_index``, with the prompt id):
 a problem drawn twice in one batch is two groups of G, not one of 2G.
@@ -58,6 +58,7 @@ from typing import Callable, Iterable, Literal, Sequence
 import numpy as np
 
 from rstar2_cli.config import RocConfig
+from rstar2_cli.rl.admission import split_for_training
 from rstar2_cli.rl.metrics import Tally
 from rstar2_cli.rollout.trajectory import Trajectory
 
@@ -202,20 +203,6 @@ def group_by_instance(trajectories: Iterable[Trajectory]) -> list[list[Trajector
     return [sorted(g, key=lambda t: t.sample_index) for g in groups.values()]
 
 
-def split_infra_failures(trajectories: Iterable[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
-    """(the trajectories the model is accountable for, metrics counting the others per kind)."""
-    kept: list[Trajectory] = []
-    kinds: Counter = Counter()
-    for t in trajectories:
-        if t.infra_error:
-            kinds[t.infra_error] += 1
-        else:
-            kept.append(t)
-    metrics = {"roc/infra_excluded": float(sum(kinds.values()))}
-    metrics.update({f"roc/infra_excluded_{kind}": float(n) for kind, n in kinds.items()})
-    return kept, metrics
-
-
 def all_rewards_equal(group: Sequence[Trajectory]) -> bool:
     return len(group) == 0 or all(np.isclose(t.reward, group[0].reward) for t in group)
 
@@ -336,9 +323,9 @@ def _finish_metrics(result: RocResult, groups: Sequence[Sequence[Trajectory]]) -
 
 def select_for_training(trajectories: Iterable[Trajectory], cfg: RocConfig, group_size: int,
                         rng: GroupRng) -> RocResult:
-    """The trainer's entry point: drop infrastructure failures, group by sampled instance, then
-    RoC (cfg.enabled) or plain GRPO."""
-    accountable, infra_metrics = split_infra_failures(trajectories)
+    """The trainer's entry point: leave out what is not the model's doing (`admission.py`), group
+    by sampled instance, then RoC (cfg.enabled) or plain GRPO."""
+    accountable, infra_metrics = split_for_training(trajectories, exclude_void_turns=cfg.exclude_void_turns)
     groups = group_by_instance(accountable)
     if not cfg.enabled:
         result = first_g_groups(groups, group_size, reject_equal_reward=cfg.reject_equal_reward)

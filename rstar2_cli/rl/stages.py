@@ -1,7 +1,11 @@
 """Resolve which recipe, data and starting checkpoint a paper stage uses.
 
 Stage 2 starts from stage 1's final checkpoint and stage 3 from stage 2's; stage 3 trains on the
-hard subset mined with `rstar2 prepare hard` and resets the optimizer. Those links live in the
+hard subset mined with `rstar2 prepare hard` and resets the optimizer. A stage with `init_from`
+continues the previous one: its weights, AdamW moments and LR-schedule position
+(`checkpoint.continue_optimizer`), unless `optim.reset` asks for a fresh AdamW and warm-up
+(stage 3, paper §4; the release ships one stage and no chaining, and a verl run started from a
+model path, as each of its runs is, builds a fresh optimizer). Those links live in the
 recipes (`init_from`), and this module turns them into concrete paths before anything starts,
 so a missing checkpoint or data file is a one-line error at launch, not an hour later.
 """
@@ -60,3 +64,20 @@ def resolve_stage_recipe(recipe: str | None, stage: int | None,
     if cfg.stage == 3 and not cfg.optim.reset:
         raise ConfigError(f"{path}: optim.reset: stage 3 starts with a fresh optimizer (set it true)")
     return cfg
+
+
+def continues_optimizer(cfg: RecipeConfig) -> bool:
+    """Whether a fresh run (not `--resume`) takes the previous stage's AdamW state and LR-schedule
+    position from its `model.path` checkpoint."""
+    return bool(cfg.init_from) and not cfg.optim.reset
+
+
+def start_text(cfg: RecipeConfig) -> str:
+    """What a fresh run of this recipe starts from, for the dry-run plan."""
+    if not cfg.init_from:
+        return f"starts from {cfg.model.path}: fresh AdamW, {cfg.optim.warmup_steps}-step LR warm-up"
+    if cfg.optim.reset:
+        return (f"continues {cfg.init_from} ({cfg.model.path}): its weights, a fresh AdamW and "
+                f"{cfg.optim.warmup_steps}-step LR warm-up (optim.reset)")
+    return (f"continues {cfg.init_from} ({cfg.model.path}): its weights, AdamW moments and LR-schedule "
+            "position (optim.reset: false)")

@@ -127,7 +127,8 @@ class RLTrainer:
                                     ppo_mini_batches=cfg.train.ppo_mini_batches, dual_clip=cfg.loss.dual_clip,
                                     info=self.info, logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
                                     max_staleness=cfg.train.max_staleness,
-                                    attn_implementation=cfg.train.attn_implementation)
+                                    attn_implementation=cfg.train.attn_implementation,
+                                    temperature=cfg.rollout.temperature)
         if self.info.is_main:
             log.info("attention: %s", self.policy.attention.reason)
         self.sampler = DataSampler(len(self.problems), min(cfg.train.prompts_per_step, len(self.problems)),
@@ -150,8 +151,10 @@ class RLTrainer:
             engine_weights = str(ckpt)   # a checkpoint folder is a plain HF model folder
             saved_pending = state.extra.get("async_pending")
             self.nonfinite.update(state.extra.get("nonfinite", {}))
-        elif mode == "auto":
-            log.info("--resume auto: no checkpoint under %s, starting fresh", self.out_dir)
+        else:
+            if mode == "auto":
+                log.info("--resume auto: no checkpoint under %s, starting fresh", self.out_dir)
+            self._continue_stage()
         self.writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, wandb=cfg.train.wandb,
                                     enabled=self.info.is_main, live=progress)
         if mode:   # rows a stopped run wrote after its last checkpoint are written again by this one
@@ -171,6 +174,24 @@ class RLTrainer:
             if why:
                 log.warning("resume: the %d saved rollout batch(es) are drawn again and rolled out by the "
                             "resumed weights (%s)", len(saved_pending["batches"]), why)
+
+    def _continue_stage(self) -> None:
+        """A fresh run of a stage with `init_from` continues the previous stage's AdamW state and
+        LR-schedule position unless `optim.reset` (rl/stages.py); a `model.path` that is not an
+        rstar2 checkpoint has none to continue (an SFT or HF model): AdamW starts fresh."""
+        from rstar2_cli.rl import checkpoint
+        from rstar2_cli.rl.stages import continues_optimizer
+
+        if not continues_optimizer(self.cfg):
+            return
+        if not checkpoint.is_checkpoint(Path(self.cfg.model.path)):
+            log.warning("init_from %s: %s is no RL checkpoint (no optimizer state); AdamW starts fresh",
+                        self.cfg.init_from, self.cfg.model.path)
+            return
+        position = checkpoint.continue_optimizer(self.cfg.model.path, self.policy)
+        if self.info.is_main:
+            log.info("init_from %s: AdamW state and LR schedule continue from %s (%d LR steps taken)",
+                     self.cfg.init_from, self.cfg.model.path, position)
 
     def close(self) -> None:
         self.source.cancel()

@@ -21,6 +21,14 @@ Engine death (`engine_health.py`): a turn whose replica died or hung raises `Eng
 restart, is reset to its prompt and rolled out again from its first turn with the same seeds
 (its tool calls run again too), so it comes out as it would have without the fault; finished
 trajectories are untouched. Without one it ends with finish_reason "error", as any engine error.
+Engine errors (`generation.is_engine_failure`: vLLM's server-side errors, `EngineRequestError`)
+end a trajectory with finish_reason "error" and infra_error "engine_error", which the trainer
+leaves out (rl/admission.py); any other exception is a bug and propagates.
+
+Void turns (SimpleTIR, arXiv 2509.02479: a turn with neither code nor a final answer) are counted
+per trajectory (`Trajectory.num_void_turns`): a turn that ended on a stop id with no well-formed
+tool call (a malformed one, answered with a parse error, is no complete code block) and no answer
+(`has_answer`). A turn cut by the response budget is not counted (it is clipped, `rollout/clip_ratio`).
 """
 from __future__ import annotations
 
@@ -38,7 +46,7 @@ from rstar2_cli.protocol.responses import response_text, tool_turn_ids
 from rstar2_cli.protocol.template import encode_messages, eos_token_ids, problem_messages, single_token_id
 from rstar2_cli.protocol.tools import ToolSpec, get_tools, tool_schemas
 from rstar2_cli.rollout.engine_health import EngineDied
-from rstar2_cli.rollout.generation import GenRequest
+from rstar2_cli.rollout.generation import GenRequest, is_engine_failure
 from rstar2_cli.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,12 @@ log = logging.getLogger(__name__)
 
 INFRA_TOOL_REASONS = frozenset({"internal_error"})  # sandbox failures that are not the model's doing
                                                  # (worker crash, queue timeout, remote backend error)
+
+
+def has_answer(turn_text: str) -> bool:
+    """Whether a turn gives an answer: an `<answer>` tag or a `\\boxed{` (the prompts ask for both,
+    protocol/template.py; the grader reads the boxed value)."""
+    return "<answer>" in turn_text or "\\boxed{" in turn_text
 
 
 def trajectory_seed(seed: int, prompt_id: str, sample_index: int, occurrence: int = 0) -> int:
@@ -147,8 +161,12 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
                 traj.finish_reason = "length"
                 break
             last = res.token_ids[-1] if res.token_ids else None
-            attempts = parse_tool_calls(proto.decode(res.token_ids), proto.tools, cfg.max_calls_per_turn,
+            turn_text = proto.decode(res.token_ids)
+            attempts = parse_tool_calls(turn_text, proto.tools, cfg.max_calls_per_turn,
                                         messages=cfg.parse_messages, unclosed_feedback=cfg.unclosed_tag_feedback)
+            if (last in proto.stop_ids and not any(isinstance(a, ToolCall) for a in attempts)
+                    and not has_answer(turn_text)):
+                traj.num_void_turns += 1      # a complete turn with neither a well-formed call nor an answer
             # A turn continues only if it ended on a stop id (end-of-turn, or </tool_call> with
             # rollout.stop_at_tool_call) and made a call attempt.
             if not attempts or last not in proto.stop_ids:
@@ -182,7 +200,9 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             logprobs.extend([0.0] * len(tool_ids))
     except EngineDied:
         raise                 # the caller restarts the engine and rolls this trajectory out again
-    except Exception as e:  # one broken trajectory must not sink the batch; the caller sees "error"
+    except Exception as e:  # an engine's failed request must not sink the batch; a bug must
+        if not is_engine_failure(e):
+            raise
         log.warning("trajectory %s failed: %r", key, e)
         traj.finish_reason = "error"
         traj.infra_error = "engine_error"
@@ -208,8 +228,9 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
     shard). A problem listed twice is two instances; `occurrence[position]` (default: counted in
     this list) gives a later draw its own seeds and session keys. `priority`: the engines' request
     priority of every turn (lower first: the batch index, so older batches' turns go first).
-    Raises only if every trajectory failed (e.g. the engine is down); otherwise failed ones come
-    back with finish_reason "error" and infra_error "engine_error". `recover`: awaited with the
+    Raises if every trajectory failed (e.g. the engine is down), or on the first exception that is
+    not an engine failure (a bug); otherwise failed ones come back with finish_reason "error" and
+    infra_error "engine_error". `recover`: awaited with the
     `EngineDied` of a trajectory whose engine died, before it is rolled out again from its prompt
     (module docstring); what it raises ends the rollout.
     """

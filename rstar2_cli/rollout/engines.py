@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 from rstar2_cli.launch.engine_sizing import default_max_model_len, engine_kwargs
 from rstar2_cli.launch.gpu_visibility import visible_gpus
 from rstar2_cli.rollout.engine_health import HealthWatch
-from rstar2_cli.rollout.generation import Engine, GenRequest, GenResult, to_result, version_spans
+from rstar2_cli.rollout.generation import (Engine, EngineRequestError, GenRequest, GenResult, to_result,
+                                          version_spans)
 from rstar2_cli.rollout.weight_sync.backends import engine_weight_sync_args
 from rstar2_cli.rollout.weight_sync.chunked import load_chunks, push_weights
 
@@ -103,7 +104,7 @@ class VLLMEngine:
     def from_config(cls, model_path: str, cfg: "EngineConfig", max_model_len: int, seed: int = 0,
                     *, kv_cache_tokens: int | None = None, dtype: str = "auto",
                     gpu_ids: Sequence[int] | None = None, weight_transfer: str = "chunked",
-                    scheduling_policy: str = "fcfs") -> "VLLMEngine":
+                    scheduling_policy: str = "fcfs", sampling_logprobs: bool = False) -> "VLLMEngine":
         """Build a replica from the recipe's `engine` section. `dtype` is `model.dtype` of the
         recipe ("auto": bf16 on GPU, fp32 on CPU, so CPU logprobs match an fp32 trainer).
         `kv_cache_tokens` caps the KV cache (benchmarks use it to create memory pressure).
@@ -111,7 +112,11 @@ class VLLMEngine:
         tensor-parallel rank, as indices into this process's CUDA_VISIBLE_DEVICES if it is set.
         `weight_transfer`: "ipc" or "nccl" enables vLLM's weight-transfer engine of that backend
         (GPU; see the weight_sync package); "chunked" uses only our worker extension.
-        `scheduling_policy`: vLLM's "fcfs" or "priority" (`GenRequest.priority`, lower first)."""
+        `scheduling_policy`: vLLM's "fcfs" or "priority" (`GenRequest.priority`, lower first).
+        `sampling_logprobs`: return the log-probs of the distribution sampled from (after the
+        request's temperature: vLLM's logprobs_mode "processed_logprobs", vllm/config/model.py)
+        instead of the raw logits' (its default "raw_logprobs"); RL sets it when it samples at a
+        temperature other than 1, where the two differ."""
         import torch
 
         on_cpu = not torch.cuda.is_available()
@@ -142,6 +147,7 @@ class VLLMEngine:
             enable_sleep_mode=bool(cfg.colocate and not on_cpu),   # training shares the GPUs
             disable_log_stats=True,   # no periodic log lines; our stat logger still gets stats
             scheduling_policy=scheduling_policy,
+            logprobs_mode="processed_logprobs" if sampling_logprobs else "raw_logprobs",
         )
         health = {"health_check_s": cfg.health_check_s, "health_timeout_s": cfg.health_timeout_s}
         if gpu_ids is None or on_cpu:
@@ -203,8 +209,9 @@ class VLLMEngine:
 
         room = self.max_model_len - len(req.prompt_ids)
         if room < 1:
-            raise ValueError(f"prompt of {len(req.prompt_ids)} tokens leaves no room in "
-                             f"max_model_len={self.max_model_len}")
+            # the request's failure, not a bug: a long problem plus earlier turns fill the context
+            raise EngineRequestError(f"prompt of {len(req.prompt_ids)} tokens leaves no room in "
+                                     f"max_model_len={self.max_model_len}")
         return SamplingParams(
             n=1, max_tokens=min(req.max_tokens, room), temperature=req.temperature,
             top_p=req.top_p, stop_token_ids=list(req.stop_token_ids), seed=req.seed,
@@ -237,7 +244,7 @@ class VLLMEngine:
             if self._inflight == 0:
                 self._busy_total += time.monotonic() - self._busy_since
         if final is None or not final.outputs:
-            raise RuntimeError("vLLM returned no output for a request")
+            raise EngineRequestError("vLLM returned no output for a request")
         return to_result(final.outputs[0], req.logprobs, version, spans=self.pause_mode == "keep")
 
     async def generate(self, req: GenRequest) -> GenResult:

@@ -4,12 +4,31 @@ and their logprobs out) and the `Engine` interface every replica implements (`en
 and out: engines.py."""
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
+
+
+class EngineRequestError(RuntimeError):
+    """An engine failed one request through no fault of the caller (a remote server's error
+    answer or lost connection): the trajectory is an engine fault, not a bug."""
+
+
+def is_engine_failure(e: BaseException) -> bool:
+    """Whether `e` is an engine's own failure of a request: `EngineRequestError`, or vLLM's
+    server-side errors (`vllm.exceptions.VLLMServerError`: `AsyncLLM.generate` raises
+    `EngineGenerateError` for a failed request and `EngineDeadError` for a dead core,
+    vllm/v1/engine/async_llm.py). Anything else out of a rollout is a bug and propagates. vLLM is
+    looked up only if loaded: an error cannot be vLLM's when vLLM was never imported (it takes
+    seconds to import)."""
+    if isinstance(e, EngineRequestError):
+        return True
+    vllm_errors = sys.modules.get("vllm.exceptions")
+    return vllm_errors is not None and isinstance(e, vllm_errors.VLLMServerError)
 
 
 @dataclass

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from rstar2_cli.rollout.engines import GenRequest, GenResult
+from rstar2_cli.rollout.generation import EngineRequestError
 
 if TYPE_CHECKING:
     import torch
@@ -61,9 +62,14 @@ class OpenAIEngine:
                          stop_token_id=stop_id)
 
     async def generate(self, req: GenRequest) -> GenResult:
-        resp = await self._client.post("/v1/completions", json=self.payload(req))
+        import httpx
+
+        try:
+            resp = await self._client.post("/v1/completions", json=self.payload(req))
+        except httpx.HTTPError as e:      # a lost connection or a timeout: the server's failure
+            raise EngineRequestError(f"OpenAIEngine: {type(e).__name__}: {e}") from e
         if resp.status_code != 200:
-            raise RuntimeError(f"OpenAIEngine: {resp.request.url} answered {resp.status_code}: "
+            raise EngineRequestError(f"OpenAIEngine: {resp.request.url} answered {resp.status_code}: "
                                f"{resp.text[:300]}")
         return self.parse_choice(resp.json()["choices"][0], req.logprobs)
 

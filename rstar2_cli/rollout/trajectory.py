@@ -36,6 +36,8 @@ class Trajectory:
                                         # sandbox runs, not sandbox internal errors (num_infra_tool_calls)
     num_infra_tool_calls: int = 0       # calls lost to the infrastructure (sandbox internal error): part
                                         # of num_tool_calls, not the model's calls, so RoC's p_err skips them
+    num_void_turns: int = 0             # complete turns (ended on a stop id) with neither a well-formed
+                                        # tool call nor an answer (SimpleTIR's void turn, arXiv 2509.02479)
     finish_reason: str = ""             # "stop" (no tool call), "max_turns", "length", "error"
     infra_error: str = ""               # non-empty: a failure that was not the model's doing (sandbox
                                         # internal error, worker crash, queue timeout, engine error);

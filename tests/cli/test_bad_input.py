@@ -124,6 +124,10 @@ CASES = [
     ("prepare-hard-zero-samples", ["prepare", "hard", "--policy", "{model}", "--samples", "0"], "--samples 0", {}),
     ("prepare-hard-output-under-a-file", ["prepare", "hard", "--policy", "{model}", "--data", "{problems}", "--out",
                                           "{file}/hard.jsonl"], "--out {file}/hard.jsonl", {}),
+    ("prepare-eval-data-missing-file", ["prepare", "eval-data", "--gpqa", "/nonexistent.csv", "--out", "{tmp}/ed"],
+     "--gpqa /nonexistent.csv", {}),
+    ("prepare-eval-data-bad-row", ["prepare", "eval-data", "--ifeval", "{sft}", "--out", "{tmp}/ed"],
+     "{sft}:1: missing field 'key'", {}),
     # sft
     ("sft-missing-recipe", ["sft", "/nonexistent.yaml"], "/nonexistent.yaml: recipe file not found", {}),
     ("sft-bad-override-value", ["sft", "--set", "lr=fast"], "lr", {}),

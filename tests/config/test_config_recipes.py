@@ -45,6 +45,12 @@ def test_stages_chain_checkpoints_and_stage3_resets_optimizer():
     assert s3.data.train.endswith("math_hard.jsonl") and s3.optim.reset and not s2.optim.reset
     # an explicit --set model.path wins over the stage link
     assert resolve_stage_recipe(None, 2, ["model.path=/ckpt/x"]).model.path == "/ckpt/x"
+    # stage 2 carries stage 1's AdamW state and LR position, stage 3 starts them afresh; the plan says so
+    from rstar2_cli.rl.stages import continues_optimizer, start_text
+
+    assert [continues_optimizer(s) for s in (s1, s2, s3)] == [False, True, False]
+    assert "AdamW moments and LR-schedule position" in start_text(s2)
+    assert "a fresh AdamW and 20-step LR warm-up (optim.reset)" in start_text(s3)
 
 
 def test_overrides_parse_yaml_values():

@@ -224,9 +224,12 @@ def test_staleness_needs_the_off_policy_correction():
     with pytest.raises(ConfigError, match=r"loss.old_logprobs: rollout and loss.tis: true together") as e:
         load_recipe_dict({**_recipe(max_staleness=1), "loss": {"old_logprobs": "rollout", "tis": True}})
     assert "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match=r"loss.old_logprobs: rollout with rollout.temperature=0.7, top_p=1"):
+    # a temperature is scored as the engine sampled it (PolicyTrainer's logits / T); a nucleus is not
+    assert load_recipe_dict({**_recipe(max_staleness=1), "loss": {"old_logprobs": "rollout"},
+                             "rollout": {"temperature": 0.7}}).rollout.temperature == 0.7
+    with pytest.raises(ConfigError, match=r"loss.old_logprobs: rollout with rollout.top_p=0.9"):
         load_recipe_dict({**_recipe(max_staleness=1), "loss": {"old_logprobs": "rollout"},
-                          "rollout": {"temperature": 0.7}})
+                          "rollout": {"top_p": 0.9}})
     assert load_recipe_dict(_recipe()).train.max_staleness == 0     # the release's synchronous step
 
 

@@ -10,6 +10,7 @@ from rstar2_cli.protocol import format_tool_call
 from rstar2_cli.rl.shards import place
 from rstar2_cli.rollout.agent_loop import instance_key, occurrences, run_agent_loop, trajectory_seed
 from rstar2_cli.rollout.engines import GenResult
+from rstar2_cli.rollout.generation import EngineRequestError
 from sandbox.core.result import RunResult
 
 ANSWER = "<reason>It is 42.</reason>\n<answer>The answer is $\\boxed{42}$.</answer><|im_end|>"
@@ -32,7 +33,7 @@ class Engine:
     async def generate(self, req, key=None):
         self.requests.append((key, req.seed))
         if key in self.fail_keys:
-            raise ConnectionError("engine down")
+            raise EngineRequestError("engine down")
         turn = sum(k == key for k, _ in self.requests) - 1
         text = call(self.codes[key]) if key in self.codes and turn == 0 else ANSWER
         ids = []
@@ -104,3 +105,59 @@ def test_only_failures_of_the_model_count_as_tool_errors(tok):
             ("ok", "crash", "boom", "slow")] == [(1, 0, ""), (1, 0, "sandbox_internal_error"), (1, 1, ""), (1, 1, "")]
     assert by_id["crash"].num_infra_tool_calls == 1
     assert (by_id["down"].finish_reason, by_id["down"].infra_error) == ("error", "engine_error")
+
+
+class ScriptEngine(Engine):
+    """Each key's turns from `turns[key]` in order (text as the policy wrote it)."""
+
+    def __init__(self, tok, turns, raise_for=None):
+        super().__init__(tok)
+        self.turns, self.raise_for = {k: list(v) for k, v in turns.items()}, raise_for or {}
+
+    async def generate(self, req, key=None):
+        if key in self.raise_for:
+            raise self.raise_for[key]
+        ids = []
+        for i in self.tok.encode(self.turns[key].pop(0), add_special_tokens=False):
+            ids.append(i)
+            if i in req.stop_token_ids:
+                break
+        await asyncio.sleep(0)
+        return GenResult(token_ids=ids, logprobs=[-1.0] * len(ids), finish_reason="stop", stop_token_id=ids[-1])
+
+
+def test_an_engine_failure_is_an_engine_fault_and_a_bug_in_the_loop_raises(tok):
+    problems = [("ok", "q", "42"), ("down", "q", "42")]
+    turns = {"ok#0": [ANSWER]}
+    trajs = rollout(tok, problems, ScriptEngine(tok, turns, {"down#0": EngineRequestError("502")}), samples=1)
+    assert [(t.finish_reason, t.infra_error) for t in trajs] == [("stop", ""), ("error", "engine_error")]
+    with pytest.raises(TypeError, match="a bug"):
+        rollout(tok, problems, ScriptEngine(tok, {"ok#0": [ANSWER]}, {"down#0": TypeError("a bug")}), samples=1)
+
+
+def test_vllms_server_errors_are_engine_failures_and_its_client_errors_are_not():
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+    from rstar2_cli.rollout.generation import is_engine_failure
+
+    assert is_engine_failure(EngineGenerateError()) and is_engine_failure(EngineDeadError())
+    assert not is_engine_failure(VLLMValidationError("bad request")) and not is_engine_failure(KeyError("x"))
+
+
+def test_void_turns_and_turns_at_the_cap_are_counted(tok):
+    from rstar2_cli.rl.metrics import rollout_metrics
+
+    void = "<reason>Hmm, let me think again.</reason><|im_end|>"
+    malformed = "<reason>Run it.</reason>\n<tool_call>\nprint(42)\n</tool_call><|im_end|>"   # no JSON
+    problems = [(p, "q", "42") for p in ("void", "clean", "capped", "malformed")]
+    turns = {"void#0": [void], "clean#0": [call("print(42)"), ANSWER], "capped#0": [call("print(1)")] * 4,
+             "malformed#0": [malformed, ANSWER]}
+    trajs = rollout(tok, problems, ScriptEngine(tok, turns), samples=1)
+    assert [(t.num_void_turns, t.num_turns, t.finish_reason) for t in trajs] == [
+        (1, 1, "stop"), (0, 2, "stop"), (0, 4, "max_turns"), (1, 2, "stop")]
+    m = rollout_metrics(trajs)
+    assert m["rollout/void_turn_trajectories"] == pytest.approx(2 / 4)
+    assert m["rollout/void_turn_ratio"] == pytest.approx(2 / (1 + 2 + 4 + 2))
+    assert m["rollout/max_turns_ratio"] == pytest.approx(1 / 4)
+    assert m["rollout/tool_calls_mean"] == pytest.approx((0 + 1 + 3 + 1) / 4)

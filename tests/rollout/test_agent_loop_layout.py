@@ -13,6 +13,7 @@ from rstar2_cli.protocol import (encode_messages, format_tool_call, get_tools, p
 from rstar2_cli.protocol.code_runner import release_runner_source
 from rstar2_cli.rollout.agent_loop import run_agent_loop, trajectory_seed
 from rstar2_cli.rollout.engines import GenResult
+from rstar2_cli.rollout.generation import EngineRequestError
 from sandbox.core.result import RunResult
 
 STDIO = tool_schemas(get_tools("python_code_with_standard_io"))
@@ -43,7 +44,7 @@ class ScriptedEngine:
     async def generate(self, req, key=None):
         self.requests.append((key, req))
         if key in self.fail_keys:
-            raise ConnectionError("engine down")
+            raise EngineRequestError("engine down")
         turn = sum(k == key for k, _ in self.requests) - 1
         if turn == 1 and key in self.second_turn_seen:
             self.second_turn_seen[key].set()
