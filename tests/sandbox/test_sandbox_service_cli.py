@@ -99,6 +99,22 @@ def test_bench_tools_against_a_server(cli, tmp_path):
     assert all(r["errors"] == 0 and r["vs_baseline"] is None for r in report["rows"])
 
 
+def test_bench_tools_gives_up_on_a_server_that_never_answers():
+    """A port that accepts connections and says nothing (a mistyped port, a hung server) is one
+    ValueError after the probe's timeout, not the client's retries."""
+    import asyncio
+    import socket
+
+    from rstar2_cli.sandbox_bench.plain import probe_server
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(ValueError, match=f"^--url {url}: no sandbox server answers .*ReadTimeout"):
+            asyncio.run(probe_server(url, timeout=0.2))
+
+
 def test_bench_tools_rejects_bad_flags(cli):
     res = cli("bench-tools", "--concurrency", "1,x")
     assert res.exit_code == 2 and "--concurrency" in res.output
