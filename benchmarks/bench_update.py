@@ -6,7 +6,7 @@ although each trajectory only attends to itself (rl/packing.py). This measures t
 `PolicyTrainer.update` (AdamW step included) on one synthetic RL batch, in both layouts:
 
   packed   today's path before the fix: packed rows, SDPA with the dense mask
-  chosen   the layout `train.attn_implementation: auto` picks here (rl/attention.py): on CPU or
+  chosen   the layout `train.attn_implementation: auto` picks here (models/attention.py): on CPU or
            without flash-attn, SDPA over length-bucketed padded rows (causal kernel, no mask);
            with flash-attn on CUDA/ROCm, flash-attn varlen over packed rows
 

@@ -10,7 +10,7 @@ trainer builds it (transformers, fp32, FSDP2 `fully_shard` per decoder layer and
 `Qwen3ForCausalLM` from a `VllmConfig`, TP 1). Nothing is allocated but the attention check's one CPU
 mask (T x T bools, 0.27 GB at 16K tokens). One line per check:
 
-  attention the micro-batch layout the trainer picks (rl/attention.py): SDPA over padded buckets of a
+  attention the micro-batch layout the trainer picks (models/attention.py): SDPA over padded buckets of a
            stage-2-like batch makes transformers' `create_causal_mask` build no mask (SDPA's causal
            kernel), where one packed row of the same trajectories would get a dense T x T mask; with
            flash-attn, packed rows for its varlen kernel
@@ -149,7 +149,7 @@ def check_fsdp(model) -> str:
 
 # ---------------------------------------------------------------- names
 def check_attention(model) -> str:
-    """The trainer's attention layout on this shape (rl/attention.py, rl/packing.py): on a GPU with
+    """The trainer's attention layout on this shape (models/attention.py, rl/packing.py): on a GPU with
     flash-attn, packed rows for its varlen kernel; without it, SDPA over padded buckets, for which
     transformers must build no mask at all (SDPA's causal kernel) where one packed row of the same
     trajectories gets a dense [1, 1, T, T] mask. Checked with the model's own `create_causal_mask`."""
@@ -158,7 +158,7 @@ def check_attention(model) -> str:
     import torch
     from transformers.masking_utils import create_causal_mask
 
-    from rstar2_cli.rl.attention import choose_attention
+    from rstar2_cli.models.attention import choose_attention
     from rstar2_cli.rl.packing import micro_batches
 
     flash = choose_attention("auto", "cuda", torch.bfloat16, flash_available=True)

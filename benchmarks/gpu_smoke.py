@@ -123,7 +123,7 @@ def measure_sharded_load(model, device, sync, batch) -> dict:
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from rstar2_cli.launch.ports import master_store
+    from rstar2_cli.hosts.ports import master_store
     from rstar2_cli.rl.model_load import DEFAULT_LOAD_METHOD, build_policy_model
 
     own_group = not dist.is_initialized()

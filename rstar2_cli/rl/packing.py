@@ -1,6 +1,6 @@
 """Lay trajectories out as micro-batches by token budget, so that no token attends across trajectories.
 
-Two layouts (`LAYOUTS`), chosen with the attention kernel (rl/attention.py):
+Two layouts (`LAYOUTS`), chosen with the attention kernel (models/attention.py):
 
   packed  sequences concatenated in one `[1, T]` row, `position_ids` restarting at 0 for each. For
           `flash_attention_2`: with `attention_mask=None` transformers turns restarting position ids

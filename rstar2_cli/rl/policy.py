@@ -33,7 +33,7 @@ log-probs are the engine's sampling log-probs instead (no pass at all), so at ma
 the clip bounds each step against the policy that sampled the batch.
 
 Attention: each trajectory attends only to itself, never across a micro-batch
-(`train.attn_implementation`, rl/attention.py): flash-attn's variable-length kernel over packed
+(`train.attn_implementation`, models/attention.py): flash-attn's variable-length kernel over packed
 rows on GPU, else SDPA's causal kernel over length-bucketed padded rows (rl/packing.py). The
 update and the proximal pass use the same layout.
 
@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.attention import LAYOUT_OF, resolve_attention
+from rstar2_cli.models.attention import LAYOUT_OF, resolve_attention
 from rstar2_cli.rl.logprobs import final_hidden_states, head_weight, token_logprobs, token_logprobs_with_loss
 from rstar2_cli.rl.model_load import build_policy_model, place_model
 from rstar2_cli.rl.loss import LossStats, clip_higher_loss, loss_stats, tis_weights
@@ -109,7 +109,7 @@ class PolicyTrainer:
                  max_staleness: int = 0, attn_implementation: str = "auto", layout: str | None = None):
         """`info`: this process's ranks and device, from `rl_dist.setup_distributed()` (the
         caller's entry point starts torch.distributed); default: the process as it stands.
-        `attn_implementation`: see rl/attention.py. `layout`: the micro-batch layout, by default the
+        `attn_implementation`: see models/attention.py. `layout`: the micro-batch layout, by default the
         one that goes with the kernel; `benchmarks/bench_update.py` sets "packed" under SDPA to
         measure the dense-mask baseline."""
         if ppo_mini_batches < 1:

@@ -42,7 +42,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rstar2_cli.launch.gpu_visibility import visible_gpus
+from rstar2_cli.hosts.gpu_visibility import visible_gpus
 from rstar2_cli.rollout.engine_health import HealthWatch
 from rstar2_cli.rollout.generation import Engine, GenRequest, GenResult, to_result, version_spans
 from rstar2_cli.rollout.weight_sync.backends import engine_weight_sync_args

@@ -241,7 +241,7 @@ def test_nccl_one_group_per_replica_sized_by_its_tp_on_a_port_held_until_its_ren
     import errno
     import socket
 
-    from rstar2_cli.launch.ports import reserve_port
+    from rstar2_cli.hosts.ports import reserve_port
 
     engines, factory = [FakeEngine(tp_size=2), FakeEngine(tp_size=2)], FakeFactory()
     held, taken = [], []

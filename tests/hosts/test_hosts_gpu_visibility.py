@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rstar2_cli.launch.gpu_visibility import VISIBILITY_VARS, visible_gpus
+from rstar2_cli.hosts.gpu_visibility import VISIBILITY_VARS, visible_gpus
 
 HIP, CUDA = "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"
 

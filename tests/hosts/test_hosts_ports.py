@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from rstar2_cli.launch.ports import master_store, reserve_port
+from rstar2_cli.hosts.ports import master_store, reserve_port
 
 
 def test_master_store_binds_its_own_port_and_serves_a_process_group():

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rstar2_cli.data.mine_hard import mine_hard
+from rstar2_cli.rl.mine_hard import mine_hard
 
 
 @pytest.mark.slow
