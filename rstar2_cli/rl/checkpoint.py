@@ -23,7 +23,7 @@ disk; `<out_dir>/latest` (replaced atomically) then names it. A write that fails
 folder and leaves the previous checkpoint and `latest` as they were.
 `keep` (train.keep_checkpoints) prunes the oldest step_* folders after a save, never the one
 `latest` names nor `final`.
-Fault injection (benchmarks/chaos_rl.py, tests): `RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` makes
+Fault injection (benchmarks/compare/chaos_rl.py, tests): `RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` makes
 the save of that step fail part-way with OSError(ENOSPC), after the weights and the other ranks'
 state shards are written (read at each save).
 All ranks must call save/load (both are collectives).

@@ -11,7 +11,7 @@ checkpoint's safetensors. Two ways to fill them (`LOAD_METHODS`):
   broadcast  rank 0 reads the full checkpoint and `set_model_state_dict(full_state_dict=True,
              broadcast_from_rank0=True)` sends each tensor in turn; ranks keep their shard.
 
-`benchmarks/bench_load_memory.py` measures both against today's `from_pretrained` path
+`benchmarks/timing/bench_load_memory.py` measures both against today's `from_pretrained` path
 ("full"); `slices` is the default (see docs/scale-out.md for the figures). A bf16 checkpoint
 fills fp32 master weights (`copy_` casts); tied embeddings are filled once (the tied parameter is
 one tensor, and FSDP2 keeps it one). Non-persistent buffers (rotary `inv_freq`) are not in the
@@ -82,7 +82,7 @@ def build_policy_model(path: str, *, sharded: bool, device: torch.device, mp_pol
 
     `method` (sharded only): "slices" or "broadcast" (meta device, local shards only) or "full"
     (every rank loads the whole model with `from_pretrained`, then shards it: the baseline
-    of benchmarks/bench_load_memory.py). Unsharded runs always use `from_pretrained`.
+    of benchmarks/timing/bench_load_memory.py). Unsharded runs always use `from_pretrained`.
     `mp_policy` None: fp32 compute (see `shard_model`); `attn_implementation` as models/attention.py chose."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 

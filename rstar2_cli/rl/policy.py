@@ -59,7 +59,7 @@ from rstar2_cli.rl.loss import LossStats, clip_higher_loss, loss_stats, tis_weig
 from rstar2_cli.rl.packing import LAYOUTS, PackedRow, micro_batches
 from rstar2_cli.rollout.trajectory import Trajectory
 
-if TYPE_CHECKING:  # only for annotations: benchmarks/gpu_smoke.py runs this without pydantic
+if TYPE_CHECKING:  # only for annotations: benchmarks/gpu/gpu_smoke.py runs this without pydantic
     from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
 
 
@@ -110,7 +110,7 @@ class PolicyTrainer:
         """`info`: this process's ranks and device, from `rl_dist.setup_distributed()` (the
         caller's entry point starts torch.distributed); default: the process as it stands.
         `attn_implementation`: see models/attention.py. `layout`: the micro-batch layout, by default the
-        one that goes with the kernel; `benchmarks/bench_update.py` sets "packed" under SDPA to
+        one that goes with the kernel; `benchmarks/timing/bench_update.py` sets "packed" under SDPA to
         measure the dense-mask baseline."""
         if ppo_mini_batches < 1:
             raise ValueError(f"ppo_mini_batches must be >= 1, got {ppo_mini_batches}")

@@ -84,7 +84,9 @@ def test_bench_tools_writes_report_with_baseline(cli, tmp_path):
     assert {(r["workload"], r["mode"], r["concurrency"]) for r in rows} == {
         (w, m, c) for w in ("trivial", "error", "timeout") for m in ("sandbox", "baseline") for c in (1, 2)}
     assert all(r["errors"] == 0 and r["first_error"] is None for r in rows)  # expected outcomes, both sides
-    assert all(r["vs_baseline"] > 0 for r in rows if r["mode"] == "sandbox")
+    base = {(r["workload"], r["concurrency"]): r["calls_per_s"] for r in rows if r["mode"] == "baseline"}
+    assert all(r["vs_baseline"] == round(r["calls_per_s"] / base[r["workload"], r["concurrency"]], 2)
+               for r in rows if r["mode"] == "sandbox")                 # each row against its own baseline
     assert all(r["calls"] == (4 if r["mode"] == "sandbox" else 2) for r in rows)
 
 

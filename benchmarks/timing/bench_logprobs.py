@@ -21,7 +21,7 @@ extrapolated linearly in tokens from the largest measured full case (every term 
 tokens), and the row says so. The last table is arithmetic for a 32K-token micro-batch at
 Qwen3-14B's hidden size (5120), from the same byte counts.
 
-    flock /tmp/rstar2-cpu.lock python benchmarks/bench_logprobs.py --tokens 2048 4096 8192 --hidden 256 \\
+    flock /tmp/rstar2-cpu.lock python benchmarks/timing/bench_logprobs.py --tokens 2048 4096 8192 --hidden 256 \\
         --json runs/bench_logprobs.json
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 VOCAB = 151_936
 GIB = 1024 ** 3

@@ -9,7 +9,7 @@ Two batches, each measured against a baseline in the same run (the machine is no
 Baseline: math-verify `parse`/`verify` called serially in this process, the naive reward loop
 (signal timeouts, no isolation), on the same items. Prints a rich table; `--json PATH` writes it.
 
-    python benchmarks/bench_reward.py --json out/bench_reward.json
+    python benchmarks/timing/bench_reward.py --json out/bench_reward.json
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from rich.table import Table
 
 from rstar2_cli.reward import GraderPool
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _INTEGER = re.compile(r"-?\d+")
 
 

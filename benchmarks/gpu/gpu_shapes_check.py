@@ -1,8 +1,8 @@
 """The GPU-only weight-sync code paths, run as far as they go without CUDA, on a model's real shapes.
 
-    python benchmarks/gpu_shapes_check.py --model qwen3-14b
-    python benchmarks/gpu_shapes_check.py --model qwen3-1.7b qwen3-8b --replicas-per-node 4
-    python benchmarks/gpu_shapes_check.py --model qwen3-14b --ipc-buffer-mb 1024   # vLLM's default: fails
+    python benchmarks/gpu/gpu_shapes_check.py --model qwen3-14b
+    python benchmarks/gpu/gpu_shapes_check.py --model qwen3-1.7b qwen3-8b --replicas-per-node 4
+    python benchmarks/gpu/gpu_shapes_check.py --model qwen3-14b --ipc-buffer-mb 1024   # vLLM's default: fails
 
 The model (its real config, written below; no download) is built on the meta device twice: as the
 trainer builds it (transformers, fp32, FSDP2 `fully_shard` per decoder layer and root over a
@@ -36,7 +36,7 @@ mask (T x T bools, 0.27 GB at 16K tokens). One line per check:
            all-gathered per rank per step before (one fp32 pass per replica) and after (one bf16 pass).
 
 Exit status 1 if any check fails. What this cannot reach (CUDA allocation, IPC handles, NCCL
-itself, TP > 1 shards) is benchmarks/gpu_rl_smoke.py's.
+itself, TP > 1 shards) is benchmarks/gpu/gpu_rl_smoke.py's.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 GiB = 1 << 30
 QWEN3 = {   # the released configs' shapes (config.json of Qwen/Qwen3-14B, -8B, -1.7B)

@@ -11,7 +11,7 @@ Rows, on one embedded pool, in interleaved rounds so that the shared machine's l
   * runner, text  -- the same text with a leading "#": not recognised, so it runs as text
                      (what every call paid before the runner was registered).
 
-Usage:  python benchmarks/bench_rl_code_runner.py [--calls 900] [--concurrency 64] [--rounds 3] [--json F]
+Usage:  python benchmarks/timing/bench_rl_code_runner.py [--calls 900] [--concurrency 64] [--rounds 3] [--json F]
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ set (/proc/self/statm, every 5 ms; memory-mapped file pages it touched count too
             and writes them alone (`save_pretrained` + `torch.save`); load: sliced weights,
             `torch.load(mmap=True)` of the full AdamW state on every rank.
 
-    flock /tmp/rstar2-cpu.lock python benchmarks/bench_checkpoint.py --ranks 2 4 --json ckpt.json
+    flock /tmp/rstar2-cpu.lock python benchmarks/timing/bench_checkpoint.py --ranks 2 4 --json ckpt.json
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 GIB = 1024**3
 SHAPE = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=2, num_attention_heads=16,

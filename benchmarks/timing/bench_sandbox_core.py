@@ -6,7 +6,7 @@ ratio. Latency p50/p99 is submit-to-result at the given concurrency, so it inclu
 of each call (fork to exit). A third reference, "bare fork", is the ceiling for any fork-per-call design on this
 machine: one unconfined preloaded parent forking children that exec the snippet, with no jail,
 limits, IPC or result handling.
-Usage:  python benchmarks/bench_sandbox_core.py [--calls 3000] [--concurrency 64] [--json out.json]
+Usage:  python benchmarks/timing/bench_sandbox_core.py [--calls 3000] [--concurrency 64] [--json out.json]
 """
 from __future__ import annotations
 

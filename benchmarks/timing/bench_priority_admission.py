@@ -7,7 +7,7 @@ priority = batch index they go first. This measures, on one replica with `max_nu
 how long the old batch's turns take to finish (and the whole queue, which priority must not
 slow), FCFS against priority, with the same requests in the same arrival order.
 
-    python benchmarks/bench_priority_admission.py --old 8 --new 48 --tokens 96
+    python benchmarks/timing/bench_priority_admission.py --old 8 --new 48 --tokens 96
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 async def one_run(engine, prompt, args) -> dict:

@@ -12,7 +12,7 @@ any other call. The plain side generates, in one continuous batch, one request p
 with the same total number of generated tokens. Throughput = generated tokens / wall seconds;
 the ratio is tools / plain, measured in the same process run.
 
-    python benchmarks/bench_rollout_tools.py --trajectories 64 --turns 3 --turn-tokens 48 --json out.json
+    python benchmarks/timing/bench_rollout_tools.py --trajectories 64 --turns 3 --turn-tokens 48 --json out.json
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 SNIPPET = "import sympy\nprint(sympy.factorint(2**61 - 1))"
 

@@ -10,7 +10,7 @@ interpreter, torch and the memory-mapped checkpoint pages it touched) and its lo
 `from_pretrained` in fp32 on every rank, then `fully_shard`), all in the same invocation.
 A run whose estimated peak would not fit in MemAvailable is skipped and says so.
 
-    python benchmarks/bench_load_memory.py --sizes 0.5b 1b --ranks 2 4 --json load.json
+    python benchmarks/timing/bench_load_memory.py --sizes 0.5b 1b --ranks 2 4 --json load.json
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 GIB = 1024**3
 SLACK_GIB = 1.5

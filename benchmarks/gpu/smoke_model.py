@@ -4,7 +4,7 @@ A new cluster is checked with one number before a 64-GPU run: model FLOPs utilis
 a policy update on a Qwen3-shaped model. That number is only meaningful if the FLOP count is
 written down, so it lives here, tested on CPU against hand-computed values.
 
-Only torch and transformers are imported (no rich, no project install): `benchmarks/gpu_smoke.py`
+Only torch and transformers are imported (no rich, no project install): `benchmarks/gpu/gpu_smoke.py`
 must run on a bare GPU box with the source tree on sys.path.
 
 FLOP convention (PaLM appendix B / torchtitan, so numbers compare with theirs):

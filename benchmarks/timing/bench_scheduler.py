@@ -10,7 +10,7 @@
 
 Reports makespan ratios (balanced / static; target <= 0.8) in a rich table and, with --json, a file.
 
-    python benchmarks/bench_scheduler.py --json results/bench_scheduler.json
+    python benchmarks/timing/bench_scheduler.py --json results/bench_scheduler.json
 """
 from __future__ import annotations
 
@@ -20,9 +20,12 @@ import json
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/, for the simulators (sim/)
 
 from rich.console import Console
 from rich.progress import Progress

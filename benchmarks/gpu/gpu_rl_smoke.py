@@ -4,8 +4,8 @@ It has not been run (written without a GPU at hand); run it on the first GPU nod
 figures in docs/scale-out.md. Needs one GPU (two for nccl), vLLM and this source tree; no network.
 `--help` and the CUDA check work on CPU; everything else needs CUDA.
 
-    python benchmarks/gpu_rl_smoke.py                          # ipc + chunked (+ nccl with 2 GPUs)
-    python benchmarks/gpu_rl_smoke.py --backends ipc --model 0.25b
+    python benchmarks/gpu/gpu_rl_smoke.py                          # ipc + chunked (+ nccl with 2 GPUs)
+    python benchmarks/gpu/gpu_rl_smoke.py --backends ipc --model 0.25b
 
 The default model (`14b-embed`) is a random 2-layer Qwen3 with Qwen3-14B's widths and untied
 embeddings, so the push carries two 151936 x 5120 bf16 tensors (1.45 GiB each, more than vLLM's
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 EMBED_14B = "14b-embed"

