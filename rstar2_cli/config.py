@@ -202,7 +202,7 @@ class TrainConfig(_Section):
     micro_batch_tokens: int = Field(16384, ge=1)      # tokens per micro-batch (packed, or padded B x L; rl/packing.py)
     logprob_chunk_tokens: int = Field(1024, ge=1)     # tokens per chunk of the log-prob head (peak memory = chunk x vocab)
     # attention kernel of the update: auto = flash_attention_2 over packed rows where flash-attn runs (CUDA/ROCm,
-    # bf16), else sdpa over length-bucketed rows; never attention across trajectories (rl/attention.py)
+    # bf16), else sdpa over length-bucketed rows; never attention across trajectories (models/attention.py)
     attn_implementation: Literal["auto", "flash_attention_2", "sdpa"] = "auto"
     ppo_mini_batches: int = Field(1, ge=1)            # optimizer steps per batch (release: 1)
     # Asynchronous GRPO-RoC, experimental (rl/async_rollouts.py): batches for steps s+1..s+k are

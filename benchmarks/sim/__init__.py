@@ -1,9 +1,11 @@
 """Simulators of the rollout side at cluster scale, for benchmarks and tests only.
 
-`sim.rollout`: one synchronous rollout step on N vLLM-like replicas (discrete events, the same
-dispatch policies as `rstar2_cli.rollout.scheduler`). `sim.overlap`: many steps of
+`sim.workload`: the seeded multi-turn trajectories they replay. `sim.rollout`: one synchronous
+rollout step on N vLLM-like replicas (discrete events, the same dispatch policies as
+`rstar2_cli.rollout.scheduler`). `sim.overlap`: many steps of
 rollout/training overlap with bounded staleness on the same replicas (docs/async-rl.md).
 
-Imported as the top-level package `sim`: `python benchmarks/X.py` puts `benchmarks/` on
-sys.path, and pytest adds it through `pythonpath` in pyproject.toml.
+Imported as the top-level package `sim`: the scripts that use it (benchmarks/timing/bench_scheduler.py,
+bench_async_sim.py) put `benchmarks/` on sys.path, and pytest adds it through `pythonpath` in
+pyproject.toml.
 """

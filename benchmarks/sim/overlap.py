@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rstar2_cli.rollout.scheduler import LoadTracker, Policy
-from sim.rollout import ReplicaCluster, ReplicaModel, TrajectoryPlan, UpdateMode
+from sim.rollout import ReplicaCluster, ReplicaModel, UpdateMode
+from sim.workload import TrajectoryPlan
 
 Consume = Literal["in_order", "completion"]
 

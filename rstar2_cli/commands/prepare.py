@@ -135,7 +135,7 @@ def hard_command(
     """Stage-3 hard subset: problems the policy does not solve in all of its samples (with pass rates)."""
     from rich.console import Console
 
-    from rstar2_cli.data.mine_hard import mine_hard
+    from rstar2_cli.rl.mine_hard import mine_hard
     from rstar2_cli.data.problems import DataError
 
     checks.model_dir(policy, "--policy")

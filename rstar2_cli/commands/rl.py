@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
                                                 help="start this node's trainers (default: SLURM_NODEID; "
                                                      "without either, print every node's command)"),
         master_addr: Optional[str] = typer.Option(None, "--master-addr",
-                                                  help="head node address (default: SLURM's first host, else 127.0.0.1)"),
+                                                  help="head node address (default: SLURM's first host, else 127.0.0.1; a multi-node --dry-run without either names a placeholder)"),
         master_port: int = typer.Option(29500, "--master-port", min=1, max=65535),
         engine_gpus: Optional[int] = typer.Option(None, "--engine-gpus", min=1,
                                                   help="GPUs (over all nodes) that hold only engines, with "
@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
         entry_args = ["--config", str(resolved_path)] + (["--resume", resume] if resume else [])
         try:
             sizes = resolve_launch(gpus, nodes=nodes, gpus_per_node=gpus_per_node, node_rank=node_rank,
-                                   master_addr=master_addr)
+                                   master_addr=master_addr, allow_placeholder_head=dry_run)
             plan = plan_from_args(
                 gpus, sizes.nodes,
                 gpus_per_node=sizes.gpus_per_node,
@@ -121,6 +121,10 @@ def register(app: typer.Typer) -> None:
             plan = dataclasses.replace(plan, nodes=tuple(dataclasses.replace(n, env=n.env + extra)
                                                          for n in plan.nodes))
         plan = dataclasses.replace(plan, notes=plan.notes + (start_text(cfg),))
+        if sizes.head_is_placeholder:
+            plan = dataclasses.replace(plan, notes=plan.notes + (
+                f"head node: {sizes.master_addr} is a placeholder (no --master-addr, not under SLURM); "
+                f"give --master-addr, or run under SLURM, to launch",))
         k = cfg.train.max_staleness
         if k:
             where = ("their own GPUs" if gpus else "vLLM's engine-core process, beside the trainer on the same cores")

@@ -94,15 +94,9 @@ async def _generate(s: EvalSettings, family, problems, tokenizer, out_file: Path
             engine = await _make_engine(s)
             stack.push_async_callback(engine.close)
         if tools is None:
-            if s.sandbox_url:
-                from sandbox.service.client import RemoteSandbox
+            from rstar2_cli.rollout.tool_sandbox import eval_tool_sandbox
 
-                tools = RemoteSandbox(s.sandbox_url)
-            else:
-                from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE
-                from sandbox import Sandbox
-
-                tools = Sandbox(preludes=(RUNNER_PRELUDE,))  # calls come wrapped in RL's runner
+            tools = eval_tool_sandbox(s.sandbox_url, s.rollout_config())   # RL's limits and runner
             await stack.enter_async_context(tools)
         from rstar2_cli.rollout.scheduler import LoadBalancedScheduler
 

@@ -20,6 +20,9 @@ from rstar2_cli.launch.topology import PlanError
 
 DEFAULT_GPUS_PER_NODE = 8
 LOCAL_MASTER = "127.0.0.1"
+# The head a dry run names when neither --master-addr nor SLURM says which node it is: a name no
+# host has, spelled so that it reads as "fill me in" in the printed commands.
+PLACEHOLDER_HEAD = "HEAD_NODE"
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class LaunchSizes:
     node_rank: int | None       # None: print every node's command (nothing says which node this is)
     master_addr: str
     source: str                 # where the defaults came from, for the plan view
+    head_is_placeholder: bool = False   # master_addr is PLACEHOLDER_HEAD: nothing named the head
 
 
 def visible_gpu_count() -> int:
@@ -77,8 +81,11 @@ def _env_int(env: Mapping[str, str], name: str) -> int | None:
 
 def resolve_launch(gpus: int, *, nodes: int | None = None, gpus_per_node: int | None = None,
                    node_rank: int | None = None, master_addr: str | None = None,
-                   env: Mapping[str, str] | None = None, visible_gpus: int | None = None) -> LaunchSizes:
-    """Fill in what the flags left out, from SLURM's environment and this node's GPUs."""
+                   env: Mapping[str, str] | None = None, visible_gpus: int | None = None,
+                   allow_placeholder_head: bool = False) -> LaunchSizes:
+    """Fill in what the flags left out, from SLURM's environment and this node's GPUs.
+    `allow_placeholder_head` (a dry run): several nodes with no head named plan with
+    PLACEHOLDER_HEAD instead of failing."""
     env = os.environ if env is None else env
     slurm_nodes = _env_int(env, "SLURM_JOB_NUM_NODES")
     source = "flags"
@@ -109,6 +116,8 @@ def resolve_launch(gpus: int, *, nodes: int | None = None, gpus_per_node: int | 
         raise PlanError(f"node_rank={node_rank}: must be in 0..{nodes - 1}")
     if master_addr is None:
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if nodes > 1 and not nodelist and allow_placeholder_head:
+            return LaunchSizes(nodes, gpus_per_node, node_rank, PLACEHOLDER_HEAD, source, head_is_placeholder=True)
         if nodes > 1 and not nodelist:
             raise PlanError(f"gpus={gpus} plans {nodes} nodes x {gpus // nodes} GPUs: give --master-addr "
                             "(the head node's host name or IP), or run under SLURM")

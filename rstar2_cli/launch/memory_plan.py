@@ -65,7 +65,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from rstar2_cli.hosts.gpu_visibility import local_gpu_memory
 from rstar2_cli.launch.model_shape import Qwen3Shape
+from rstar2_cli.rollout.engine_args import ENGINE_RUNTIME_GIB
 
 GIB = 1024**3
 BF16, FP32 = 2, 4
@@ -75,9 +77,6 @@ DEFAULT_GPU = "mi300x"                # the paper's GPUs
 # Assumed, not measured: a trainer rank's CUDA/HIP context and its NCCL/RCCL communicator buffers
 # (NCCL_MIN_NCHANNELS=112 in Dockerfile.rocm: up to ~1 GiB of channel buffers).
 TRAINER_RUNTIME_GIB = 2.0
-# Assumed, not measured: one vLLM worker process on a GPU (context, TP communicator, non-torch
-# memory); it stays while the engine sleeps.
-ENGINE_RUNTIME_GIB = 1.5
 # Assumed, not measured: vLLM's estimate of one engine worker's CUDA graphs (decode batches up to
 # 512 sequences), taken from its budget before the KV cache.
 ENGINE_CUDA_GRAPHS_GIB = 1.0
@@ -300,18 +299,6 @@ def _what_to_change(spec: MemorySpec, column: str, over_gib: float) -> str:
     if tokens is None:
         return "more GPUs (trainer ranks shard the fp32 state)"
     return f"set train.micro_batch_tokens={tokens} (or more GPUs)"
-
-
-def local_gpu_memory() -> tuple[float, str] | None:
-    """(GiB, device name) of this node's first GPU, or None without one (a login node)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    props = torch.cuda.get_device_properties(0)
-    return props.total_memory / GIB, props.name
 
 
 def resolve_gpu_memory(option: str | None) -> tuple[float, str]:

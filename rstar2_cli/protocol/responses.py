@@ -21,12 +21,12 @@ from typing import Any
 
 from rstar2_cli.protocol.parser import ParseError
 from rstar2_cli.protocol.template import IM_END, IM_START, render_messages
-from sandbox.service.codejudge import codejudge_reason
+from sandbox.core.result import codejudge_reason
 
 NO_OUTPUT = "(no output; use print() to show results)"
 RELEASE_CUT = "...(truncated)..."          # verl tool_agent_loop, tool_response_truncate_side "middle"
 # Our sandbox's reasons become code-judge's ResultReason values through the one map the sandbox's
-# code-judge API uses (sandbox.service.codejudge.codejudge_reason): a snippet that raises or hits a
+# code-judge API uses (sandbox.core.result.codejudge_reason): a snippet that raises or hits a
 # resource limit is a plain failure (''), a time-out 'worker_timeout', the machinery 'internal_error'.
 
 

@@ -68,8 +68,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rstar2_cli.rl.metrics import StepTimer
-from rstar2_cli.rl.rollout_source import Rolled
-from rstar2_cli.rl.shards import Piece, StepShard
+from rstar2_cli.rl.shards import Piece, Rolled, StepShard
 from rstar2_cli.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)

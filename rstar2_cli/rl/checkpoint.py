@@ -23,7 +23,7 @@ disk; `<out_dir>/latest` (replaced atomically) then names it. A write that fails
 folder and leaves the previous checkpoint and `latest` as they were.
 `keep` (train.keep_checkpoints) prunes the oldest step_* folders after a save, never the one
 `latest` names nor `final`.
-Fault injection (benchmarks/chaos_rl.py, tests): `RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` makes
+Fault injection (benchmarks/compare/chaos_rl.py, tests): `RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` makes
 the save of that step fail part-way with OSError(ENOSPC), after the weights and the other ranks'
 state shards are written (read at each save).
 All ranks must call save/load (both are collectives).
@@ -51,7 +51,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.model_load import _tied_sources, fill_from_safetensors
+from rstar2_cli.rl.model_load import tied_sources, fill_from_safetensors
 from rstar2_cli.rl.policy import PolicyTrainer
 from rstar2_cli.rl.sampler import DataSampler
 
@@ -155,7 +155,7 @@ def _weights_state(policy: PolicyTrainer) -> dict[str, torch.Tensor]:
     """This rank's shards of the weights (DTensors when sharded), tied aliases left out as
     `save_pretrained` does (safetensors holds no aliases; the model re-ties them on load)."""
     sd = get_model_state_dict(policy.model, options=_SHARDED_OPTIONS)
-    for alias, source in _tied_sources(policy.model).items():
+    for alias, source in tied_sources(policy.model).items():
         if alias in sd and source in sd:
             del sd[alias]
     return sd

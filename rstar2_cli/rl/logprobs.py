@@ -5,7 +5,7 @@ vocabulary (151,936) a 32K-token micro-batch is 19.9 GB per fp32 copy, and log-s
 and their backward make several copies. Here only the positions the caller selects (the loss
 tokens: tool responses are never scored) go through the LM head, `chunk_tokens` at a time, so
 the head's peak is about chunk × vocab × 8 bytes (fp32 logits and their exponentials), not
-tokens × vocab × several copies (`benchmarks/bench_logprobs.py` measures both).
+tokens × vocab × several copies (`benchmarks/timing/bench_logprobs.py` measures both).
 
 Backward without a second pass: the policy loss is a sum of per-token terms (rl/loss.py), so
 `token_logprobs_with_loss` evaluates the caller's loss on each chunk while the chunk's logits

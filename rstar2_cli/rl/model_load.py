@@ -11,7 +11,7 @@ checkpoint's safetensors. Two ways to fill them (`LOAD_METHODS`):
   broadcast  rank 0 reads the full checkpoint and `set_model_state_dict(full_state_dict=True,
              broadcast_from_rank0=True)` sends each tensor in turn; ranks keep their shard.
 
-`benchmarks/bench_load_memory.py` measures both against today's `from_pretrained` path
+`benchmarks/timing/bench_load_memory.py` measures both against today's `from_pretrained` path
 ("full"); `slices` is the default (see docs/scale-out.md for the figures). A bf16 checkpoint
 fills fp32 master weights (`copy_` casts); tied embeddings are filled once (the tied parameter is
 one tensor, and FSDP2 keeps it one). Non-persistent buffers (rotary `inv_freq`) are not in the
@@ -82,8 +82,8 @@ def build_policy_model(path: str, *, sharded: bool, device: torch.device, mp_pol
 
     `method` (sharded only): "slices" or "broadcast" (meta device, local shards only) or "full"
     (every rank loads the whole model with `from_pretrained`, then shards it: the baseline
-    of benchmarks/bench_load_memory.py). Unsharded runs always use `from_pretrained`.
-    `mp_policy` None: fp32 compute (see `shard_model`); `attn_implementation` as rl/attention.py chose."""
+    of benchmarks/timing/bench_load_memory.py). Unsharded runs always use `from_pretrained`.
+    `mp_policy` None: fp32 compute (see `shard_model`); `attn_implementation` as models/attention.py chose."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     if method not in LOAD_METHODS:
@@ -117,7 +117,7 @@ def _init_non_persistent_buffers(model) -> None:
             model._init_weights(module)
 
 
-def _tied_sources(model) -> dict[str, str]:
+def tied_sources(model) -> dict[str, str]:
     """{tied parameter name: the checkpoint key it is stored under}, e.g. lm_head -> embed_tokens."""
     tied = getattr(model, "all_tied_weights_keys", None) or {}
     if not tied and getattr(model.config, "tie_word_embeddings", False):
@@ -155,7 +155,7 @@ def fill_from_safetensors(model, hf_dir: Path) -> None:
     from safetensors import safe_open
 
     hf_dir = Path(hf_dir)
-    tied = _tied_sources(model)
+    tied = tied_sources(model)
     with ExitStack() as stack:
         where: dict[str, Any] = {}
         for f in checkpoint_files(hf_dir):
@@ -178,7 +178,7 @@ def read_full_state(hf_dir: Path, model) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for f in checkpoint_files(hf_dir):
         state.update(load_file(str(f)))
-    for name, source in _tied_sources(model).items():
+    for name, source in tied_sources(model).items():
         if name not in state and source in state:
             state[name] = state[source]
     return state

@@ -1,6 +1,6 @@
 """Lay trajectories out as micro-batches by token budget, so that no token attends across trajectories.
 
-Two layouts (`LAYOUTS`), chosen with the attention kernel (rl/attention.py):
+Two layouts (`LAYOUTS`), chosen with the attention kernel (models/attention.py):
 
   packed  sequences concatenated in one `[1, T]` row, `position_ids` restarting at 0 for each. For
           `flash_attention_2`: the forward gets the row's `cu_seq_lens` and max length
@@ -13,7 +13,7 @@ Two layouts (`LAYOUTS`), chosen with the attention kernel (rl/attention.py):
           _ignore_causal_mask_sdpa`); causality alone keeps each row's real tokens from seeing the
           padding after them, and padding is never scored. A packed row under SDPA would instead make
           transformers build a dense `[1, 1, T, T]` block-diagonal mask and SDPA compute all T^2
-          blocks (`find_packed_sequence_indices`): `benchmarks/bench_update.py` measures both.
+          blocks (`find_packed_sequence_indices`): `benchmarks/timing/bench_update.py` measures both.
 
 A bucket closes when the next (shorter) sequence would leave more than `1 - MIN_FILL` of its
 row as padding, which bounds the wasted linear FLOPs; `docs/benchmarks.md` has the figures the
@@ -30,7 +30,7 @@ import torch
 
 LAYOUTS = ("packed", "padded")
 # padded: a bucket's rows are at least this full (shortest / longest member); chosen from
-# benchmarks/bench_update.py's layout sweep (docs/benchmarks.md)
+# benchmarks/timing/bench_update.py's layout sweep (docs/benchmarks.md)
 MIN_FILL = 0.8
 
 

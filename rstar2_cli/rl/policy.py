@@ -34,7 +34,7 @@ log-probs are the engine's sampling log-probs instead (no pass at all), so at ma
 the clip bounds each step against the policy that sampled the batch.
 
 Attention: each trajectory attends only to itself, never across a micro-batch
-(`train.attn_implementation`, rl/attention.py): flash-attn's variable-length kernel over packed
+(`train.attn_implementation`, models/attention.py): flash-attn's variable-length kernel over packed
 rows on GPU, else SDPA's causal kernel over length-bucketed padded rows (rl/packing.py). The
 update and the proximal pass use the same layout.
 
@@ -53,14 +53,14 @@ import numpy as np
 import torch
 
 from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.attention import LAYOUT_OF, resolve_attention
+from rstar2_cli.models.attention import LAYOUT_OF, resolve_attention
 from rstar2_cli.rl.logprobs import final_hidden_states, head_weight, token_logprobs, token_logprobs_with_loss
 from rstar2_cli.rl.model_load import build_policy_model, place_model
 from rstar2_cli.rl.loss import LossStats, clip_higher_loss, loss_stats, tis_weights
 from rstar2_cli.rl.packing import LAYOUTS, PackedRow, micro_batches
 from rstar2_cli.rollout.trajectory import Trajectory
 
-if TYPE_CHECKING:  # only for annotations: benchmarks/gpu_smoke.py runs this without pydantic
+if TYPE_CHECKING:  # only for annotations: benchmarks/gpu/gpu_smoke.py runs this without pydantic
     from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
 
 
@@ -112,8 +112,8 @@ class PolicyTrainer:
                  temperature: float = 1.0):
         """`info`: this process's ranks and device, from `rl_dist.setup_distributed()` (the
         caller's entry point starts torch.distributed); default: the process as it stands.
-        `attn_implementation`: see rl/attention.py. `layout`: the micro-batch layout, by default the
-        one that goes with the kernel; `benchmarks/bench_update.py` sets "packed" under SDPA to
+        `attn_implementation`: see models/attention.py. `layout`: the micro-batch layout, by default the
+        one that goes with the kernel; `benchmarks/timing/bench_update.py` sets "packed" under SDPA to
         measure the dense-mask baseline. `temperature`: the rollout's sampling temperature; every
         log-prob here is of logits / temperature, the distribution the engine sampled from (verl's
         dp_actor divides the logits the same way), so ratios and TIS compare like with like."""

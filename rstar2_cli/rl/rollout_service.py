@@ -131,17 +131,9 @@ class RolloutService:
             if partial:
                 e.pause_mode = "keep"     # updates stop turns at a token boundary (partial rollouts)
         self.scheduler = LoadBalancedScheduler(self.engines)
-        if cfg.sandbox.url:
-            from sandbox.service.client import RemoteSandbox
+        from rstar2_cli.rollout.tool_sandbox import rl_tool_sandbox
 
-            self.tools = RemoteSandbox(cfg.sandbox.url)
-        else:
-            from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE
-            from sandbox import Limits, Sandbox
-
-            self.tools = Sandbox(workers=cfg.sandbox.workers, isolation=cfg.sandbox.isolation,
-                                 limits=Limits(timeout=cfg.rollout.tool_timeout, cpu_time=cfg.rollout.tool_timeout,
-                                               memory_mb=cfg.sandbox.memory_mb), preludes=(RUNNER_PRELUDE,))
+        self.tools = rl_tool_sandbox(cfg)
         self._run(self.tools.start())
 
     def sandbox_down_for(self) -> float:

@@ -11,18 +11,9 @@ batches in flight, staleness) stays in its own module.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rstar2_cli.rl.shards import Filter, Piece, StepShard
-
-
-@dataclass
-class Rolled:
-    """A step's batch as a source hands it over: this host's piece (a string: why its rollout
-    failed; None off-host) and a filter the host runs on it before RoC (`rl/shards.py`)."""
-    piece: Piece | str | None
-    keep: Filter | None = None
+from rstar2_cli.rl.shards import Piece, Rolled, StepShard
 
 
 class RolloutSource(Protocol):

@@ -17,7 +17,7 @@ trains on 1/64 of the kept half. So (`share_step`, a collective every rank calls
 
 RoC's random choices are drawn per group, from a generator seeded by the run's seed, the step and
 the group's prompt position (`group_rng`): the selection is the same whichever host makes it, so
-N nodes reproduce one node. `benchmarks/bench_exchange.py` measures the bytes a rank receives.
+N nodes reproduce one node. `benchmarks/timing/bench_exchange.py` measures the bytes a rank receives.
 """
 from __future__ import annotations
 
@@ -39,6 +39,14 @@ log = logging.getLogger(__name__)
 Piece = tuple[list[int], list[Trajectory], dict[str, float]]
 # A hook of the rollout source between placement and RoC: (kept trajectories, its per-host report)
 Filter = Callable[[list[Trajectory]], tuple[list[Trajectory], Any]]
+
+
+@dataclass
+class Rolled:
+    """A step's batch as a source hands it over: this host's piece (a string: why its rollout
+    failed; None off-host) and a filter the host runs on it before RoC."""
+    piece: Piece | str | None
+    keep: Filter | None = None
 
 
 def group_rng(seed: int, step: int) -> Callable[[Sequence[Trajectory]], np.random.Generator]:

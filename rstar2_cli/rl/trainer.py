@@ -38,7 +38,7 @@ A vLLM engine that dies or hangs mid-rollout is restarted with the current weigh
 trajectories it interrupted are rolled out again with their own seeds (`rollout/engine_health.py`,
 `faults/engine_restarts`); one death more than `engine.max_restarts` checkpoints the last
 completed step and aborts (`RunAborted`), the step's batch drawn again on resume.
-Fault injection for tests and benchmarks/chaos_rl.py: `RSTAR2_FAULT_NONFINITE_STEPS=3,4` gives
+Fault injection for tests and benchmarks/compare/chaos_rl.py: `RSTAR2_FAULT_NONFINITE_STEPS=3,4` gives
 those (1-based) steps NaN advantages, so their loss and gradients are NaN (read once, at start);
 `RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` fails that step's checkpoint write (`checkpoint.py`).
 """

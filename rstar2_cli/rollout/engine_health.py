@@ -33,7 +33,7 @@ whose transfer groups include the dead engine's workers), cannot be restarted mi
 the same way at the first death (`EngineSupervisor(why_not=...)`; with several ranks the hosts'
 exchange turns that into a failed step on every rank, and the run resumes from its last checkpoint).
 
-Finding the engine-core process (fault injection, benchmarks/chaos_rl.py): `AsyncLLM` always runs
+Finding the engine-core process (fault injection, benchmarks/compare/chaos_rl.py): `AsyncLLM` always runs
 the engine core in a child process of the trainer (vllm/v1/engine/utils.py starts it as a
 multiprocessing process named "EngineCore", and vllm/v1/engine/core.py sets its process title to
 "VLLM::EngineCore"; on CPU the model runs inside it: VLLM_ENABLE_V1_MULTIPROCESSING=0 only keeps

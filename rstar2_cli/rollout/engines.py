@@ -42,8 +42,8 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rstar2_cli.launch.engine_sizing import default_max_model_len, engine_kwargs
-from rstar2_cli.launch.gpu_visibility import visible_gpus
+from rstar2_cli.hosts.gpu_visibility import visible_gpus
+from rstar2_cli.rollout.engine_args import default_max_model_len, engine_kwargs
 from rstar2_cli.rollout.engine_health import HealthWatch
 from rstar2_cli.rollout.generation import (Engine, EngineRequestError, GenRequest, GenResult, to_result,
                                           version_spans)

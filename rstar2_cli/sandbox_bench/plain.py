@@ -13,6 +13,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from textwrap import shorten
 from typing import Callable
 
 from rstar2_cli.sandbox_bench.timing import percentile_ms
@@ -34,6 +35,11 @@ WORKLOADS: dict[str, Workload] = {
     "error": Workload("def f(x):\n    return 1 / x\nf(0)", "runtime_error"),
     "timeout": Workload("while True:\n    pass", "timeout", timeout=0.25),
 }
+
+# How long `--url`'s server has to answer one /status before the benchmark gives up on it: the
+# client's own retries ride out ~25 s of a server restarting, which is a hang to someone who
+# mistyped the port.
+PROBE_S = 3.0
 
 # The targets each run is checked against (workload, concurrency, min calls/s, max p99 ms,
 # min ratio to baseline).
@@ -197,6 +203,21 @@ def render_table(report: dict):
     return table
 
 
+async def probe_server(url: str, timeout: float = PROBE_S) -> None:
+    """One /status request, no retries: a ValueError in one line when nothing answers at `url`."""
+    from sandbox.service.client import RemoteSandbox, SandboxUnreachable
+
+    try:
+        async with RemoteSandbox(url, timeout=timeout, retries=0) as sb:
+            await sb.status()
+    except SandboxUnreachable as e:
+        cause = e.__cause__ if e.__cause__ is not None else e
+        raise ValueError(f"--url {url}: no sandbox server answers ({type(cause).__name__}: "
+                         f"{str(cause) or 'no answer'}); start one with `rstar2 serve-sandbox`") from None
+    except ValueError as e:
+        raise ValueError(f"--url {url}: not a sandbox server ({shorten(str(e), 160)})") from None
+
+
 def bench_main(cfg: BenchConfig, url: str | None, sandbox_kwargs: dict, json_path, console) -> dict:
     """`rstar2 bench-tools`: run the benchmark with a progress bar, print the table, write JSON."""
     import json
@@ -207,6 +228,8 @@ def bench_main(cfg: BenchConfig, url: str | None, sandbox_kwargs: dict, json_pat
     from sandbox.service.client import RemoteSandbox
     from sandbox.service.embedded import build_sandbox
 
+    if url:
+        asyncio.run(probe_server(url))
     sb = RemoteSandbox(url) if url else build_sandbox(sandbox_kwargs)
 
     async def go() -> dict:

@@ -40,7 +40,7 @@ class SftConfig(_S):
     per_device_batch_size: int = Field(4, ge=1)
     max_length: int = Field(8192, ge=16)
     packing: bool = False                        # honoured with flash_attention_2 only (see trainer.py)
-    # auto: flash_attention_2 where flash-attn runs (CUDA/ROCm, bf16), else sdpa (rstar2_cli/rl/attention.py)
+    # auto: flash_attention_2 where flash-attn runs (CUDA/ROCm, bf16), else sdpa (rstar2_cli/models/attention.py)
     attn_implementation: Literal["auto", "flash_attention_2", "sdpa"] = "auto"
     gradient_checkpointing: bool = True
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"

@@ -9,7 +9,7 @@ Packing needs flash-attn: a packed row reaches the model as `position_ids` with 
 `flash_attention_2` turns into variable-length sequences (`cu_seqlens`), but for which SDPA gets a
 dense block-diagonal `[1, 1, T, T]` mask from transformers and computes all T^2 blocks (the RL
 update's layouts, rl/packing.py, have the figures). So `packing: true` is honoured only where
-`attn_implementation` resolves to `flash_attention_2` (rstar2_cli/rl/attention.py); under SDPA the
+`attn_implementation` resolves to `flash_attention_2` (rstar2_cli/models/attention.py); under SDPA the
 conversations are batched with padding instead (padding-only masks, no cross-document blocks),
 with a warning, and `info["packing"]` says which ran.
 
@@ -122,7 +122,7 @@ def build_sft_trainer(cfg: SftConfig, *, progress: bool = False):
     from trl import SFTTrainer
 
     from rstar2_cli.protocol.template import install_chat_template
-    from rstar2_cli.rl.attention import choose_attention, flash_attention_available
+    from rstar2_cli.models.attention import choose_attention, flash_attention_available
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()

@@ -9,6 +9,25 @@ from dataclasses import asdict, dataclass
 
 from sandbox.inside.frames import REASONS  # one list: the wire format sends reasons by position
 
+# RunResult.reason -> the reason the code-judge service reports (its ResultReason values, in
+# sandbox/service/codejudge.py). Plain failures (an exception, a memory or output limit) are reason
+# "" with run_success False, as code-judge reports a non-zero exit. Here, below the service, because
+# the release's tool text ("reason: ..." in rstar2_cli/protocol/responses.py) says the same words
+# without any HTTP in between.
+CODEJUDGE_REASONS = {
+    "ok": "",
+    "runtime_error": "",
+    "memory": "",
+    "output_limit": "",
+    "timeout": "worker_timeout",
+    "internal_error": "internal_error",
+}
+
+
+def codejudge_reason(reason: str) -> str:
+    """code-judge's reason text for a RunResult.reason (what its client prints after "reason: ")."""
+    return CODEJUDGE_REASONS.get(reason, "internal_error")
+
 
 @dataclass
 class RunResult:

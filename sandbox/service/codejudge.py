@@ -15,7 +15,7 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
-from sandbox.core.result import RunResult
+from sandbox.core.result import RunResult, codejudge_reason
 
 
 class ResultReason(str, Enum):
@@ -67,23 +67,6 @@ class BatchSubmissionResult(BaseModel):
     results: list[SubmissionResult]
 
 
-# RunResult.reason -> code-judge reason. Plain failures (an exception, a memory or output limit)
-# are reason "" with run_success False, as code-judge reports a non-zero exit.
-_REASON_MAP = {
-    "ok": ResultReason.NONE,
-    "runtime_error": ResultReason.NONE,
-    "memory": ResultReason.NONE,
-    "output_limit": ResultReason.NONE,
-    "timeout": ResultReason.WORKER_TIMEOUT,
-    "internal_error": ResultReason.INTERNAL_ERROR,
-}
-
-
-def codejudge_reason(reason: str) -> str:
-    """code-judge's reason text for a RunResult.reason (what its client prints after "reason: ")."""
-    return _REASON_MAP.get(reason, ResultReason.INTERNAL_ERROR).value
-
-
 def outputs_match(stdout: str, expected: str) -> bool:
     """code-judge's comparison: surrounding whitespace is ignored."""
     return stdout.strip() == expected.strip()
@@ -101,7 +84,7 @@ def to_submission_result(sub: Submission, res: RunResult) -> SubmissionResult:
         cost=res.wall_time,
         stdout=res.stdout,
         stderr=res.stderr,
-        reason=_REASON_MAP.get(res.reason, ResultReason.INTERNAL_ERROR),
+        reason=ResultReason(codejudge_reason(res.reason)),
     )
 
 

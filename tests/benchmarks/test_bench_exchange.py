@@ -1,4 +1,4 @@
-"""benchmarks/bench_exchange.py compares the old and the new exchange on the same synthetic batch."""
+"""benchmarks/timing/bench_exchange.py compares the old and the new exchange on the same synthetic batch."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""benchmarks/bench_update.py measures the two layouts it names on the quickstart's toy model."""
+"""benchmarks/timing/bench_update.py measures the two layouts it names on the quickstart's toy model."""
 from __future__ import annotations
 
 import bench_update

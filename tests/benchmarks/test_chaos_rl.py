@@ -1,4 +1,4 @@
-"""benchmarks/chaos_rl.py without a full run: the seeded fault schedule, the per-step metric
+"""benchmarks/compare/chaos_rl.py without a full run: the seeded fault schedule, the per-step metric
 comparison, the "not supported by this build" detection, and the process faults on stand-in
 processes (a parent with a child, a child whose command line names EngineCore)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_rl_smoke.py cannot run here (no CUDA); what runs on CPU is checked: it imports,
+"""benchmarks/gpu/gpu_rl_smoke.py cannot run here (no CUDA); what runs on CPU is checked: it imports,
 `--help` works, it refuses to start without a GPU, and its default model pushes tensors of the
 Qwen3-14B embedding's shape, larger than vLLM's default packed buffer."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_help_runs_on_cpu():
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_rl_smoke.py"), "--help"],
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu" / "gpu_rl_smoke.py"), "--help"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "--backends" in proc.stdout and "14b-embed" in proc.stdout
 

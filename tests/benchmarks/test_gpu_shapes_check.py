@@ -1,4 +1,4 @@
-"""benchmarks/gpu_shapes_check.py on the real Qwen3-1.7B (tied) and Qwen3-14B shapes: the checks pass on the code as it is, fail with the IPC buffer the code used before (vLLM's 1 GiB default,
+"""benchmarks/gpu/gpu_shapes_check.py on the real Qwen3-1.7B (tied) and Qwen3-14B shapes: the checks pass on the code as it is, fail with the IPC buffer the code used before (vLLM's 1 GiB default,
 smaller than the 14B embedding), and the names check fails when the trainer leaves a tensor out or
 sends a wrong shape. One subprocess (it starts torch.distributed and vLLM's groups), meta only."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 RUN = r"""
 import contextlib, io, json, sys
 import torch
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "benchmarks/gpu")
 import gpu_shapes_check as g
 from rstar2_cli.rollout.weight_sync.source import policy_weight_source
 

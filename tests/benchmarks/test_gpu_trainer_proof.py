@@ -1,4 +1,4 @@
-"""benchmarks/gpu_trainer_proof.py's CPU parts at small widths: every check is in the JSON, every
+"""benchmarks/gpu/gpu_trainer_proof.py's CPU parts at small widths: every check is in the JSON, every
 check that can run on CPU passes, the GPU-only ones say they need CUDA; and the spawn-environment
 check fails an engine launch that leaks torchrun's agent-store variable."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ GPU_ONLY = {"update_memory", "cuda_ipc"}
 def test_cpu_parts_pass_and_every_check_is_reported(tmp_path):
     out = tmp_path / "proof.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_trainer_proof.py"), "--device", "cpu",
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu" / "gpu_trainer_proof.py"), "--device", "cpu",
                           "--layers", "2", "--widths", "small", "--work", str(tmp_path), "--out", str(out)],
                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -7,7 +7,8 @@ import pytest
 
 from rstar2_cli.rollout.scheduler import LoadBalancedPolicy, LoadTracker, ReplicaLoad, StickyLeastLoadedPolicy
 from sim.overlap import OverlapConfig, PhaseTimes, Placement, simulate_overlap
-from sim.rollout import ReplicaCluster, ReplicaModel, TrajectoryPlan, Turn, WorkloadSpec, make_workload, simulate
+from sim.rollout import ReplicaCluster, ReplicaModel, simulate
+from sim.workload import TrajectoryPlan, Turn, WorkloadSpec, make_workload
 
 G = 4
 SPEC = WorkloadSpec(num_prompts=8, rollouts_per_prompt=G, prompt_tokens=(50, 150), long_turn_tokens=(200, 600),

@@ -8,7 +8,8 @@ import pytest
 
 from rstar2_cli.rollout.scheduler import LoadBalancedPolicy
 from sim.overlap import OverlapConfig, PhaseTimes, Placement, simulate_overlap
-from sim.rollout import ReplicaCluster, ReplicaModel, TrajectoryPlan, Turn, WorkloadSpec, make_workload
+from sim.rollout import ReplicaCluster, ReplicaModel
+from sim.workload import TrajectoryPlan, Turn, WorkloadSpec, make_workload
 
 G = 4
 SPEC = WorkloadSpec(num_prompts=8, rollouts_per_prompt=G, prompt_tokens=(50, 150), long_turn_tokens=(200, 600),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rstar2_cli.rollout.scheduler import ContiguousSplitPolicy, LoadBalancedPolicy, RoundRobinPolicy
-from sim.rollout import ReplicaModel, WorkloadSpec, make_workload, simulate
+from sim.rollout import ReplicaModel, simulate
+from sim.workload import WorkloadSpec, make_workload
 
 SPEC = WorkloadSpec(num_prompts=24, rollouts_per_prompt=8, prompt_tokens=(50, 150),
                     long_turn_tokens=(200, 600), short_turn_tokens=(50, 200), max_response_tokens=4096)

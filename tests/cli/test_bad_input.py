@@ -92,6 +92,8 @@ CASES = [
     ("bench-tools-unknown-workload", ["bench-tools", "--workloads", "trivial,nope"], "--workloads nope", {}),
     ("bench-tools-json-under-a-file", ["bench-tools", "--json", "{file}/r.json"], "--json {file}/r.json", {}),
     ("bench-tools-bad-url", ["bench-tools", "--url", "nohost"], "--url nohost", {}),
+    ("bench-tools-nothing-listening", ["bench-tools", "--url", "http://127.0.0.1:{closed}"],
+     "--url http://127.0.0.1:{closed}: no sandbox server answers", {}),
     ("bench-tools-unknown-client", ["bench-tools", "--client", "grpc"], "--client grpc", {}),
     ("bench-tools-port-out-of-range", ["bench-tools", "--client", "codejudge", "--port", "70000"],
      "--port 70000", {}),

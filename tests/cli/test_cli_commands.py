@@ -34,6 +34,18 @@ def test_rl_dry_run_multi_node():
     assert "serve-sandbox --worker --redis redis://head0:6379/0" in text
 
 
+def test_rl_dry_run_multi_node_without_a_head_names_a_placeholder(monkeypatch):
+    for name in ("SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_NODEID"):
+        monkeypatch.delenv(name, raising=False)
+    out = runner.invoke(app, ["rl", "--stage", "2", "--gpus", "64", "--dry-run"], terminal_width=400)
+    assert out.exit_code == 0, out.output
+    assert "--rdzv-endpoint HEAD_NODE:29500" in out.output
+    assert "HEAD_NODE is a placeholder" in out.output and "give --master-addr" in out.output
+    # a real launch still needs the head named
+    out = runner.invoke(app, ["rl", "--stage", "2", "--gpus", "64"])
+    assert out.exit_code == 2 and "give --master-addr" in out.output
+
+
 def test_rl_dry_run_single_cpu_launches_directly():
     out = runner.invoke(app, ["rl", "--stage", "1", "--set", "train.prompts_per_step=4", "--dry-run"],
                         terminal_width=200)

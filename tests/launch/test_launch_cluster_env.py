@@ -31,6 +31,8 @@ def test_indivisible_gpu_count_fails_in_one_line():
     assert "\n" not in str(e.value)
     with pytest.raises(PlanError, match="gpus=64 plans 8 nodes x 8 GPUs: give --master-addr"):
         resolve_launch(64, env={}, visible_gpus=0)
+    sizes = resolve_launch(64, env={}, visible_gpus=0, allow_placeholder_head=True)   # a dry run
+    assert (sizes.nodes, sizes.master_addr, sizes.head_is_placeholder) == (8, "HEAD_NODE", True)
     with pytest.raises(PlanError, match="not divisible by SLURM_JOB_NUM_NODES=3"):
         resolve_launch(64, env={"SLURM_JOB_NUM_NODES": "3"})
 

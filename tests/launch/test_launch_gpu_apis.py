@@ -1,4 +1,4 @@
-"""scripts/check_gpu_apis.py (run by Dockerfile.rocm at build time) passes against the installed
+"""benchmarks/gpu/check_gpu_apis.py (run by Dockerfile.rocm at build time) passes against the installed
 vLLM 0.32 and torch, reads the APIs from the source, and fails on a missing API or parameter."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "check_gpu_apis.py"
+SCRIPT = REPO / "benchmarks" / "gpu" / "check_gpu_apis.py"
 spec = importlib.util.spec_from_file_location("check_gpu_apis", SCRIPT)
 apis = importlib.util.module_from_spec(spec)
 sys.modules["check_gpu_apis"] = apis      # dataclasses look their module up while the script loads

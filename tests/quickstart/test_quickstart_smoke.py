@@ -18,7 +18,6 @@ def test_smoke_quickstart_improves_heldout_accuracy(tmp_path):
     assert result.exit_code == 0, result.output + repr(result.exception)
     report = json.loads((out / "report.json").read_text())
     assert report["final_accuracy"] > report["sft_accuracy"], report
-    assert report["minutes"] > 0
     assert (out / "report.png").stat().st_size > 10_000
     assert "held-out accuracy" in (out / "report.md").read_text()
     # The curve's ends are the reported numbers, measured by run_eval on the trainer's engine.

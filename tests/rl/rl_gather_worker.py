@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from gpu_shapes_check import RecordingClient, RecordingGroup  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+from recorders import RecordingClient, RecordingGroup  # noqa: E402
 from rl_synthetic import build_tiny_model  # noqa: E402
 
 from rstar2_cli.rl.model_load import place_model  # noqa: E402

@@ -16,7 +16,7 @@ from rstar2_cli.rl.loss import clip_higher_loss, tis_weights
 from rstar2_cli.rl.packing import pack_sequences
 from rstar2_cli.rl.policy import PolicyTrainer, loss_positions
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "timing"))
 from bench_logprobs import full_logits_logprobs  # noqa: E402
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28

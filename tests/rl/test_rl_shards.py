@@ -132,7 +132,7 @@ def test_n_nodes_select_and_train_exactly_what_one_node_does(nodes, per_node, mo
 def test_each_rank_receives_at_most_a_2_world_size_th_of_what_every_rank_received_before(monkeypatch):
     """Before, every rank received every host's pickled trajectories (`broadcast_object_list` of
     each host's piece); now the hosts' summaries and its own shard of the kept half, as arrays:
-    under 1 / (2 x world size) of it (benchmarks/bench_exchange.py: the stage-2 shapes)."""
+    under 1 / (2 x world size) of it (benchmarks/timing/bench_exchange.py: the stage-2 shapes)."""
     cfg, prompts, nodes, per_node, max_len = _cfg(group_size=8, mini_batches=1), 16, 2, 4, 1500
     old = sum(len(pickle.dumps(_piece(node_shard(prompts, n, nodes), cfg.rollouts_per_prompt, max_len)))
               for n in range(nodes))

@@ -12,7 +12,7 @@ from rl_synthetic import build_tiny_model, make_trajectories
 from transformers import AttentionInterface
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
-from rstar2_cli.rl.attention import AttentionChoice
+from rstar2_cli.models.attention import AttentionChoice
 from rstar2_cli.rl.packing import pack_sequences, pad_sequences
 from rstar2_cli.rl.policy import PolicyTrainer
 

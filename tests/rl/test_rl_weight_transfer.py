@@ -6,37 +6,18 @@ fake cannot hit (the IPC buffer size) is asserted by the fake through the same r
 uses (`check_packed_buffer`, itself checked against vLLM's producer by gpu_shapes_check)."""
 from __future__ import annotations
 
-import os
 from concurrent.futures import Future
 
 import pytest
 import torch
 from api_contracts import assert_call_binds, assert_fake_methods_match, assert_same_signature
+from recorders import CountingSource
 
-from rstar2_cli.rollout.weight_sync.backends import choose_backend, engine_weight_sync_args
 from rstar2_cli.rollout.weight_sync.client import EngineSyncClient
 from rstar2_cli.rollout.weight_sync.engine_side import MidUpdateError
 from rstar2_cli.rollout.weight_sync.pusher import WeightPusher
 from rstar2_cli.rollout.weight_sync.source import (MiB, check_packed_buffer, engine_named_parameters,
                                                    packed_buffer_bytes, policy_weight_source)
-
-
-@pytest.mark.parametrize("requested, on_gpu, colocate, expected", [
-    ("auto", False, True, "chunked"), ("auto", True, True, "ipc"), ("auto", True, False, "nccl"),
-    ("chunked", True, True, "chunked"), ("nccl", True, False, "nccl"), ("ipc", True, True, "ipc"),
-])
-def test_backend_follows_engine_placement(requested, on_gpu, colocate, expected):
-    assert choose_backend(requested, on_gpu=on_gpu, colocate=colocate) == expected
-
-
-@pytest.mark.parametrize("requested, on_gpu, colocate, fragment", [
-    ("ipc", False, True, "needs GPUs"), ("ipc", True, False, "needs engine.colocate=true"),
-    ("nccl", True, True, "needs engine.colocate=false"), ("rdma", True, True, "expected one of"),
-])
-def test_impossible_backend_is_one_line_error(requested, on_gpu, colocate, fragment):
-    with pytest.raises(ValueError, match=fragment) as e:
-        choose_backend(requested, on_gpu=on_gpu, colocate=colocate)
-    assert "\n" not in str(e.value) and "engine.weight_transfer" in str(e.value)
 
 
 # ---------------------------------------------------------------- fakes (signatures checked below)
@@ -241,7 +222,7 @@ def test_nccl_one_group_per_replica_sized_by_its_tp_on_a_port_held_until_its_ren
     import errno
     import socket
 
-    from rstar2_cli.launch.ports import reserve_port
+    from rstar2_cli.hosts.ports import reserve_port
 
     engines, factory = [FakeEngine(tp_size=2), FakeEngine(tp_size=2)], FakeFactory()
     held, taken = [], []
@@ -267,20 +248,6 @@ def test_nccl_one_group_per_replica_sized_by_its_tp_on_a_port_held_until_its_ren
     assert taken == [True, True]
     with socket.socket() as after:        # released once the rendezvous is done
         after.bind(("127.0.0.1", held[0]))
-
-
-class CountingSource:
-    """Wraps a weight source and counts the passes over it (each pass all-gathers the model)."""
-
-    def __init__(self, source):
-        self.source, self.passes = source, 0
-
-    def metadata(self):
-        return self.source.metadata()
-
-    def __iter__(self):
-        self.passes += 1
-        return iter(self.source)
 
 
 def test_nccl_host_gathers_once_and_broadcasts_every_chunk_to_every_replica():
@@ -397,28 +364,3 @@ def test_client_fans_each_call_out_to_every_replica():
         assert "ipc_handles" not in request.update_info            # pickled for vLLM's msgpack RPC
         assert request.update_info["ipc_handles_pickled"]
     _async_llm_calls_bind(engines)
-
-
-@pytest.mark.parametrize("backend", ["chunked", "ipc", "nccl"])
-def test_engine_args_name_the_worker_extension_and_vllms_transfer_backend(backend, monkeypatch):
-    import importlib
-
-    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
-    args = engine_weight_sync_args(backend)
-    module, _, name = args["worker_extension_cls"].rpartition(".")
-    assert hasattr(getattr(importlib.import_module(module), name), "rstar2_load_weight_chunk")
-    transfer = args["weight_transfer_config"]
-    assert (transfer is None) if backend == "chunked" else (transfer.backend == backend)
-    # only ipc payloads travel pickled (EngineSyncClient), so only ipc engines accept them
-    assert (os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") == "1") == (backend == "ipc")
-
-
-def test_recipe_ipc_buffer_field_defaults_to_the_model_and_rejects_nonsense():
-    from pydantic import ValidationError
-
-    from rstar2_cli.config import EngineConfig
-
-    assert EngineConfig().ipc_buffer_mb is None
-    assert EngineConfig(ipc_buffer_mb=2048).ipc_buffer_mb == 2048
-    with pytest.raises(ValidationError):
-        EngineConfig(ipc_buffer_mb=0)

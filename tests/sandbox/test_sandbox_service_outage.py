@@ -84,7 +84,7 @@ def _wait_up(url: str, proc: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 async def test_serve_sandbox_killed_mid_call_and_restarted_on_its_port():
-    """What benchmarks/chaos_rl.py does to an RL run: SIGKILL `rstar2 serve-sandbox` while a call
+    """What benchmarks/compare/chaos_rl.py does to an RL run: SIGKILL `rstar2 serve-sandbox` while a call
     runs, start it again on the same port; the call is resent and answered."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -8,7 +8,7 @@ from sft_rows import ADD_TOOL, eight_rows, tool_conversation
 from transformers import AutoTokenizer
 
 from rstar2_cli.protocol.responses import tool_turn_ids
-from rstar2_cli.rl.attention import flash_attention_available
+from rstar2_cli.models.attention import flash_attention_available
 from rstar2_cli.protocol.template import encode_messages, install_chat_template, render_messages
 from rstar2_cli.sft.masks import MaskError, conversation_ids_and_mask
 from rstar2_cli.sft.settings import SftConfig

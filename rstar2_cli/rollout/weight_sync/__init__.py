@@ -15,6 +15,6 @@ Modules: `backends` (which path a run takes, the engine arguments it needs), `so
 trainer sends: names, dtype, tied weights), `engine_side` (idle check, prefix cache, versions),
 `chunked`, `client` (vLLM's four-call client over our replicas), `ipc`, `nccl`, `colocated`
 (sleep level 2 and wake around the push), `pusher` (`WeightPusher`, the one interface the trainer
-uses). The ipc and nccl paths have not run on a GPU; `benchmarks/gpu_shapes_check.py` checks on
-CPU/meta what runs without CUDA, `benchmarks/gpu_rl_smoke.py` the rest on a GPU.
+uses). The ipc and nccl paths have not run on a GPU; `benchmarks/gpu/gpu_shapes_check.py` checks on
+CPU/meta what runs without CUDA, `benchmarks/gpu/gpu_rl_smoke.py` the rest on a GPU.
 """

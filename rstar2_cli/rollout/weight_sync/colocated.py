@@ -8,7 +8,7 @@ the GPUs to training and take them back around the weight push.
               vLLM's worker keeps every registered buffer (`Worker.sleep`: `named_buffers()` to
               host, restored at `wake_up(["weights"])`), so the rotary cos/sin caches and the
               attention scales come back; every parameter comes back through the push
-              (`benchmarks/gpu_shapes_check.py` checks that the push fills all of them).
+              (`benchmarks/gpu/gpu_shapes_check.py` checks that the push fills all of them).
   wake        after the update, on every trainer rank: `torch.cuda.empty_cache()` (the trainer's
               caching allocator would keep its training memory from the engine), a barrier (the
               GPU's memory is free on every rank before the host wakes engines whose TP workers

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from rstar2_cli.launch.ports import PortReservation, reserve_port
+from rstar2_cli.hosts.ports import PortReservation, reserve_port
 from rstar2_cli.rollout.weight_sync.client import EngineSyncClient
 from rstar2_cli.rollout.weight_sync.engine_side import MidUpdateError
 from rstar2_cli.rollout.weight_sync.source import packed_buffer_bytes, policy_weight_source
@@ -97,7 +97,7 @@ class NCCLTransport:
         self.senders = []
         for engine in (engines if is_host else []):
             # the port stays reserved until vLLM's store listens on it (trainer_init returns after the
-            # rendezvous): no other process can take it in between (launch/ports.py)
+            # rendezvous): no other process can take it in between (hosts/ports.py)
             with port() as reserved:
                 info = NCCLTrainerInitInfo(master_address=reserved.host, master_port=reserved.port,
                                            world_size=1 + engine.tp_size, rank=0, packed=True,

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rstar2_cli.launch.ports import PortReservation, reserve_port
+from rstar2_cli.hosts.ports import PortReservation, reserve_port
 from rstar2_cli.rollout.weight_sync.chunked import ChunkedTransport
 from rstar2_cli.rollout.weight_sync.colocated import ColocatedCycle
 from rstar2_cli.rollout.weight_sync.engine_side import check_idle, each, run_on_loop, weights_loaded

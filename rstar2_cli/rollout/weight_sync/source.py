@@ -5,7 +5,7 @@ vLLM's Qwen3 loader (`Qwen3ForCausalLM.load_weights` -> `AutoWeightsLoader`, wit
 `Qwen2Model.hf_to_vllm_mapper` stacking q/k/v into `qkv_proj` and gate/up into `gate_up_proj`)
 takes exactly these names. With `tie_word_embeddings` its `lm_head.weight` is the embedding's
 parameter and the loader skips the `lm_head.weight` name (`_get_tied_embedding_params`), so a
-tied model is sent once, as `model.embed_tokens.weight`. `benchmarks/gpu_shapes_check.py` loads
+tied model is sent once, as `model.embed_tokens.weight`. `benchmarks/gpu/gpu_shapes_check.py` loads
 this source into vLLM's own Qwen3 model built on the meta device and checks that it fills every
 parameter.
 """
