@@ -165,9 +165,8 @@ class RocConfig(_Section):
     mode: Literal["paper", "release"] = "paper"
     oversample: int = Field(2, ge=1)                  # roll out oversample*G, keep G (release: n=32 -> 16)
     reject_equal_reward: bool = True                  # drop groups whose rewards are all equal
-    # leave out trajectories with a void turn (a complete turn with neither a well-formed tool call nor
-    # an answer, rollout/agent_loop.py): SimpleTIR (arXiv 2509.02479, abstract and §3) filters them
-    # against multi-turn collapse; the paper and the release do not, so off
+    # leave out trajectories with a void turn (neither a well-formed tool call nor an answer, agent_loop.py):
+    # SimpleTIR (arXiv 2509.02479, §3) filters them against multi-turn collapse; paper and release do not
     exclude_void_turns: bool = False
 
 
@@ -205,10 +204,9 @@ class TrainConfig(_Section):
     # bf16), else sdpa over length-bucketed rows; never attention across trajectories (models/attention.py)
     attn_implementation: Literal["auto", "flash_attention_2", "sdpa"] = "auto"
     ppo_mini_batches: int = Field(1, ge=1)            # optimizer steps per batch (release: 1)
-    # Asynchronous GRPO-RoC, experimental (rl/async_rollouts.py): batches for steps s+1..s+k are
-    # rolled out while step s trains; no trajectory is trained more than k policy versions after it
-    # was sampled. 0 = the release's synchronous step (rStar2-Agent trains synchronously), a direct
-    # call (rl/rollout_source.py).
+    # Asynchronous GRPO-RoC, experimental (rl/async_rollouts.py): batches s+1..s+k roll out while step s
+    # trains, none trained more than k versions after it was sampled. 0 = the release's synchronous
+    # step (rStar2-Agent trains synchronously), a direct call (rl/rollout_source.py).
     max_staleness: int = Field(0, ge=0, le=8)
     # Partial rollouts (needs max_staleness >= 1): a weight update stops in-flight turns at a token
     # boundary and they continue under the new weights, prefix recomputed (docs/async-rl.md §7);

@@ -205,6 +205,7 @@ class RLTrainer:
         from rstar2_cli.rl.metrics import StepTimer, step_metrics
         from rstar2_cli.rl.shards import share_step
         from rstar2_cli.rl.validation import validation_due
+        from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
 
         cfg, rollouts = self.cfg, self.rollouts
         timer = StepTimer()
@@ -228,7 +229,11 @@ class RLTrainer:
                         update = self.policy.update(shard.trajectories, advantages, shard.mini_batches)
                 # 7. the new weights into the engines (colocated: woken for it)
                 with timer("sync"):
-                    rollouts.push_weights(self.policy)
+                    try:
+                        rollouts.push_weights(self.policy)
+                    except EngineRestartsExhausted:   # the update stands: the checkpoint `train` writes
+                        self.step += 1                # now is this step's, and its batch is not drawn again
+                        raise
         else:   # every group filtered out: nothing to learn, so no optimizer, LR or weight step
             dropped = {k[len("roc/dropped_"):]: int(v) for k, v in shard.roc.items() if k.startswith("roc/dropped_")}
             log.warning("step %d: no group left after filtering (%s): skipped, no optimizer or LR step",
@@ -325,6 +330,7 @@ class RLTrainer:
                 if watch.agreed():   # every rank, every step boundary: all stop at the same step
                     raise Preempted(self.step, self.save() if self.step != self.saved_step else self.last_checkpoint,
                                     watch.signal_name)
+                failing = self.step + 1
                 try:
                     self.train_step()
                 except EngineRestartsExhausted as e:   # the step's rollout is abandoned, drawn again on resume
@@ -332,7 +338,7 @@ class RLTrainer:
                     saved = self.save() if self.step != self.saved_step else self.last_checkpoint
                     if watch.signalled is not None:   # SIGTERM to every process of a preempted job
                         raise Preempted(self.step, saved, watch.signal_name) from None
-                    raise RunAborted(f"step {self.step + 1}: {e}; {saved or 'no checkpoint (no step ran)'} "
+                    raise RunAborted(f"step {failing}: {e}; {saved or 'no checkpoint (no step ran)'} "
                                      f"holds step {self.step}") from None
                 if self.nonfinite["streak"] >= self.cfg.train.max_nonfinite_steps:
                     saved = self.save()

@@ -155,6 +155,30 @@ def test_an_asynchronous_step_starts_the_next_batch_right_after_its_update(make_
     assert m2["async/staleness_1"] == 8 and m2["async/staleness_max"] == 1
 
 
+def test_an_engine_lost_at_the_push_checkpoints_the_trained_step(make_trainer, tmp_path):
+    """The update ran before the push found the engines gone: the abort's checkpoint holds the
+    updated weights under the step that made them, so a resume neither trains that batch twice
+    nor labels new weights with the old step."""
+    from rstar2_cli.rl import checkpoint
+    from rstar2_cli.rl.trainer import RunAborted
+    from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
+
+    trainer, rollouts, _ = make_trainer()
+
+    def dead_push(policy):
+        raise EngineRestartsExhausted("replica 0 died 4 times (engine.max_restarts=3)")
+
+    rollouts.push_weights = dead_push
+    with pytest.raises(RunAborted, match="holds step 1"):
+        trainer.train()
+    saved = checkpoint.latest_checkpoint(tmp_path / "run")
+    assert saved is not None and saved.name == "step_000001"
+    order = DataSampler(7, 2, seed=3)
+    order.next_batch()                    # batch 0 trained: the resumed run draws batch 1 next
+    assert trainer.sampler.state_dict() == order.state_dict()
+    assert trainer.policy.scheduler.last_epoch == 1
+
+
 def test_an_update_without_loss_tokens_takes_no_optimizer_or_lr_step():
     rollouts = make_trajectories(4, seed=1)
     for t in rollouts:
