@@ -139,3 +139,16 @@ def test_no_import_cycle():
     graph = {m: {t for t, _ in imports(m, p) if t in OURS and not m.startswith(t + ".")} for m, p in OURS.items()}
     cycles = [sorted(c) for c in strongly_connected(graph)]
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_eval_families_import_the_shared_module_not_the_registry():
+    """Inside eval/: the benchmark families import the shared eval/family.py (and the reference
+    wrapper), never the registry that lists them; the registry imports the families."""
+    eval_imports = {m: {t for t, _ in imports(m, OURS[m]) if t.startswith("rstar2_cli.eval.")}
+                    for m in ("rstar2_cli.eval.gpqa", "rstar2_cli.eval.ifeval", "rstar2_cli.eval.bfcl",
+                              "rstar2_cli.eval.benchmarks")}
+    registry = eval_imports.pop("rstar2_cli.eval.benchmarks")
+    for family, targets in eval_imports.items():
+        assert "rstar2_cli.eval.family" in targets
+        assert targets <= {"rstar2_cli.eval.family", "rstar2_cli.eval.reference"}, (family, targets)
+    assert set(eval_imports) <= registry
