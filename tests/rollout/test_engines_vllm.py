@@ -122,7 +122,10 @@ async def test_weight_update_refuses_while_generation_is_in_flight(engine, tiny_
 
 
 def test_prompt_that_fills_the_context_is_a_clear_error(engine):
-    with pytest.raises(ValueError, match="max_model_len"):
+    """The request's own failure (an engine fault for that trajectory, rl/admission.py), named."""
+    from rstar2_cli.rollout.generation import EngineRequestError
+
+    with pytest.raises(EngineRequestError, match="leaves no room in max_model_len=1024"):
         engine.generate_batch([GenRequest(list(range(5, 5 + 1024)), max_tokens=4)])
 
 
