@@ -119,7 +119,7 @@ class Sandbox:
             raise
         self._supervisors = [asyncio.create_task(self._supervise(w)) for w in self._workers]
         self._protections = await probe_protections(lambda code: self._run(code, None, 10.0, None),
-                                                    self._plan.backend)
+                                                    self._plan.backend, self._plan.paths)
 
     @property
     def _depth(self) -> int:
