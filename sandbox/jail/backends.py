@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 
 from sandbox.inside.zygote import CALL_ENV
 from sandbox.jail.paths import (JAIL_PACKAGE_ROOT, JAIL_SCRATCH, PACKAGE_DIR, JailPaths, colon_path_problem,
-                                full_tier_paths, jail_paths, traversable_parents, unreadable_by_others)
+                                full_tier_paths, hidden_module_problem, jail_paths, traversable_parents,
+                                unreadable_by_others)
 
 TMPFS_BYTES = 512 * 1024 * 1024
 BACKENDS = ("auto", "nsjail", "bwrap", "namespaces", "none")
@@ -101,13 +102,17 @@ class JailPlan:
         self._tmpdirs.clear()
 
 
-def plan(isolation: str, unsafe_no_isolation: bool, workers: int, slots: int | None) -> JailPlan:
+def plan(isolation: str, unsafe_no_isolation: bool, workers: int, slots: int | None,
+         preload: tuple[str, ...] = ()) -> JailPlan:
+    """The backend and how zygotes start; SandboxUnavailable (one line) when the isolation asked
+    for cannot run here, or a jail could not show what the zygote imports (sandbox.jail.paths)."""
     if isolation not in BACKENDS:
         raise ValueError(f"isolation: {isolation!r} is not one of {', '.join(BACKENDS)}")
     paths = jail_paths()
     backend = _choose(isolation, unsafe_no_isolation, paths)
-    if backend in _JAILED and paths.problem:
-        raise SandboxUnavailable(paths.problem)
+    problem = (paths.problem or hidden_module_problem(paths, preload)) if backend in _JAILED else None
+    if problem:
+        raise SandboxUnavailable(problem)
     # outside a jail, unprivileged uids must be able to read Python and this package in place
     per_call_uid = os.geteuid() == 0 and (backend in _JAILED or unreadable_by_others(paths) is None)
     slots = (slots or 8) if per_call_uid else 1

@@ -12,9 +12,11 @@ Hidden: the project, i.e. the host's working folder and the source checkout the 
 was imported from (PACKAGE_DIR's parent, when it holds pyproject.toml, setup.py or .git; an
 installed package's parent is a site-packages folder, which is seen). A sys.path entry inside
 the project is not bound: the jailed code needs nothing of it (the sandbox package itself is
-bound at JAIL_PACKAGE_ROOT), except an interpreter prefix (a `.venv` inside the checkout). An
-entry that holds the project, or one of the jail's own mount points, cannot be bound without
-showing or covering them: JailPaths.problem names it, and a jailed pool refuses to start.
+bound at JAIL_PACKAGE_ROOT), except an interpreter prefix (a `.venv` inside the checkout) or a
+site-packages folder (the user site under a home you run from). An entry that holds the project,
+or one of the jail's own mount points, cannot be bound without showing or covering them:
+JailPaths.problem names it, and a jailed pool refuses to start; so does a module the zygote
+preloads that the host finds in the hidden project (hidden_module_problem).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
 # binds may sit in: its scratch folder is JAIL_SCRATCH).
 _RESERVED = ("/proc", "/dev", JAIL_PACKAGE_ROOT, JAIL_SCRATCH)
 _CHECKOUT_MARKERS = ("pyproject.toml", "setup.py", ".git")
+_INSTALL_DIRS = ("site-packages", "dist-packages")  # installed packages, shown even inside the project
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ def jail_paths() -> JailPaths:
         real = os.path.realpath(path)
         if any(inside(path, s) for s in seen) or any(inside(real, s) for s in seen):
             shown = path if any(inside(path, s) for s in seen) else real
-        elif any(inside(real, p) for p in project):
+        elif any(inside(real, p) for p in project) and os.path.basename(real) not in _INSTALL_DIRS:
             continue
         else:
             why = _bind_problem(entry, real, project)
@@ -104,6 +107,22 @@ def jail_paths() -> JailPaths:
             sys_path.append(shown)
     return JailPaths(sys_path=tuple(sys_path), binds=tuple(outermost([*roots, *extra])),
                      project=tuple(project), problem=problem)
+
+
+def hidden_module_problem(paths: JailPaths, modules: tuple[str, ...]) -> str | None:
+    """One line naming the first of `modules` (what the zygote preloads) that the host imports from
+    a folder the jail does not show, or None."""
+    import importlib.util
+
+    shown = [*paths.binds, *SYSTEM_DIRS]
+    for name in dict.fromkeys(m.split(".")[0] for m in modules):
+        spec = importlib.util.find_spec(name)
+        where = (list(spec.submodule_search_locations or []) or [spec.origin]) if spec else []
+        where = [os.path.realpath(w) for w in where if w and os.path.isabs(w)]
+        if where and not any(inside(w, s) or inside(w, os.path.realpath(s)) for w in where for s in shown):
+            return (f"preload module {name!r} is imported from {where[0]}, which the jail does not show (it shows "
+                    f"the folders on sys.path outside the project: {', '.join(paths.project)}); install it there")
+    return None
 
 
 def _bind_problem(entry: str, real: str, project: list[str]) -> str | None:

@@ -84,7 +84,8 @@ def test_project_is_hidden_when_the_package_is_installed_in_site_packages(tmp_pa
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")     # numpy, sympy: this venv's
     work.mkdir()
     (work / "runs").mkdir()
-    found = _run_pool(python, work, None, jail, "numpy", "import numpy, sandbox\nprint(numpy.__name__, sandbox.__file__)")
+    found = _run_pool(python, work, None, jail, "numpy",
+                      "import numpy, sandbox\nprint(numpy.__name__, sandbox.__file__)")
     assert found["runs"] == ["numpy /opt/rstar2/sandbox/__init__.py\n"], found["runs"]
     assert found["protections"]["project_hidden"] is True, found["protections"]
 
@@ -121,3 +122,30 @@ def test_the_jails_view_of_sys_path(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", ["/opt", site])
     problem = paths.jail_paths().problem
     assert "'/opt'" in problem and paths.JAIL_PACKAGE_ROOT in problem and "\n" not in problem
+
+
+def test_a_site_packages_inside_the_working_folder_is_bound(tmp_path, monkeypatch):
+    """The user site under a home you run from (`pip install --user`, then `cd ~`): installed
+    packages, not project files, so the jail shows that folder and nothing else of the home."""
+    from sandbox.jail import paths
+
+    user_site = tmp_path / ".local" / "lib" / "python3.11" / "site-packages"
+    user_site.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", str(user_site), sysconfig.get_paths()["purelib"]])
+    view = paths.jail_paths()
+    assert str(user_site) in view.binds and view.sys_path[0] == str(user_site)
+    assert view.shown_names(str(tmp_path)) == [".local"]
+
+
+@pytest.mark.parametrize("jail", JAILS)
+def test_a_preloaded_module_in_the_hidden_project_stops_the_pool_in_one_line(tmp_path, monkeypatch, jail):
+    """What the zygote must import but the jail hides: named at pool start, not a traceback from
+    the zygote."""
+    work = tmp_path / "work"
+    _extra_module(work / "vendor")
+    monkeypatch.syspath_prepend(str(work / "vendor"))
+    monkeypatch.chdir(work)
+    with pytest.raises(SandboxUnavailable) as e:
+        backends.plan(jail, False, 1, None, preload=("math", "rstar2_extra_dep"))
+    assert "rstar2_extra_dep" in str(e.value) and str(work / "vendor") in str(e.value) and "\n" not in str(e.value)
