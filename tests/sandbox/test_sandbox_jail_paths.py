@@ -149,3 +149,7 @@ def test_a_preloaded_module_in_the_hidden_project_stops_the_pool_in_one_line(tmp
     with pytest.raises(SandboxUnavailable) as e:
         backends.plan(jail, False, 1, None, preload=("math", "rstar2_extra_dep"))
     assert "rstar2_extra_dep" in str(e.value) and str(work / "vendor") in str(e.value) and "\n" not in str(e.value)
+    from sandbox.service.embedded import preflight      # the service refuses before it binds its port
+
+    with pytest.raises(SandboxUnavailable, match="rstar2_extra_dep"):
+        preflight({"isolation": jail, "preload": ["math", "rstar2_extra_dep"]})
