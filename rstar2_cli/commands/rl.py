@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
         from rstar2_cli.launch.memory_plan import MemoryPlanError, build_memory_plan, resolve_gpu_memory
         from rstar2_cli.launch.plan_view import render_plan
         from rstar2_cli.launch.topology import PlanError, plan_from_args
-        from rstar2_cli.rl.stages import resolve_stage_recipe, start_text
+        from rstar2_cli.rl.stages import resolve_stage_recipe, shadowed_recipe_note, start_text
 
         console = Console()
         if resume is not None and resume not in RESUME_MODES:
@@ -85,6 +85,9 @@ def register(app: typer.Typer) -> None:
             cfg = resolve_stage_recipe(recipe, stage, list(overrides), on_gpu=gpus > 0)
         except ConfigError as e:
             fail(str(e))
+        note = shadowed_recipe_note(recipe, stage)
+        if note:
+            typer.echo(note, err=True)
 
         resolved_path = Path(cfg.train.out_dir) / "resolved_recipe.yaml"
         entry_args = ["--config", str(resolved_path)] + (["--resume", resume] if resume else [])

@@ -8,9 +8,17 @@ continues the previous one: its weights, AdamW moments and LR-schedule position
 model path, as each of its runs is, builds a fresh optimizer). Those links live in the
 recipes (`init_from`), and this module turns them into concrete paths before anything starts,
 so a missing checkpoint or data file is a one-line error at launch, not an hour later.
+
+Which files: `--stage N` (or a bare name such as `stage2`) is always the packaged recipe, from
+any working folder; a user's own copy is used only when given as a path (`rstar2 rl
+recipes/stage2.yaml`), and a differing `./recipes/stageN.yaml` beside a `--stage N` run is named
+in one line (shadowed_recipe_note). `init_from: stageN` is the packaged stage-N recipe's
+`train.out_dir/final` (`runs/stage1/final`), never a folder that happens to be called `stage1`;
+`init_from: some/recipe.yaml` is that recipe's; anything else is a checkpoint path.
 """
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -24,17 +32,46 @@ def packaged_recipes() -> Path:
 
 
 def find_recipe(name_or_path: str) -> Path:
-    """A path as given, else `recipes/<name>.yaml` in the working dir (a user's own copies win),
-    else the packaged recipes."""
+    """A recipe file given by its path, else the packaged recipe of that name (`stage2`,
+    `stage2.yaml`). A copy in ./recipes counts only when its path is given."""
     p = Path(name_or_path)
     if p.is_file():
         return p
-    packaged = packaged_recipes()
-    for root in (Path.cwd() / "recipes", packaged):
-        for cand in (root / name_or_path, root / f"{name_or_path}.yaml"):
-            if cand.is_file():
-                return cand
-    raise ConfigError(f"{name_or_path}: recipe not found (looked in ./recipes and {packaged})")
+    packaged = _packaged(name_or_path)
+    if packaged is None:
+        raise ConfigError(f"{name_or_path}: recipe not found (no such file, and no packaged recipe of that name "
+                          f"in {packaged_recipes()})")
+    return packaged
+
+
+def _packaged(name: str) -> Path | None:
+    root = packaged_recipes()
+    return next((c for c in (root / name, root / f"{name}.yaml") if c.is_file()), None)
+
+
+def shadowed_recipe_note(recipe: str | None, stage: int | None) -> str | None:
+    """One line when a recipe chosen by name (`--stage N`) is the packaged one while a differing
+    `./recipes/<name>.yaml` sits in the working folder; None otherwise."""
+    name = recipe if recipe is not None else f"stage{stage}"
+    packaged = None if Path(name).is_file() else _packaged(name)
+    local = Path("recipes") / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if packaged is None or not local.is_file() or local.read_bytes() == packaged.read_bytes():
+        return None
+    return (f"note: {local} differs from the packaged recipe; using the packaged one ({packaged}); "
+            f"to use yours, give its path: rstar2 rl {local} ...")
+
+
+def init_checkpoint(init_from: str) -> str:
+    """The checkpoint an `init_from` names: `stageN` is the packaged stage-N recipe's final
+    checkpoint, a recipe file's path that recipe's, anything else a checkpoint path as written."""
+    if re.fullmatch(r"stage\d+", init_from):
+        packaged = _packaged(init_from)
+        if packaged is None:
+            raise ConfigError(f"init_from: {init_from!r}: no packaged recipe of that name in {packaged_recipes()}")
+        return str(final_checkpoint(load_recipe(packaged)))
+    if init_from.endswith((".yaml", ".yml")) and Path(init_from).is_file():
+        return str(final_checkpoint(load_recipe(Path(init_from))))
+    return init_from
 
 
 def final_checkpoint(cfg: RecipeConfig) -> Path:
@@ -54,13 +91,7 @@ def resolve_stage_recipe(recipe: str | None, stage: int | None,
         cfg.stage = stage
     user_set_model = any(o.split("=", 1)[0].strip() == "model.path" for o in overrides)
     if cfg.init_from and not user_set_model:
-        prev = cfg.init_from
-        prev_path = Path(prev)
-        if prev_path.exists():
-            cfg.model.path = str(prev_path)
-        else:
-            prev_cfg = load_recipe(find_recipe(prev))
-            cfg.model.path = str(final_checkpoint(prev_cfg))
+        cfg.model.path = init_checkpoint(cfg.init_from)
     if cfg.stage == 3 and not cfg.optim.reset:
         raise ConfigError(f"{path}: optim.reset: stage 3 starts with a fresh optimizer (set it true)")
     return cfg

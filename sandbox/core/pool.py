@@ -97,7 +97,8 @@ class Sandbox:
                     except RuntimeError:
                         raise RuntimeError("Sandbox(own_thread=False) must be started from a running event "
                                            "loop (await sandbox.start())") from None
-                self._plan = plan(self.isolation, self.unsafe_no_isolation, self.n_workers, self._slots_hint)
+                self._plan = plan(self.isolation, self.unsafe_no_isolation, self.n_workers, self._slots_hint,
+                                  self.preload)
                 if self.own_thread:
                     self._loop = asyncio.new_event_loop()
                     self._thread = threading.Thread(target=self._loop.run_forever, name="sandbox-pool", daemon=True)
@@ -119,7 +120,7 @@ class Sandbox:
             raise
         self._supervisors = [asyncio.create_task(self._supervise(w)) for w in self._workers]
         self._protections = await probe_protections(lambda code: self._run(code, None, 10.0, None),
-                                                    self._plan.backend)
+                                                    self._plan.backend, self._plan.paths)
 
     @property
     def _depth(self) -> int:

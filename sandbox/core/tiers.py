@@ -12,7 +12,7 @@ Routing never breaks a call, in two steps:
   * whatever the scan misses (a module name built at run time, a payload it cannot decode) is
     caught in the light zygote itself: the first import of a module that only the full tier can
     import ends the call, and the pool re-runs it in the heavy tier (sandbox.inside.child's
-    FullTierFinder, over the paths of sandbox.jail.backends.full_tier_paths; the pool counts
+    FullTierFinder, over the paths of sandbox.jail.paths.full_tier_paths; the pool counts
     these as "rerouted").
 """
 from __future__ import annotations

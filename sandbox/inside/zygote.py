@@ -365,6 +365,9 @@ def main() -> None:
         site.setquit()
         site.setcopyright()
         site.sethelper()
+    paths = config.get("sys_path")
+    if paths:  # the host's import path (sandbox.jail.paths.jail_paths): `-I` ignored PYTHONPATH and the user site
+        sys.path[1:] = [*paths, *(p for p in sys.path[1:] if p not in paths)]
     if config.get("unshare_net"):
         _unshare_network()
     zygote = Zygote(config)

@@ -10,9 +10,10 @@ Backends, in the order "auto" tries them:
                    minimal /dev, cleared env; nsjail's own time limit and rlimits are switched off
                    (the zygote sets per-call limits itself), so the zygote is pid 1 of its namespace.
   * bwrap       -- bubblewrap: new net/pid/ipc/uts namespaces, read-only binds of only what Python
-                   needs (/usr, /lib*, a few /etc files, the Python prefixes, the sandbox package
-                   at /opt/rstar2/sandbox), a size-capped tmpfs /tmp holding the scratch dirs,
-                   cleared env.
+                   needs (/usr, /lib*, a few /etc files, the Python prefixes and every other
+                   folder on the host's sys.path, the sandbox package at /opt/rstar2/sandbox;
+                   never the project: sandbox.jail.paths), a size-capped tmpfs /tmp holding the
+                   scratch dirs, cleared env.
                    As root it keeps just the capabilities needed to drop each call to its own
                    unprivileged uid; as non-root it adds a user namespace and calls run one at a
                    time under the mapped uid.
@@ -29,19 +30,16 @@ import os
 import random
 import re
 import shutil
-import site
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sandbox.inside.zygote import CALL_ENV
+from sandbox.jail.paths import (JAIL_PACKAGE_ROOT, JAIL_SCRATCH, PACKAGE_DIR, JailPaths, colon_path_problem,
+                                full_tier_paths, hidden_module_problem, jail_paths, traversable_parents,
+                                unreadable_by_others)
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the sandbox package: the jail binds it for the zygote
-JAIL_PACKAGE_ROOT = "/opt/rstar2"
-JAIL_SCRATCH = "/tmp/rstar2-scratch"
 TMPFS_BYTES = 512 * 1024 * 1024
 BACKENDS = ("auto", "nsjail", "bwrap", "namespaces", "none")
 _JAILED = ("nsjail", "bwrap")  # backends whose zygote runs in its own mount and pid namespaces
@@ -66,6 +64,7 @@ class JailPlan:
     per_call_uid: bool  # True: each slot runs as its own unprivileged uid
     slots: int  # concurrent children per zygote
     uid_base: int | None
+    paths: JailPaths  # what the jail binds and the zygote imports from (sandbox.jail.paths)
     exe: str | None = None  # the nsjail binary, for backend "nsjail"
     _tmpdirs: list[str] = field(default_factory=list)
 
@@ -82,7 +81,8 @@ class JailPlan:
         config = {"slots": self.slots, "uid_base": uid_base, "scratch_root": scratch,
                   "preload": list(preload), "unshare_net": self.backend == "namespaces",
                   "own_pid_ns": self.backend in _JAILED,
-                  "reroute_paths": full_tier_paths() if light else []}
+                  "sys_path": [] if light else list(self.paths.sys_path),
+                  "reroute_paths": full_tier_paths(self.paths) if light else []}
         boot = (f"import sys; sys.path.insert(0, {pkg_root!r}); "
                 "from sandbox.inside.zygote import main; main()")
         # The light tier (a stdlib-only preload) starts without `site`: no site-packages and no
@@ -91,9 +91,9 @@ class JailPlan:
         flags = "-IS" if light else "-I"
         python = [sys.executable, flags, "-c", boot, marshal.dumps(config).hex()]
         if self.backend == "bwrap":
-            return _bwrap_prefix(self.per_call_uid) + python, {}
+            return _bwrap_prefix(self.per_call_uid, self.paths) + python, {}
         if self.backend == "nsjail":
-            return _nsjail_prefix(self.exe or "nsjail", self.per_call_uid) + python, {}
+            return _nsjail_prefix(self.exe or "nsjail", self.per_call_uid, self.paths) + python, {}
         return python, dict(_ENV)
 
     def cleanup(self) -> None:
@@ -102,22 +102,30 @@ class JailPlan:
         self._tmpdirs.clear()
 
 
-def plan(isolation: str, unsafe_no_isolation: bool, workers: int, slots: int | None) -> JailPlan:
+def plan(isolation: str, unsafe_no_isolation: bool, workers: int, slots: int | None,
+         preload: tuple[str, ...] = ()) -> JailPlan:
+    """The backend and how zygotes start; SandboxUnavailable (one line) when the isolation asked
+    for cannot run here, or a jail could not show what the zygote imports (sandbox.jail.paths)."""
     if isolation not in BACKENDS:
         raise ValueError(f"isolation: {isolation!r} is not one of {', '.join(BACKENDS)}")
-    backend = _choose(isolation, unsafe_no_isolation)
+    paths = jail_paths()
+    backend = _choose(isolation, unsafe_no_isolation, paths)
+    problem = (paths.problem or hidden_module_problem(paths, preload)) if backend in _JAILED else None
+    if problem:
+        raise SandboxUnavailable(problem)
     # outside a jail, unprivileged uids must be able to read Python and this package in place
-    per_call_uid = os.geteuid() == 0 and (backend in _JAILED or _unreadable_by_others() is None)
+    per_call_uid = os.geteuid() == 0 and (backend in _JAILED or unreadable_by_others(paths) is None)
     slots = (slots or 8) if per_call_uid else 1
     uid_base = random.SystemRandom().randrange(1_000_000, 2_000_000_000) if per_call_uid else None
     exe = locate_nsjail() if backend == "nsjail" else None
-    return JailPlan(backend=backend, per_call_uid=per_call_uid, slots=slots, uid_base=uid_base, exe=exe)
+    return JailPlan(backend=backend, per_call_uid=per_call_uid, slots=slots, uid_base=uid_base, paths=paths,
+                    exe=exe)
 
 
-def _choose(isolation: str, unsafe: bool) -> str:
+def _choose(isolation: str, unsafe: bool, paths: JailPaths) -> str:
     """The first backend of "auto"'s order that works here, or the requested one (or an error)."""
-    problems = {"nsjail": lambda: nsjail_problem() or _colon_path_problem(),
-                "bwrap": bwrap_problem, "namespaces": namespaces_problem}
+    problems = {"nsjail": lambda: nsjail_problem() or colon_path_problem(paths),
+                "bwrap": bwrap_problem, "namespaces": lambda: namespaces_problem(paths)}
     for backend, problem_of in problems.items():
         if isolation not in ("auto", backend):
             continue
@@ -200,72 +208,24 @@ def _nsjail_start_problem(exe: str, as_root: bool) -> str | None:
     return f"nsjail ({exe}) cannot start a jail here: {detail}"
 
 
-@functools.cache
-def namespaces_problem() -> str | None:
+def namespaces_problem(paths: JailPaths) -> str | None:
     if os.geteuid() != 0:
         return "needs root to unshare the network namespace without bubblewrap"
-    unreadable = _unreadable_by_others()
+    unreadable = unreadable_by_others(paths)
     if unreadable:
         return f"{unreadable} is not readable by unprivileged users, so calls could not drop root"
+    return _unshare_problem()
+
+
+@functools.cache
+def _unshare_problem() -> str | None:
     code = ("import ctypes; l = ctypes.CDLL(None, use_errno=True); "
             "raise SystemExit(0 if l.unshare(0x40000000) == 0 else ctypes.get_errno())")
     proc = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, timeout=30)
     return None if proc.returncode == 0 else f"unshare(CLONE_NEWNET) failed (errno {proc.returncode})"
 
 
-def _colon_path_problem() -> str | None:
-    for path in [*_python_roots(), str(PACKAGE_DIR)]:
-        if ":" in path:
-            return f"{path!r} contains ':', which nsjail's src:dst mount syntax cannot express"
-    return None
-
-
-def _unreadable_by_others() -> str | None:
-    """The first directory on the way to Python or this package that other users cannot enter."""
-    for target in [*_python_roots(), str(PACKAGE_DIR)]:
-        for path in [*reversed(Path(target).parents), Path(target)]:
-            if not os.stat(path).st_mode & 0o001:
-                return str(path)
-    return None
-
-
-def _python_roots() -> list[str]:
-    """Directories the interpreter and its site-packages live in (bound read-only)."""
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-             str(Path(sys.executable).resolve().parent.parent)}
-    return sorted(r for r in roots if os.path.isdir(r) and not r.startswith("/usr"))
-
-
-def _traversable_parents(roots: list[str]) -> list[str]:
-    """Parents of the Python roots (such as /root) that the jail must recreate so call uids can
-    traverse (not list) them; in creation order."""
-    made, parents = {"/", "/tmp", "/usr"}, []
-    for root in roots:
-        for parent in map(str, reversed(Path(root).parents)):
-            if parent not in made:
-                made.add(parent)
-                parents.append(parent)
-    return parents
-
-
-def full_tier_paths() -> list[str]:
-    """Where the full tier finds modules that a light (`-S`) interpreter cannot: site-packages
-    and what .pth files add to them; not the stdlib, the working directory or PYTHONPATH, which
-    an isolated (`-I`) interpreter ignores."""
-    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
-    std = {stdlib, os.path.join(stdlib, "lib-dynload"), os.path.realpath(sysconfig.get_paths()["platstdlib"])}
-    ignored = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
-    ignored.add(os.path.realpath(os.getcwd()))
-    paths = []
-    for p in [*site.getsitepackages(), *sys.path]:
-        real = os.path.realpath(p) if p else ""
-        if (real and os.path.isdir(real) and real not in ignored and real not in paths
-                and real not in std):
-            paths.append(real)
-    return paths
-
-
-def _bwrap_prefix(per_call_uid: bool) -> list[str]:
+def _bwrap_prefix(per_call_uid: bool, paths: JailPaths) -> list[str]:
     argv = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session",
             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--hostname", "sandbox", "--clearenv"]
@@ -284,17 +244,16 @@ def _bwrap_prefix(per_call_uid: bool) -> list[str]:
             argv += ["--ro-bind", top, top]
     for path in _ETC:
         argv += ["--ro-bind-try", path, path]
-    roots = _python_roots()
-    for parent in _traversable_parents(roots):
+    for parent in traversable_parents(list(paths.binds)):
         argv += ["--perms", "0711", "--dir", parent]
-    for root in roots:
-        argv += ["--ro-bind", root, root]
+    for bind in paths.binds:
+        argv += ["--ro-bind", bind, bind]
     argv += ["--ro-bind", str(PACKAGE_DIR), f"{JAIL_PACKAGE_ROOT}/sandbox",
              "--proc", "/proc", "--dev", "/dev", "--chdir", "/", "--"]
     return argv
 
 
-def _nsjail_prefix(exe: str, per_call_uid: bool) -> list[str]:
+def _nsjail_prefix(exe: str, per_call_uid: bool, paths: JailPaths) -> list[str]:
     """The confinement of _bwrap_prefix, in nsjail's terms, for a jail that lives as long as its zygote."""
     argv = [exe, "-Mo", "-q", "-t", "0", "--disable_rlimits", "-H", "sandbox", "-D", "/",
             "--nice_level", str(os.getpriority(os.PRIO_PROCESS, 0))]
@@ -311,11 +270,10 @@ def _nsjail_prefix(exe: str, per_call_uid: bool) -> list[str]:
         elif os.path.isdir(top):
             argv += ["-R", top]
     argv += [arg for path in _ETC if os.path.exists(path) for arg in ("-R", path)]
-    roots = _python_roots()
-    for parent in _traversable_parents(roots):
+    for parent in traversable_parents(list(paths.binds)):
         argv += ["-m", f"none:{parent}:tmpfs:size=65536,mode=0711"]
-    for root in roots:
-        argv += ["-R", root]
+    for bind in paths.binds:
+        argv += ["-R", bind]
     argv += ["-R", f"{PACKAGE_DIR}:{JAIL_PACKAGE_ROOT}/sandbox", "-m", "none:/dev:tmpfs:size=65536,mode=0755"]
     for dev in ("null", "zero", "full", "random", "urandom"):
         argv += ["-B", f"/dev/{dev}"]

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from sandbox.jail.backends import PACKAGE_DIR
+from sandbox.jail.paths import JailPaths
 
 _ALLOWED_ENV = {"PATH", "HOME", "TMPDIR", "LANG", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
                 "MKL_NUM_THREADS", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
@@ -40,13 +40,13 @@ def write(path):
         f.write("x")
 r["readonly_fs"] = all(fails(lambda p=p: write(p)) for p in args["ro_paths"])
 r["scratch_writable"] = not fails(lambda: write(os.getcwd()))
-def hidden(path):
+def hidden(path, shown):
     try:
-        return not os.listdir(path)
+        return not set(os.listdir(path)) - set(shown)
     except OSError:
         return True
-r["home_hidden"] = hidden(args["home"])
-r["project_hidden"] = hidden(args["project"])
+r["home_hidden"] = hidden(*args["home"])
+r["project_hidden"] = all(hidden(path, shown) for path, shown in args["project"])
 r["env_leaked"] = sorted(k for k in os.environ if k in set(args["host_env"]))
 r["uid"] = os.getuid(); r["euid"] = os.geteuid()
 with open(f"/proc/{os.getppid()}/status") as f:
@@ -69,14 +69,19 @@ print(json.dumps(r))
 '''
 
 
-async def probe_protections(run, backend: str) -> dict:
-    """`run(code)` executes one snippet in the pool; returns the protections dict."""
+async def probe_protections(run, backend: str, paths: JailPaths) -> dict:
+    """`run(code)` executes one snippet in the pool; returns the protections dict. A folder counts
+    as hidden when the jail shows none of its entries but those it mounts by design
+    (`JailPaths.shown_names`: a checkout's `.venv`, the interpreter under a home); the project is
+    every folder of `paths.project` (the working folder and a source checkout: sandbox.jail.paths),
+    wherever the sandbox package itself is installed."""
     server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     with open("/proc/self/stat") as f:
         host_start = f.read().rsplit(")", 1)[1].split()[19]
     args = {"port": port, "ro_paths": ["/", "/usr", "/etc", "/tmp", os.path.dirname(os.__file__)],
-            "home": str(Path.home()), "project": str(PACKAGE_DIR.parent),
+            "home": [str(Path.home()), paths.shown_names(str(Path.home()))],
+            "project": [[p, paths.shown_names(p)] for p in paths.project],
             "host_env": sorted(set(os.environ) - _ALLOWED_ENV),
             "host_pid": os.getpid(), "host_start": host_start}
     try:

@@ -9,16 +9,17 @@ executor templates (`CODEJUDGE_PRELUDES`), on top of the preludes its caller pas
 from __future__ import annotations
 
 from sandbox.core.limits import Limits
-from sandbox.core.pool import Sandbox
+from sandbox.core.pool import DEFAULT_PRELOAD, Sandbox
 from sandbox.jail.backends import plan
 from sandbox.service.executor_template import CODEJUDGE_PRELUDES
 
 
 def preflight(sandbox_kwargs: dict) -> str:
     """The isolation backend these kwargs get, without starting a pool; raises SandboxUnavailable
-    (one line, naming what is missing) when isolation is unavailable and not explicitly waived."""
+    (one line, naming what is missing) when isolation is unavailable and not explicitly waived, or
+    the jail could not show what the zygotes import."""
     return plan(sandbox_kwargs.get("isolation", "auto"), bool(sandbox_kwargs.get("unsafe_no_isolation")),
-                sandbox_kwargs.get("workers") or 1, None).backend
+                sandbox_kwargs.get("workers") or 1, None, tuple(sandbox_kwargs.get("preload", DEFAULT_PRELOAD))).backend
 
 
 def build_sandbox(sandbox_kwargs: dict) -> Sandbox:
