@@ -32,6 +32,9 @@ def _auto_or_value(value: Any, handler: Any) -> Any:
         raise ValueError(f"{msg[0].lower()}{msg[1:]}, or 'auto'") from None
 
 
+AutoBool = Annotated[bool | Literal["auto"], WrapValidator(_auto_or_value)]    # true, false or "auto"
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
@@ -90,7 +93,7 @@ class RolloutConfig(_Section):
                                                       # mask 0): no tokens are sampled after a call
     # a sampling seed on every request (rollout/generation.py): auto = on CPU only, where the quickstart and the
     # determinism and resume tests rely on it; on GPU the engine seed serves and vLLM samples the batch at once
-    seed_requests: Annotated[bool | Literal["auto"], WrapValidator(_auto_or_value)] = "auto"
+    seed_requests: AutoBool = "auto"
 
 
 # The RolloutConfig fields that fix what the model sees and how its calls are answered (besides
@@ -132,10 +135,8 @@ class EngineConfig(_Section):
     health_timeout_s: float = Field(600.0, gt=0.0)
     max_restarts: int = Field(3, ge=0)
 
-    @field_validator("gpu_memory_utilization", "enforce_eager", "max_num_seqs", "max_num_batched_tokens", mode="wrap")
-    @classmethod
-    def _auto_fields(cls, value: Any, handler: Any) -> Any:
-        return _auto_or_value(value, handler)
+    _auto_fields = field_validator("gpu_memory_utilization", "enforce_eager", "max_num_seqs", "max_num_batched_tokens",
+                                   mode="wrap")(_auto_or_value)
 
     @model_validator(mode="after")
     def _health_bounds(self) -> "EngineConfig":

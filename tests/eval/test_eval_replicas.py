@@ -53,7 +53,7 @@ def test_tp_can_be_set_and_bad_values_are_one_line():
 
 
 def test_a_model_no_gpu_group_holds_is_refused_naming_the_sizes():
-    with pytest.raises(ValueError, match=r"does not fit .* 2 GPUs of 79.1 GiB") as e:
+    with pytest.raises(ValueError, match=r"does not fit 2 GPUs of 79.1 GiB: a replica of TP 2 needs") as e:
         plan_eval_engines(QWEN25_72B, gpus=2, gpu_gib=H100_GIB, max_model_len=EVAL_LEN)
     assert "\n" not in str(e.value)
 
@@ -163,3 +163,62 @@ def test_settings_refuse_groups_that_do_not_match_the_tp():
         EvalSettings(benchmark="aime24", model="m", tensor_parallel_size=2, gpu_groups=[[0], [1, 2]])
     with pytest.raises(ValueError, match=r"gpu_groups: GPU 1 appears twice"):
         EvalSettings(benchmark="aime24", model="m", gpu_groups=[[0], [1], [1]])
+
+
+@pytest.fixture
+def eight_gpus(monkeypatch):
+    """This process "sees" 8 H100s (launch/eval_engines.visible_gpus), and run_eval records the
+    settings it is given instead of starting engines."""
+    from rstar2_cli.eval import runner
+    from rstar2_cli.launch import eval_engines
+
+    seen: list[EvalSettings] = []
+
+    def recorded(s, engine=None, **_):
+        seen.append(s)
+        return {"engines": runner.engines_summary(s, engine), "per_problem": [],
+                "metrics": {"problems": 0, "samples_per_problem": s.samples, f"avg@{s.samples}": 0.0,
+                            f"avg@{s.samples}_std": 0.0, "response_tokens": {"mean": 0.0}, "tool_call_rate": 0.0}}
+
+    monkeypatch.setattr(eval_engines, "visible_gpus", lambda: (8, H100_GIB))
+    monkeypatch.setattr(runner, "run_eval", recorded)
+    monkeypatch.setattr(runner.EngineReuse, "get", lambda self, s: None)
+    return seen
+
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from rstar2_cli.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("extra,groups", [([], [[i] for i in range(8)]), (["--tp", "2"], [[0, 1], [2, 3], [4, 5], [6, 7]])])
+def test_eval_and_eval_all_place_a_replica_per_group_of_visible_gpus(eight_gpus, tiny_model, data_dir, tmp_path,
+                                                                     extra, groups):
+    res = _cli("eval", "aime24", tiny_model, "--data-dir", data_dir, "--out", tmp_path / "one", *extra)
+    assert res.exit_code == 0, res.output
+    res = _cli("eval", "all", tiny_model, "--data-dir", data_dir, "--out", tmp_path / "all", *extra)
+    assert res.exit_code == 0, res.output
+    assert len(eight_gpus) > 2 and all(s.gpu_groups == groups for s in eight_gpus)
+    assert all(s.tensor_parallel_size == len(groups[0]) for s in eight_gpus)
+
+
+def test_prepare_hard_places_a_replica_per_group_of_visible_gpus(eight_gpus, tiny_model, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"id": "a", "problem": "2+2?", "answer": "4"}) + "\n")
+    res = _cli("prepare", "hard", "--policy", tiny_model, "--data", data, "--out", tmp_path / "hard.jsonl")
+    assert res.exit_code == 0, res.output
+    assert eight_gpus[0].gpu_groups == [[i] for i in range(8)]
+    assert "engines: 8 replicas x TP 1" in res.output
+    res = _cli("prepare", "hard", "--policy", tiny_model, "--data", data, "--out", tmp_path / "hard.jsonl",
+               "--tp", "3")
+    assert res.exit_code == 2
+    assert "error: --policy" in res.output and "--tp 3 does not divide the 8 GPUs" in res.output
+
+
+def test_eval_tp_with_a_served_model_is_refused(tiny_model):
+    res = _cli("eval", "aime24", "served", "--engine", "openai", "--base-url", "http://127.0.0.1:9/v1",
+               "--tokenizer", tiny_model, "--tp", "2")
+    assert res.exit_code == 2 and "--tp 2: only with --engine vllm" in res.output
