@@ -49,8 +49,12 @@ def register(app: typer.Typer) -> None:
         use_tools: bool = typer.Option(True, "--tools/--no-tools", help="--no-tools: no tool schema and one turn (reasoning only)"),
         compare: Optional[str] = typer.Option(None, "--compare", help="a second checkpoint: both run, and the report gives A - B with a 95 % interval per benchmark"),
         protocol_from: Optional[str] = typer.Option(None, "--protocol-from", help="an RL recipe: take its prompt and tool protocol (rollout.system_prompt, tools_in_prompt, response texts, ...) for a checkpoint trained with it; default: the release's (--system-prompt still overrides)"),
-        tp: Optional[int] = typer.Option(None, "--tp", min=1, help="GPUs per vLLM replica (default: the smallest that holds the model); one replica per TP GPUs this process sees (CUDA_VISIBLE_DEVICES)"),
-        seed_requests: str = typer.Option("auto", "--seed-requests", help="a sampling seed on every request: auto (on CPU only) | true | false (rollout.seed_requests)"),
+        tp: Optional[int] = typer.Option(
+            None, "--tp", min=1, help="GPUs per vLLM replica (default: the smallest that holds the model); "
+                                      "one replica per TP GPUs this process sees (CUDA_VISIBLE_DEVICES)"),
+        seed_requests: str = typer.Option(
+            "auto", "--seed-requests", help="a sampling seed on every request: auto (on CPU only) | true | false "
+                                            "(as rollout.seed_requests; docs/eval.md)"),
     ) -> None:
         """Evaluate a checkpoint with tool-integrated generation: avg@k pass@1, pass@k, maj@k, lengths, tool stats."""
         from pydantic import ValidationError

@@ -21,7 +21,8 @@ Engine death (`engine_health.py`): a turn whose replica died or hung raises `Eng
 restart, is reset to its prompt and rolled out again from its first turn with the same seeds
 (its tool calls run again too): where the engine forwards request seeds (`rollout.seed_requests`,
 on CPU under auto) it comes out as it would have without the fault, elsewhere it is a fresh sample
-of the same prompt (rollout/generation.py); finished trajectories are untouched. Without one it ends with finish_reason "error", as any engine error.
+of the same prompt (rollout/generation.py); finished trajectories are untouched. Without one it
+ends with finish_reason "error", as any engine error.
 Engine errors (`generation.is_engine_failure`: vLLM's server-side errors, `EngineRequestError`)
 end a trajectory with finish_reason "error" and infra_error "engine_error", which the trainer
 leaves out (rl/admission.py); any other exception is a bug and propagates.

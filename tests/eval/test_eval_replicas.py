@@ -194,7 +194,8 @@ def _cli(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-@pytest.mark.parametrize("extra,groups", [([], [[i] for i in range(8)]), (["--tp", "2"], [[0, 1], [2, 3], [4, 5], [6, 7]])])
+@pytest.mark.parametrize("extra,groups", [([], [[i] for i in range(8)]),
+                                          (["--tp", "2"], [[0, 1], [2, 3], [4, 5], [6, 7]])])
 def test_eval_and_eval_all_place_a_replica_per_group_of_visible_gpus(eight_gpus, tiny_model, data_dir, tmp_path,
                                                                      extra, groups):
     res = _cli("eval", "aime24", tiny_model, "--data-dir", data_dir, "--out", tmp_path / "one", *extra)
@@ -222,3 +223,9 @@ def test_eval_tp_with_a_served_model_is_refused(tiny_model):
     res = _cli("eval", "aime24", "served", "--engine", "openai", "--base-url", "http://127.0.0.1:9/v1",
                "--tokenizer", tiny_model, "--tp", "2")
     assert res.exit_code == 2 and "--tp 2: only with --engine vllm" in res.output
+
+
+def test_a_bad_seed_requests_value_is_one_line(tiny_model, data_dir):
+    res = _cli("eval", "aime24", tiny_model, "--data-dir", data_dir, "--seed-requests", "maybe")
+    assert res.exit_code == 2
+    assert "error: eval: seed_requests: input should be a valid boolean" in res.output and "(got 'maybe')" in res.output
