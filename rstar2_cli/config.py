@@ -15,24 +15,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WrapValidator,
-                      field_validator, model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 
 class ConfigError(ValueError):
     """A recipe or override is invalid. The message is one line naming the file and field."""
-
-
-def _auto_or_value(value: Any, handler: Any) -> Any:
-    """One line for a bad value of `X | "auto"`, not one per branch of the union."""
-    try:
-        return handler(value)
-    except ValidationError as e:
-        msg = next((err["msg"] for err in e.errors() if err["type"] != "literal_error"), e.errors()[0]["msg"])
-        raise ValueError(f"{msg[0].lower()}{msg[1:]}, or 'auto'") from None
-
-
-AutoBool = Annotated[bool | Literal["auto"], WrapValidator(_auto_or_value)]    # true, false or "auto"
 
 
 class _Section(BaseModel):
@@ -93,7 +81,7 @@ class RolloutConfig(_Section):
                                                       # mask 0): no tokens are sampled after a call
     # a sampling seed on every request (rollout/generation.py): auto = on CPU only, where the quickstart and the
     # determinism and resume tests rely on it; on GPU the engine seed serves and vLLM samples the batch at once
-    seed_requests: AutoBool = "auto"
+    seed_requests: Literal["auto", True, False] = "auto"
 
 
 # The RolloutConfig fields that fix what the model sees and how its calls are answered (besides
@@ -135,8 +123,15 @@ class EngineConfig(_Section):
     health_timeout_s: float = Field(600.0, gt=0.0)
     max_restarts: int = Field(3, ge=0)
 
-    _auto_fields = field_validator("gpu_memory_utilization", "enforce_eager", "max_num_seqs", "max_num_batched_tokens",
-                                   mode="wrap")(_auto_or_value)
+    @field_validator("gpu_memory_utilization", "enforce_eager", "max_num_seqs", "max_num_batched_tokens", mode="wrap")
+    @classmethod
+    def _auto_or_value(cls, value: Any, handler: Any) -> Any:
+        """One line for a bad value, not one per branch of `X | "auto"`."""
+        try:
+            return handler(value)
+        except ValidationError as e:
+            msg = next((err["msg"] for err in e.errors() if err["type"] != "literal_error"), e.errors()[0]["msg"])
+            raise ValueError(f"{msg[0].lower()}{msg[1:]}, or 'auto'") from None
 
     @model_validator(mode="after")
     def _health_bounds(self) -> "EngineConfig":

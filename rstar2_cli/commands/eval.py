@@ -83,7 +83,8 @@ def register(app: typer.Typer) -> None:
                     temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
                     limit=limit, seed=seed, answer_mode=answer_mode, engine=engine, base_url=base_url,
                     tokenizer=tokenizer, sandbox_url=sandbox_url, max_model_len=max_model_len,
-                    use_tools=use_tools, seed_requests=seed_requests, **layout,
+                    use_tools=use_tools, seed_requests={"true": True, "false": False}.get(seed_requests, seed_requests),
+                    **layout,
                 )
             except ValidationError as e:
                 fail(str(first_error(e, "eval")))

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rstar2_cli.config import PROTOCOL_FIELDS, AutoBool, RolloutConfig
+from rstar2_cli.config import PROTOCOL_FIELDS, RolloutConfig
 from rstar2_cli.eval.benchmarks import BENCHMARKS
 
 
@@ -113,7 +113,7 @@ class EvalSettings(BaseModel):
     # GPU ids, tensor_parallel_size of them; None: one replica on the default device
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_groups: list[list[int]] | None = None
-    seed_requests: AutoBool = "auto"                 # as rollout.seed_requests (rollout/generation.py)
+    seed_requests: Literal["auto", True, False] = "auto"   # as rollout.seed_requests (rollout/generation.py)
     cpu_kvcache_space_gb: int = Field(1, ge=1)
     grade_timeout: float = Field(5.0, gt=0.0)
     progress: bool = True

@@ -51,8 +51,7 @@ def test_the_recipes_leave_it_to_the_device():
 def test_a_bad_value_is_one_line_naming_the_field():
     with pytest.raises(ConfigError) as e:
         load_recipe_dict({"rollout": {"seed_requests": "sometimes"}})
-    assert str(e.value) == ("<recipe>: rollout.seed_requests: input should be a valid boolean, unable to "
-                            "interpret input, or 'auto' (got 'sometimes')")
+    assert str(e.value) == "<recipe>: rollout.seed_requests: Input should be 'auto', True or False (got 'sometimes')"
 
 
 def test_sampling_params_keep_or_drop_the_seed():
