@@ -79,6 +79,9 @@ class RolloutConfig(_Section):
                                                       # silently ending the trajectory
     stop_at_tool_call: bool = False                   # end a turn at </tool_call> (the loop writes <|im_end|>,
                                                       # mask 0): no tokens are sampled after a call
+    # a sampling seed on every request (rollout/generation.py): auto = on CPU only, where the quickstart and the
+    # determinism and resume tests rely on it; on GPU the engine seed serves and vLLM samples the batch at once
+    seed_requests: Literal["auto", True, False] = "auto"
 
 
 # The RolloutConfig fields that fix what the model sees and how its calls are answered (besides

@@ -9,6 +9,20 @@ import typer
 from rstar2_cli.commands import checks, fail
 
 
+def replicas_for(settings, tp: Optional[int]) -> dict:
+    """The EvalSettings fields that place `settings.model`'s vLLM replicas on the visible GPUs
+    (launch/eval_engines.py); says the plan in one line, or fails with one."""
+    from rstar2_cli.eval.settings import context_length
+    from rstar2_cli.launch.eval_engines import eval_engines_for
+
+    try:
+        plan = eval_engines_for(settings.model, context_length(settings), tp)
+    except ValueError as e:
+        fail(f"{settings.model}: {e}")
+    typer.echo(f"engines for {settings.model}: {plan.why}", err=True)
+    return plan.settings()
+
+
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_cmd(
@@ -35,6 +49,12 @@ def register(app: typer.Typer) -> None:
         use_tools: bool = typer.Option(True, "--tools/--no-tools", help="--no-tools: no tool schema and one turn (reasoning only)"),
         compare: Optional[str] = typer.Option(None, "--compare", help="a second checkpoint: both run, and the report gives A - B with a 95 % interval per benchmark"),
         protocol_from: Optional[str] = typer.Option(None, "--protocol-from", help="an RL recipe: take its prompt and tool protocol (rollout.system_prompt, tools_in_prompt, response texts, ...) for a checkpoint trained with it; default: the release's (--system-prompt still overrides)"),
+        tp: Optional[int] = typer.Option(
+            None, "--tp", min=1, help="GPUs per vLLM replica (default: the smallest that holds the model); "
+                                      "one replica per TP GPUs this process sees (CUDA_VISIBLE_DEVICES)"),
+        seed_requests: str = typer.Option(
+            "auto", "--seed-requests", help="a sampling seed on every request: auto (on CPU only) | true | false "
+                                            "(as rollout.seed_requests; docs/eval.md)"),
     ) -> None:
         """Evaluate a checkpoint with tool-integrated generation: avg@k pass@1, pass@k, maj@k, lengths, tool stats."""
         from pydantic import ValidationError
@@ -50,6 +70,10 @@ def register(app: typer.Typer) -> None:
                 fail(str(e))
             layout["system_prompt"] = system_prompt if system_prompt is not None else layout["system_prompt"]
 
+        if tp is not None and engine != "vllm":
+            fail(f"--tp {tp}: only with --engine vllm (a served model's parallelism is the server's)")
+        placements: dict[str, dict] = {}      # per checkpoint: the replicas (launch/eval_engines.py)
+
         def settings_for(bench: str, ckpt: str, out_dir: Optional[str], check: bool = False,
                          check_data: bool = True) -> EvalSettings:
             try:
@@ -59,12 +83,17 @@ def register(app: typer.Typer) -> None:
                     temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
                     limit=limit, seed=seed, answer_mode=answer_mode, engine=engine, base_url=base_url,
                     tokenizer=tokenizer, sandbox_url=sandbox_url, max_model_len=max_model_len,
-                    use_tools=use_tools, **layout,
+                    use_tools=use_tools, seed_requests={"true": True, "false": False}.get(seed_requests, seed_requests),
+                    **layout,
                 )
             except ValidationError as e:
                 fail(str(first_error(e, "eval")))
             if check:
                 checks.eval_settings(settings, data=check_data)
+            if engine == "vllm":
+                if ckpt not in placements:
+                    placements[ckpt] = replicas_for(settings, tp)
+                settings = EvalSettings(**{**settings.model_dump(), **placements[ckpt]})
             return settings
 
         from rstar2_cli.data.problems import DataError

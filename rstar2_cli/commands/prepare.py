@@ -131,12 +131,15 @@ def hard_command(
     data_dir: Optional[str] = typer.Option(None, "--data-dir", envvar="RSTAR2_DATA_DIR"),
     sandbox_url: Optional[str] = typer.Option(None, "--sandbox-url", help="A running serve-sandbox (default: embedded)."),
     seed: int = typer.Option(0, "--seed"),
+    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="GPUs per vLLM replica (default: the smallest that "
+                                     "holds the policy); one replica per TP GPUs this process sees"),
 ) -> None:
     """Stage-3 hard subset: problems the policy does not solve in all of its samples (with pass rates)."""
     from rich.console import Console
 
-    from rstar2_cli.rl.mine_hard import mine_hard
     from rstar2_cli.data.problems import DataError
+    from rstar2_cli.eval.report import engines_line
+    from rstar2_cli.rl.mine_hard import mine_hard
 
     checks.model_dir(policy, "--policy")
     checks.output_file(out, "--out")
@@ -148,9 +151,12 @@ def hard_command(
     try:
         summary = mine_hard(policy, data, out, samples=samples, data_dir=data_dir, temperature=temperature,
                             max_tokens=max_tokens, max_turns=max_turns, limit=limit, seed=seed,
-                            sandbox_url=sandbox_url)
+                            sandbox_url=sandbox_url, tp=tp)
     except DataError as e:
         fail(str(e))
+    except ValueError as e:          # the replicas cannot be placed (launch/eval_engines.py)
+        fail(f"--policy {policy}: {e}")
+    Console().print(f"{engines_line(summary['engines'])}")
     Console().print(f"kept {summary['hard']:,} of {summary['problems']:,} problems not solved {samples}/{samples} "
                     f"-> {out} (pass rates in {out}.pass_rates.json)")
 

@@ -23,6 +23,7 @@ from rstar2_cli.eval.bfcl import ABSENT as BFCL_ABSENT
 from rstar2_cli.eval.bfcl import CATEGORIES as BFCL_CATEGORIES
 from rstar2_cli.eval.family import how_to_add
 from rstar2_cli.eval.compare import METHOD, paired_difference, per_question
+from rstar2_cli.eval.report import engines_line
 
 ROWS = (("aime24", "AIME24"), ("aime25", "AIME25"), ("hmmt25", "HMMT25"), ("math500", "MATH-500"),
         ("gpqa_diamond", "GPQA-Diamond"), ("bfcl", "BFCL v3 non-live AST"),
@@ -77,7 +78,8 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-def markdown(rows: list[dict[str, Any]], model: str, compare_model: str | None = None) -> str:
+def markdown(rows: list[dict[str, Any]], model: str, compare_model: str | None = None,
+             engines: dict[str, Any] | None = None) -> str:
     head = ["benchmark", "score", "avg@k ± std", "k", "response tokens", "tool-call rate", "reference"]
     if compare_model:
         head += ["B avg@k", "A − B", "95 % interval"]
@@ -96,6 +98,8 @@ def markdown(rows: list[dict[str, Any]], model: str, compare_model: str | None =
     lines += ["", "Scores in %. score: the reference's number: lm-eval's for GPQA (flexible-extract over the "
               "whole final turn) and IFEval (prompt-level strict), bfcl-eval's non-live AST summary for BFCL, "
               "avg@k pass@1 elsewhere. tool-call rate: samples with at least one tool call."]
+    if engines:
+        lines.append(engines_line(engines) + ".")
     lines += notes(rows)
     if compare_model:
         lines.append(f"A − B: {METHOD}, per-question solved fractions.")
@@ -146,9 +150,10 @@ def run_table(run_one: Callable[[str, str, Path], dict[str, Any]], model: str, o
     rows = [table_row(b, labels.get(b, b), runs[("A", b)], runs.get(("B", b)))
             if ("A", b) in runs and (not compare_model or ("B", b) in runs)
             else table_row(b, labels.get(b, b), None, reason=no_data.get(b)) for b in shown]
-    table = {"model": model, "compare_model": compare_model, "rows": rows}
+    engines = next((r["engines"] for (side, _), r in runs.items() if side == "A" and "engines" in r), None)
+    table = {"model": model, "compare_model": compare_model, "engines": engines, "rows": rows}
     (out_dir / JSON_FILE).write_text(json.dumps(table, indent=2))
-    (out_dir / MD_FILE).write_text(markdown(rows, model, compare_model))
+    (out_dir / MD_FILE).write_text(markdown(rows, model, compare_model, engines))
     return table
 
 

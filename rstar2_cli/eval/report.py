@@ -30,7 +30,16 @@ def metrics_table(results: dict[str, Any]) -> Table:
     return t
 
 
+def engines_line(summary: dict[str, Any]) -> str:
+    """`engines: 8 replicas x TP 1 (GPUs 0 | 1 | ...)`, for the report."""
+    n, tp, ids = summary["replicas"], summary["tensor_parallel_size"], summary["gpu_ids"]
+    line = f"engines: {n} replica{'s' * (n != 1)}" + (f" x TP {tp}" if tp else "")
+    return line + (f" (GPUs {' | '.join(','.join(map(str, g)) for g in ids)})" if ids else "")
+
+
 def print_report(results: dict[str, Any], out_dir: Path, console: Console | None = None) -> None:
     console = console or Console()
     console.print(metrics_table(results))
+    if "engines" in results:
+        console.print(engines_line(results["engines"]))
     console.print(f"results: {out_dir / 'results.json'}   samples: {out_dir / 'trajectories.jsonl'}")

@@ -5,6 +5,12 @@ a training reward mean the same thing. Samples are graded and appended to `traje
 chunk by chunk (about `CHUNK_TRAJECTORIES` trajectories at a time, enough to keep the engine
 busy); a rerun with the same out dir skips problems whose samples are all
 there (resume), and the metrics are always recomputed from the file, never from memory alone.
+
+Engines: one vLLM replica per group in `gpu_groups` (launch/eval_engines.py plans them over every
+visible GPU for the commands), each with its own engine seed, `seed` + its index: requests that
+carry no seed of their own (`seed_requests` off, the GPU default) would otherwise draw alike on
+every replica (vLLM's own data-parallel engines perturb a shared seed for the same reason:
+vllm/utils/torch_utils.py `set_random_seed`). The scheduler spreads the requests over them.
 """
 from __future__ import annotations
 
@@ -68,17 +74,43 @@ def sample_record(traj, grade: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-async def _make_engine(s: EvalSettings):
+def make_engines(s: EvalSettings) -> list:
+    """The replicas `s` asks for, started one after another (each spawns its engine core under its
+    own GPU visibility); an OpenAI-compatible server is one client. Started replicas are shut down
+    if a later one fails to start."""
     from rstar2_cli.config import EngineConfig
     from rstar2_cli.eval.settings import context_length
-    from rstar2_cli.rollout.engines import VLLMEngine
+    from rstar2_cli.rollout import engines
     from rstar2_cli.rollout.openai_engine import OpenAIEngine
 
     if s.engine == "openai":
-        return OpenAIEngine(base_url=s.base_url, model=s.model)
+        return [OpenAIEngine(base_url=s.base_url, model=s.model)]
     max_len = context_length(s)
-    cfg = EngineConfig(cpu_kvcache_space_gb=s.cpu_kvcache_space_gb, colocate=False)   # alone on its GPU: no sleep
-    return VLLMEngine.from_config(s.model, cfg, max_model_len=max_len, seed=s.seed)
+    cfg = EngineConfig(cpu_kvcache_space_gb=s.cpu_kvcache_space_gb, colocate=False,   # alone on its GPUs: no sleep
+                       tensor_parallel_size=s.tensor_parallel_size)
+    started: list = []
+    try:
+        for i, group in enumerate(s.gpu_groups or [None]):
+            started.append(engines.VLLMEngine.from_config(s.model, cfg, max_model_len=max_len, seed=s.seed + i,
+                                                          gpu_ids=tuple(group) if group else None,
+                                                          seed_requests=s.seed_requests))
+    except BaseException:
+        for engine in started:
+            engine.shutdown()
+        raise
+    return started
+
+
+def engines_summary(s: EvalSettings, engine=None) -> dict[str, Any]:
+    """How many replicas ran, at which TP, on which GPUs: those passed in (`engine`, one or a list),
+    else those `s` asks for."""
+    if engine is None:
+        tp = s.tensor_parallel_size if s.engine == "vllm" else None
+        return {"replicas": len(s.gpu_groups or [None]), "tensor_parallel_size": tp, "gpu_ids": s.gpu_groups}
+    replicas = list(engine) if isinstance(engine, (list, tuple)) else [engine]
+    ids = [getattr(e, "gpu_ids", None) for e in replicas]
+    return {"replicas": len(replicas), "tensor_parallel_size": getattr(replicas[0], "tp_size", None),
+            "gpu_ids": [list(g) for g in ids] if all(g is not None for g in ids) else None}
 
 
 async def _generate(s: EvalSettings, family, problems, tokenizer, out_file: Path, engine=None, tools=None) -> None:
@@ -91,8 +123,9 @@ async def _generate(s: EvalSettings, family, problems, tokenizer, out_file: Path
 
     async with AsyncExitStack() as stack:
         if engine is None:
-            engine = await _make_engine(s)
-            stack.push_async_callback(engine.close)
+            engine = make_engines(s)
+            for e in engine:
+                stack.push_async_callback(e.close)
         if tools is None:
             from rstar2_cli.rollout.tool_sandbox import eval_tool_sandbox
 
@@ -112,27 +145,29 @@ async def _generate(s: EvalSettings, family, problems, tokenizer, out_file: Path
 
 
 class EngineReuse:
-    """One vLLM engine per checkpoint across several `run_eval` calls (`eval all` runs seven
-    benchmarks on one checkpoint: one load, not seven). `get(s)` starts the engine of `s.model`,
-    closing the previous checkpoint's; None for --engine openai (a client, nothing to load)."""
+    """One set of vLLM replicas per checkpoint across several `run_eval` calls (`eval all` runs
+    seven benchmarks on one checkpoint: one load, not seven). `get(s)` starts the replicas of
+    `s.model` (`make_engines`), closing the previous checkpoint's; None for --engine openai (a
+    client, nothing to load)."""
 
     def __init__(self) -> None:
-        self.model: str | None = None
-        self.engine = None
+        self.key: tuple | None = None
+        self.engines: list | None = None
 
     def get(self, s: EvalSettings):
         if s.engine != "vllm":
             return None
-        if s.model != self.model:
+        key = (s.model, s.tensor_parallel_size, str(s.gpu_groups), s.seed_requests)
+        if key != self.key:
             self.close()
-            self.engine = asyncio.run(_make_engine(s))
-            self.model = s.model
-        return self.engine
+            self.engines = make_engines(s)
+            self.key = key
+        return self.engines
 
     def close(self) -> None:
-        if self.engine is not None:
-            asyncio.run(self.engine.close())
-        self.engine, self.model = None, None
+        for engine in self.engines or []:
+            engine.shutdown()
+        self.engines, self.key = None, None
 
 
 def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[str, Any]:
@@ -179,6 +214,7 @@ def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[
         "num_problems": len(problems),
         "resumed_problems": len(problems) - len(todo),
         "generation_seconds": round(time.time() - started, 2),
+        "engines": engines_summary(s, engine),
         "metrics": metrics,
         "reference": None if family.name == "math" else reference_versions(),
         "settings": s.model_dump(mode="json"),

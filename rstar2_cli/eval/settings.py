@@ -109,6 +109,11 @@ class EvalSettings(BaseModel):
     tokenizer: str | None = None                     # for --engine openai (default: model)
     sandbox_url: str | None = None                   # remote sandbox; None = embedded pool
     max_model_len: int | None = None
+    # the vLLM replicas (launch/eval_engines.py plans them for the commands): each group's node-local
+    # GPU ids, tensor_parallel_size of them; None: one replica on the default device
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_groups: list[list[int]] | None = None
+    seed_requests: Literal["auto", True, False] = "auto"   # as rollout.seed_requests (rollout/generation.py)
     cpu_kvcache_space_gb: int = Field(1, ge=1)
     grade_timeout: float = Field(5.0, gt=0.0)
     progress: bool = True
@@ -125,6 +130,7 @@ class EvalSettings(BaseModel):
         if unknown:
             raise ValueError(f"protocol: {unknown[0]!r} is not a protocol field; use one of {', '.join(PROTOCOL_FIELDS)}")
         self.rollout_config()      # a bad protocol value fails here, naming the field
+        self._check_groups()
         if self.engine == "openai" and not self.base_url:
             raise ValueError("--engine openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
         if self.benchmark not in BENCHMARKS and not self.data:
@@ -132,3 +138,14 @@ class EvalSettings(BaseModel):
                 f"unknown benchmark {self.benchmark!r}: use one of {', '.join(BENCHMARKS)} or --data FILE"
             )
         return self
+
+    def _check_groups(self) -> None:
+        seen: set[int] = set()
+        for group in self.gpu_groups or []:
+            if len(group) != self.tensor_parallel_size:
+                raise ValueError(f"gpu_groups: {group} has {len(group)} GPU id{'s' * (len(group) != 1)}, not "
+                                 f"tensor_parallel_size={self.tensor_parallel_size}")
+            for gpu in group:
+                if gpu < 0 or gpu in seen:
+                    raise ValueError(f"gpu_groups: GPU {gpu} " + ("appears twice" if gpu in seen else "is negative"))
+                seen.add(gpu)

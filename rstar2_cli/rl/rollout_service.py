@@ -124,7 +124,8 @@ class RolloutService:
                                                seed=cfg.train.seed + first + i, gpu_ids=slot.gpu_ids,
                                                weight_transfer=self.weight_transfer,
                                                scheduling_policy="priority" if partial else "fcfs",
-                                               sampling_logprobs=cfg.rollout.temperature != 1.0)
+                                               sampling_logprobs=cfg.rollout.temperature != 1.0,
+                                               seed_requests=cfg.rollout.seed_requests)
                         for i, slot in enumerate(slots)]
         for e in self.engines:       # resumed: the engines hold the checkpoint's weights, version `step`
             e.weights_version = version   # (AReaL #1342: a restored engine left at version 0)

@@ -19,8 +19,10 @@ slowest turn of a synchronized batch.
 Engine death (`engine_health.py`): a turn whose replica died or hung raises `EngineDied`; with a
 `recover` callback (the rollout host's `EngineSupervisor.recover`) the trajectory waits for the
 restart, is reset to its prompt and rolled out again from its first turn with the same seeds
-(its tool calls run again too), so it comes out as it would have without the fault; finished
-trajectories are untouched. Without one it ends with finish_reason "error", as any engine error.
+(its tool calls run again too): where the engine forwards request seeds (`rollout.seed_requests`,
+on CPU under auto) it comes out as it would have without the fault, elsewhere it is a fresh sample
+of the same prompt (rollout/generation.py); finished trajectories are untouched. Without one it
+ends with finish_reason "error", as any engine error.
 Engine errors (`generation.is_engine_failure`: vLLM's server-side errors, `EngineRequestError`)
 end a trajectory with finish_reason "error" and infra_error "engine_error", which the trainer
 leaves out (rl/admission.py); any other exception is a bug and propagates.

@@ -1,6 +1,6 @@
 """Engine death: a vLLM replica whose engine core dies or stops answering mid-rollout is noticed
 within a bounded time, restarted with the current weights, and the trajectories it interrupted
-are rolled out again with their own seeds.
+are rolled out again from their prompts (with their own seeds where requests carry them).
 
 Detection (`HealthWatch`, one per `VLLMEngine`), every `engine.health_check_s` while a request
 waits, on the engine's own loop:
@@ -19,8 +19,12 @@ the old engine core, which the restart shuts down.
 Recovery (`EngineSupervisor`, one per rollout host, on the rollout loop): the first trajectory
 that sees `EngineDied` starts the replica's restart (`VLLMEngine.restart`: a fresh `AsyncLLM` from
 the same engine arguments) in a worker thread; every interrupted trajectory waits for it, is reset
-to its prompt and rolled out again from its first turn with its own seed (`agent_loop`): vLLM
-samples a seeded request deterministically, so the step's data is what an unfailed run gives.
+to its prompt and rolled out again from its first turn with its own seed (`agent_loop`). Where
+requests carry their seeds (`rollout.seed_requests`: on CPU under auto) vLLM samples a seeded
+request deterministically, so the step's data is what an unfailed run gives; on GPU under auto
+the engine seed drives the sampler (rollout/generation.py), and a re-rolled trajectory is a fresh
+sample of the same policy and prompt: the step's data is as an unfailed run would draw it, not the
+same tokens.
 Finished trajectories are kept. The restarted engine gets the weights the live ones hold: the
 trainer's current policy, through the chunked weight-sync path (`weight_sync.chunked`), stamped
 with the current `weights_version`. A restart and a change of the policy's weights (update and

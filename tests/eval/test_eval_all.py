@@ -90,13 +90,13 @@ def test_cli_compare_loads_one_engine_and_writes_the_table(tiny_model, all_data,
     from rstar2_cli.eval import runner
 
     starts = []
-    real = runner._make_engine
+    real = runner.make_engines
 
-    async def counting(s):
+    def counting(s):
         starts.append(s.model)
-        return await real(s)
+        return real(s)
 
-    monkeypatch.setattr(runner, "_make_engine", counting)
+    monkeypatch.setattr(runner, "make_engines", counting)
     out = tmp_path / "cli"
     res = CliRunner().invoke(app, ["eval", "aime24", str(tiny_model), "--compare", str(tiny_model), "--data-dir",
                                    str(all_data), "--out", str(out), "--samples", "1", "--limit", "1",
@@ -104,5 +104,6 @@ def test_cli_compare_loads_one_engine_and_writes_the_table(tiny_model, all_data,
     assert res.exit_code == 0, res.output
     assert starts == [str(tiny_model)]
     assert "| AIME24 |" in res.output and (out / MD_FILE).is_file()
+    assert "engines: 1 replica x TP 1." in (out / MD_FILE).read_text()    # no GPU: one replica
     rows = json.loads((out / JSON_FILE).read_text())["rows"]
     assert [r["benchmark"] for r in rows] == ["aime24"] and rows[0]["compare"]["n"] == 1

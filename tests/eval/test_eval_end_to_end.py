@@ -80,3 +80,25 @@ def test_eval_settings_reject_bad_input():
         EvalSettings(benchmark="aime24", model="m", engine="openai")
     with pytest.raises(ValueError, match="unknown benchmark"):
         EvalSettings(benchmark="aime26", model="m")
+
+
+def test_two_replicas_give_what_one_gives(tiny_model, data_dir, tmp_path, engine, tools):
+    """The same settings on one replica and on two (the second with another engine seed): the same
+    trajectories, as each request carries its own seed on CPU; the second replica did take work."""
+    from rstar2_cli.config import EngineConfig
+    from rstar2_cli.rollout.engines import VLLMEngine
+
+    second = VLLMEngine.from_config(str(tiny_model), EngineConfig(), max_model_len=2048, seed=1)
+    try:
+        kw = dict(samples=3, max_tokens=40, temperature=1.0)
+        one = run_eval(_settings(tiny_model, data_dir, tmp_path / "one", **kw), engine=engine, tools=tools)
+        two = run_eval(_settings(tiny_model, data_dir, tmp_path / "two", **kw), engine=[engine, second], tools=tools)
+        assert second.busy_seconds() > 0.0
+    finally:
+        second.shutdown()
+    rows = {name: sorted((json.loads(line) for line in (tmp_path / name / TRAJ_FILE).read_text().splitlines()),
+                         key=lambda r: (r["problem_id"], r["sample_index"])) for name in ("one", "two")}
+    assert [r["text"] for r in rows["one"]] == [r["text"] for r in rows["two"]]
+    assert len({r["text"] for r in rows["one"]}) > 1          # sampled, not one greedy answer
+    assert one["metrics"] == two["metrics"] and one["per_problem"] == two["per_problem"]
+    assert (one["engines"]["replicas"], two["engines"]["replicas"]) == (1, 2)

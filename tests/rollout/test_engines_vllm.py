@@ -80,6 +80,12 @@ async def test_seeded_sampling_is_reproducible(engine, prompt):
     assert all(lp <= 0.0 for lp in a.logprobs)
 
 
+def test_a_cpu_engine_sends_each_requests_seed(engine, prompt):
+    """rollout.seed_requests auto on CPU: the engine keeps every request's seed (the test above)."""
+    assert engine.seed_requests is True
+    assert engine._sampling_params(GenRequest(prompt, max_tokens=4, seed=7)).seed == 7
+
+
 def test_generate_batch_returns_results_in_request_order(engine, prompt):
     reqs = [GenRequest(prompt, max_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 1, 9)]
     outs = engine.generate_batch(reqs)
