@@ -203,11 +203,14 @@ class DeviceMemory:
     """The GPU's free memory and the trainer's release of its cache, as the headroom check reads
     and calls them (a test gives it a fake on CPU)."""
 
-    available = staticmethod(torch.cuda.is_available)
+    def __init__(self, device: torch.device):
+        self.device = device
 
-    @staticmethod
-    def mem_get_info() -> tuple[int, int]:
-        return torch.cuda.mem_get_info()
+    def available(self) -> bool:
+        return self.device.type == "cuda"
+
+    def mem_get_info(self) -> tuple[int, int]:
+        return torch.cuda.mem_get_info(self.device)
 
     @staticmethod
     def card_gib() -> float:
@@ -251,9 +254,10 @@ def optimizer_checkpoint(ctx: Context):
     return folder
 
 
-def check_engine_headroom(ctx: Context, memory=DeviceMemory) -> dict:
+def check_engine_headroom(ctx: Context, memory: DeviceMemory | None = None) -> dict:
     from rstar2_cli.rl.checkpoint import continue_optimizer
 
+    memory = memory or DeviceMemory(ctx.device)
     folder = optimizer_checkpoint(ctx)
     # as a stage that continues the previous one: its weights from the folder (model.path), then its AdamW state
     policy = policy_for(ctx, path=folder, micro_batch_tokens=ctx.update_tokens)

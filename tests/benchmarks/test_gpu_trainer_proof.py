@@ -215,14 +215,27 @@ def test_dcp_round_trip_fails_when_a_loaded_weight_differs(ctx, monkeypatch, tmp
         proof_io.dcp_round_trip(holder, make, tmp_path, ctx.free)
 
 
+def test_the_fake_gpu_memory_has_the_real_ones_methods():
+    def params(obj, name):
+        return list(inspect.signature(getattr(obj, name)).parameters)
+
+    names = ("available", "mem_get_info", "card_gib", "release")
+    real, fake = proof_memory.DeviceMemory(torch.device("cuda")), FakeMemory(1.0, 0.0)
+    assert [params(real, n) for n in names] == [params(fake, n) for n in names] == [[]] * len(names)
+    real.release()          # the trainer's own release (colocated.py release_trainer_cache): a no-op without CUDA
+
+
 class FakeMemory:
     """A 100 GiB GPU as the headroom check reads it: `free` GiB free, `freed` more after the release."""
 
-    available = staticmethod(lambda: True)
-    card_gib = staticmethod(lambda: 100.0)
-
     def __init__(self, free: float, freed: float):
         self.free, self.freed = free, freed
+
+    def available(self):
+        return True
+
+    def card_gib(self):
+        return 100.0
 
     def mem_get_info(self):
         return int(self.free * proof_model.GIB), 100 * proof_model.GIB
