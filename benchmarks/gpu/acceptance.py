@@ -38,8 +38,9 @@ CHECKS = (
           0, ("check_gpu_apis.py",)),
     Check("shapes", "weight sync and sharding on Qwen3-14B's real shapes, on the meta device",
           0, ("gpu_shapes_check.py", "--model", "qwen3-14b")),
-    Check("trainer_proof", "the trainer side at Qwen3-14B widths (4 layers): sharded load, chunked head, packed "
-          "attention, 32K-token update memory, MFU, DCP round trip, spawn environment, CUDA IPC",
+    Check("trainer_proof", "the trainer side at Qwen3-14B widths, sized so the update's plan fits the card: sharded "
+          "load, chunked head, packed attention, FSDP2 update memory against the plan, MFU, DCP round trip, "
+          "engine headroom after continue_optimizer, spawn environment, CUDA IPC",
           1, ("gpu_trainer_proof.py", "--out", "{out}/gpu_trainer_proof.json")),
     Check("smoke", "the policy update's tokens/s, MFU and peak memory; the sharded model load",
           1, ("gpu_smoke.py", "--out", "{out}/gpu_smoke.json")),

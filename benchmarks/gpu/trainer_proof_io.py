@@ -1,7 +1,7 @@
 """The checks of benchmarks/gpu/gpu_trainer_proof.py that move state between processes or to disk:
 the DCP checkpoint round trip, the engine spawn environment and the CUDA IPC round trip.
 
-Only torch and this source tree are imported (a bare GPU box has no vLLM).
+Only torch and the light modules of this source tree are imported (the lent GPU image has no vLLM).
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from trainer_proof_model import CheckFailed, Skipped, full
+
 # torchrun's agent sets it in every worker (torch/distributed/elastic/agent/server/
 # local_elastic_agent.py); a process that inherits it and starts its own TCP rendezvous becomes a
 # client of a store nobody serves, and waits until it times out.
@@ -26,23 +28,6 @@ SCRUB_FUNCTION = "engine_spawn_env"
 SCRUB_MODULES = ("rstar2_cli.rollout.engine_env",)
 
 
-class Skipped(Exception):
-    """The check cannot run here; the message says why (gpu_trainer_proof prints it as a skip)."""
-
-
-def one_rank_group(device: torch.device) -> bool:
-    """A 1-rank process group (nccl on CUDA, gloo on CPU) for FSDP2 and DCP, unless one exists;
-    whether this call made it."""
-    import torch.distributed as dist
-
-    from rstar2_cli.hosts.ports import master_store
-
-    if dist.is_initialized():
-        return False
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=master_store(), rank=0, world_size=1)
-    return True
-
-
 def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
@@ -50,64 +35,93 @@ def remove_tree(path: Path) -> None:
 # ---------------------------------------------------------------- DCP
 
 
+def _cpu_copy(value) -> torch.Tensor:
+    """A full CPU copy of a tensor, DTensor (gathered: a collective) or number."""
+    return full(torch.as_tensor(value).detach()).to("cpu", copy=True)
+
+
 def _named_optimizer_state(policy) -> dict[str, dict[str, torch.Tensor]]:
-    """AdamW's state per parameter name, as CPU copies."""
+    """AdamW's state per parameter name, as full CPU copies."""
     by_param = policy.optimizer.state
-    return {name: {k: torch.as_tensor(v).detach().to("cpu", copy=True) for k, v in by_param[p].items()}
+    return {name: {k: _cpu_copy(v) for k, v in by_param[p].items()}
             for name, p in policy.model.named_parameters() if p in by_param}
+
+
+def dcp_paths(folder: Path) -> dict[str, Path]:
+    """Where the DCP check writes: the checkpoint folder (`step_000001`, as rl/checkpoint.py names
+    steps) and its AdamW/trainer state folder."""
+    from rstar2_cli.rl.checkpoint import STATE_DIR
+
+    target = folder / "step_000001"
+    return {"target": target, "state": target / STATE_DIR}
+
+
+def dcp_bytes_needed(params: int) -> int:
+    """Disk the check needs at its peak: fp32 weights as shards and consolidated (8 B/param), then
+    files and AdamW moments (4 + 8 B/param)."""
+    return params * 12
+
+
+def dcp_verdict(figures: dict) -> None:
+    problems = []
+    if not figures["hf_files"] or figures["leftover_folders"]:
+        problems.append(f"consolidation: {figures['hf_files']} safetensors files, folders left besides the state: "
+                        f"{figures['leftover_folders']}")
+    if figures["weights_differing"]:
+        problems.append(f"{figures['weights_differing']} weights differ (first {figures['first_differing']})")
+    if figures["adamw_differing"] or figures["adamw_params_loaded"] != figures["adamw_params_saved"]:
+        problems.append(f"AdamW state differs: {figures['adamw_differing']} entries, {figures['adamw_params_loaded']}"
+                        f" of {figures['adamw_params_saved']} parameters")
+    if not figures["schedule_equal"]:
+        problems.append("LR schedule differs")
+    if problems:
+        raise CheckFailed("; ".join(problems), figures)
 
 
 def dcp_round_trip(holder: dict, make_policy, folder: Path, free) -> dict:
     """Save `holder["policy"]` (after an update: AdamW has state) with rl/checkpoint.py, drop it
     (popped from `holder`, so no reference is left), load the folder into `make_policy()` (fresh
-    weights), and compare weights, AdamW state and LR schedule bit for bit."""
-    from rstar2_cli.rl.checkpoint import STATE_DIR, load_checkpoint, save_checkpoint
+    weights), and compare weights, AdamW state and LR schedule bit for bit. The folder stays (the
+    engine-headroom check continues its optimizer state)."""
+    from rstar2_cli.rl.checkpoint import load_checkpoint, save_checkpoint
 
     policy = holder.pop("policy")
+    paths = dcp_paths(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if not policy.optimizer.state:
         raise AssertionError("the policy has taken no optimizer step: nothing to prove for AdamW")
-    # fp32 weights: shards and consolidated files (8 B/param), then files and AdamW moments (4 + 8 B/param)
-    need = sum(p.numel() for p in policy.model.parameters()) * 12
+    need = dcp_bytes_needed(sum(p.numel() for p in policy.model.parameters()))
     free_bytes = shutil.disk_usage(folder).free
     if free_bytes < need:
         raise AssertionError(f"--work {folder}: {free_bytes / 2**30:.1f} GiB free, the checkpoint needs "
                              f"about {need / 2**30:.1f} GiB")
-    target = folder / "step_000001"
     start = time.perf_counter()
-    save_checkpoint(target, policy, step=1)
+    save_checkpoint(paths["target"], policy, step=1)
     save_s = time.perf_counter() - start
-    weights = {k: v.detach().to("cpu", copy=True) for k, v in policy.model.state_dict().items()}
+    weights = {k: _cpu_copy(v) for k, v in policy.model.state_dict().items()}
     moments = _named_optimizer_state(policy)
     schedule = policy.scheduler.state_dict()
-    files = sorted(p.name for p in target.glob("*.safetensors"))
-    leftovers = sorted(p.name for p in target.iterdir() if p.is_dir() and p.name != STATE_DIR)
+    files = sorted(p.name for p in paths["target"].glob("*.safetensors"))
+    leftovers = sorted(p.name for p in paths["target"].iterdir() if p.is_dir() and p != paths["state"])
     del policy
     free()
     fresh = make_policy()
     start = time.perf_counter()
-    loaded = load_checkpoint(target, fresh)
+    loaded = load_checkpoint(paths["target"], fresh)
     load_s = time.perf_counter() - start
     got_weights = fresh.model.state_dict()
-    weights_differ = [k for k, v in weights.items() if not torch.equal(got_weights[k].cpu(), v)]
+    weights_differ = [k for k, v in weights.items() if not torch.equal(_cpu_copy(got_weights[k]), v)]
     got_moments = _named_optimizer_state(fresh)
     moments_differ = [f"{n}.{k}" for n, state in moments.items() for k, v in state.items()
                       if n not in got_moments or not torch.equal(got_moments[n][k], v)]
     figures = {"save_s": round(save_s, 2), "load_s": round(load_s, 2), "hf_files": len(files),
-               "tensors": len(weights), "adamw_entries": sum(len(s) for s in moments.values()),
-               "step": loaded.step}
-    problems = []
-    if not files or leftovers:
-        problems.append(f"consolidation: safetensors files {files}, folders left besides {STATE_DIR}: {leftovers}")
-    if weights_differ:
-        problems.append(f"{len(weights_differ)} weights differ (first {weights_differ[:3]})")
-    if moments_differ or len(got_moments) != len(moments):
-        problems.append(f"AdamW state differs: {moments_differ[:3]}, {len(got_moments)} of {len(moments)} parameters")
-    if fresh.scheduler.state_dict() != schedule:
-        problems.append("LR schedule differs")
+               "leftover_folders": leftovers, "tensors": len(weights), "weights_differing": len(weights_differ),
+               "first_differing": weights_differ[:3], "adamw_entries": sum(len(s) for s in moments.values()),
+               "adamw_differing": len(moments_differ), "adamw_params_saved": len(moments),
+               "adamw_params_loaded": len(got_moments),
+               "schedule_equal": fresh.scheduler.state_dict() == schedule, "step": loaded.step}
     del fresh, got_weights
-    if problems:
-        raise AssertionError("; ".join(problems))
+    dcp_verdict(figures)
     return figures
 
 
@@ -209,7 +223,11 @@ def cuda_ipc_round_trip(gib: float, cuda: bool) -> dict:
                "child_sum_matches": seen == expected, "parent_sees_child_write": tail_ok}
     del buf
     if status != "ok":
-        raise AssertionError(f"child: {seen}")
-    if seen != expected or not tail_ok:
-        raise AssertionError(f"not one memory: {figures}")
+        raise CheckFailed(f"child: {seen}", figures)
+    ipc_verdict(figures)
     return figures
+
+
+def ipc_verdict(figures: dict) -> None:
+    if not (figures["child_sum_matches"] and figures["parent_sees_child_write"]):
+        raise CheckFailed("not one memory: the child read other bytes or the parent misses its write", figures)

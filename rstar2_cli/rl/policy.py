@@ -109,14 +109,16 @@ class PolicyTrainer:
                  micro_batch_tokens: int, ppo_mini_batches: int = 1, dual_clip: float | None = None,
                  model=None, info: rl_dist.DistInfo | None = None, logprob_chunk_tokens: int = 1024,
                  max_staleness: int = 0, attn_implementation: str = "auto", layout: str | None = None,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, sharded: bool | None = None):
         """`info`: this process's ranks and device, from `rl_dist.setup_distributed()` (the
         caller's entry point starts torch.distributed); default: the process as it stands.
         `attn_implementation`: see models/attention.py. `layout`: the micro-batch layout, by default the
         one that goes with the kernel; `benchmarks/timing/bench_update.py` sets "packed" under SDPA to
         measure the dense-mask baseline. `temperature`: the rollout's sampling temperature; every
         log-prob here is of logits / temperature, the distribution the engine sampled from (verl's
-        dp_actor divides the logits the same way), so ratios and TIS compare like with like."""
+        dp_actor divides the logits the same way), so ratios and TIS compare like with like.
+        `sharded`: FSDP2 or not; default: when world_size > 1. True at world size 1 (a 1-rank process
+        group must exist) runs one rank of the FSDP2 path on one GPU (benchmarks/gpu/gpu_trainer_proof.py)."""
         if not temperature > 0.0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if ppo_mini_batches < 1:
@@ -131,7 +133,10 @@ class PolicyTrainer:
         self.info = info if info is not None else rl_dist.process_info()
         self.device = self.info.device
         self.dtype = compute_dtype(model_cfg.dtype, self.device)
-        self.sharded = self.info.world_size > 1
+        self.sharded = self.info.world_size > 1 if sharded is None else bool(sharded)
+        if self.sharded and not torch.distributed.is_initialized():
+            raise ValueError("sharded=True needs a process group: start one (rl/dist.py setup_distributed, or a "
+                             "1-rank group) before building the policy")
         self.attention = resolve_attention(attn_implementation, self.device, self.dtype)
         if layout is not None and layout not in LAYOUTS:
             raise ValueError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
