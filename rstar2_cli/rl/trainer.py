@@ -20,6 +20,10 @@ ran up to k steps ahead, while earlier steps trained. Steps 4-5 run on each roll
 own groups, and each rank receives only the trajectories it trains (`shards.py`). The engines, the
 sandbox and the weight pusher are the rollout service's (`rollout_service.py`). Metrics stay on
 rank 0; every rank writes its own shards of a checkpoint (`checkpoint.py`).
+GPU memory: the policy load and a continued or resumed AdamW state (one optimizer step, its
+temporaries freed into torch's caching allocator) leave cached blocks that vLLM counts as used, so
+every rank releases them (`release`, injected: `torch.cuda.empty_cache()` and a barrier) before
+the hosts start their engines, before every colocated wake and before an engine restart.
 
 Faults: SIGTERM or SIGUSR1 ends the run at the next step boundary with a checkpoint and exit code
 75 (`preemption.py`); `--resume auto` continues from `latest` if there is one, else starts fresh.
@@ -57,6 +61,7 @@ from rstar2_cli.config import RecipeConfig, dump_recipe
 from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.rl.preemption import RESUME_MODES
 from rstar2_cli.rl.rollout_hosts import plan_rollout_host
+from rstar2_cli.rollout.weight_sync.colocated import release_trainer_cache
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +97,8 @@ class RLTrainer:
     """Owns the policy, the rollout side, the data order and the metrics of one RL run."""
 
     def __init__(self, cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = True,
-                 on_step: Callable[[int, dict], None] | None = None):
+                 on_step: Callable[[int, dict], None] | None = None,
+                 release: Callable[[], None] = release_trainer_cache):
         from transformers import AutoTokenizer
 
         from rstar2_cli.data.problems import load_problems
@@ -164,7 +170,7 @@ class RLTrainer:
             (self.out_dir / "resolved_recipe.yaml").write_text(dump_recipe(cfg))
         self.rollouts = RolloutService(cfg, self.problems, self.tokenizer, self.host, self.info,
                                        model=self.policy.model, weights=engine_weights, version=self.step,
-                                       progress=progress)
+                                       progress=progress, release=release)
         self.source = rollout_source(cfg.train.max_staleness, cfg.train.steps, self.sampler, self.rollouts,
                                      first_index=self.step, partial=cfg.train.partial_rollout)
         if saved_pending is not None:
