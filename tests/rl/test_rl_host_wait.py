@@ -1,0 +1,73 @@
+"""Ranks that wait for the rollout hosts: a rollout longer than the collective timeout does not
+time them out while the hosts are alive, and a host that died is reported in bounded time, in one
+line (`rl/dist.py`: heartbeats and readiness marks in torch.distributed's store).
+
+Two real processes per case (gloo on CPU, the store of `init_process_group`), with a collective
+timeout of 2 s and heartbeats every 0.1 s, silent after 1.5 s (`rl_wait_worker.py`)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("rl_wait_worker.py")
+SCENARIOS = ("slow", "dead", "store_gone")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> dict[str, dict[int, dict]]:
+    """Every scenario's two ranks, all started at once: {scenario: {rank: what it wrote}}."""
+    out = tmp_path_factory.mktemp("wait")
+    procs = []
+    for scenario in SCENARIOS:
+        port = _port()
+        for rank in (0, 1):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
+                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+            procs.append(subprocess.Popen([sys.executable, str(WORKER), scenario, str(out)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+    found: dict[str, dict[int, dict]] = {s: {} for s in SCENARIOS}
+    for scenario in SCENARIOS:
+        for rank in (0, 1):
+            f = out / f"{scenario}_rank{rank}.json"
+            if f.is_file():
+                found[scenario][rank] = json.loads(f.read_text())
+    found["logs"] = logs   # type: ignore[assignment]
+    return found
+
+
+def test_a_rollout_longer_than_the_collective_timeout_still_reaches_the_waiting_rank(ranks):
+    waiting = ranks["slow"].get(1)
+    assert waiting is not None and "error" not in waiting, (waiting, ranks["logs"][1][-3000:])
+    assert waiting["got"] == ["rolled out"] and waiting["seconds"] > 4.5    # waited past the 2 s timeout
+    assert ranks["slow"][0]["got"] == ["rolled out"]
+
+
+def test_a_host_that_died_is_reported_within_the_bound_in_one_line(ranks):
+    waiting = ranks["dead"].get(0)
+    assert waiting is not None and "error" in waiting, (waiting, ranks["logs"][2][-3000:])
+    assert 1 not in ranks["dead"]                                # the host exited without a result
+    message = waiting["error"]
+    assert "\n" not in message and "rank 1" in message and "heartbeat" in message, message
+    assert waiting["seconds"] < 0.5 + 1.5 + 2.0                  # death + silence bound + polling slack
+
+
+def test_losing_the_store_with_rank_0_is_reported_in_one_line(ranks):
+    waiting = ranks["store_gone"].get(1)
+    assert waiting is not None and "error" in waiting, (waiting, ranks["logs"][5][-3000:])
+    message = waiting["error"]
+    assert "\n" not in message and "store" in message, message
+    assert waiting["seconds"] < 0.5 + 1.5 + 2.0
