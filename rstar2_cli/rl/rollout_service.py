@@ -265,6 +265,11 @@ class RolloutService:
         """Each rollout host's `mine`, in node order, on every rank (a collective)."""
         return rl_dist.broadcast_from_each(mine, self.host_ranks)
 
+    def gather_to_main(self, mine: Any) -> list[Any] | None:
+        """Each rollout host's `mine`, in node order, on rank 0; None on the other ranks, which wait
+        for the hosts all the same (a collective: `rl_dist.gather_from`)."""
+        return rl_dist.gather_from(mine, self.host_ranks, dst=0)
+
     def busy_seconds(self) -> list[float]:
         """Per engine of this host: wall time so far with a request in flight."""
         return [e.busy_seconds() for e in self.engines]

@@ -10,7 +10,8 @@ One step (`RLTrainer.train_step`), in the paper's order:
   7. push the new weights into the engines;
   8. log metrics (JSONL, live table, optional TensorBoard/wandb; curves.png at the end); every
      `train.eval_every` steps (and before the first) the held-out sets are evaluated on the
-     trainer's own engines and sandbox (`validation.py`) and logged with the step.
+     trainer's own engines and sandboxes, a share on each rollout host (`validation.py`), and
+     logged with the step.
 A step whose groups are all filtered out (equal rewards, infrastructure failures) is skipped:
 no optimizer step, no LR step, no weight sync; it is logged with `train/skipped_empty` = 1.
 
@@ -288,17 +289,23 @@ class RLTrainer:
                              f"{self.saved_step}")
 
     def validate(self) -> dict[str, float]:
-        """Held-out eval of the current policy on rank 0's engines and sandbox (`validation.py`);
-        other ranks get {} (rank 0 is node 0's rollout host)."""
+        """Held-out eval of the current policy (`validation.py`): each rollout host evaluates its share
+        of every set on its own engines and sandbox; every rank waits for the hosts (heartbeats:
+        `rl_dist.gather_from`), rank 0 merges and returns the metrics, the other ranks {}."""
         from rstar2_cli.rl.metrics import StepTimer
-        from rstar2_cli.rl.validation import run_validation
+        from rstar2_cli.rl.validation import merge_validation, validate_share
 
-        if not (self.info.is_main and self.host.is_host):
-            return {}
         timer = StepTimer()
+        hosts, rollouts = self.rollouts.host_ranks, self.rollouts
         with timer("eval"):
-            metrics = run_validation(self.cfg, self.rollouts.engines, self.rollouts.tools, self.step,
-                                     self.out_dir, progress=self.progress)
+            part = None
+            if self.host.is_host:
+                part = validate_share(self.cfg, rollouts.engines, rollouts.tools, self.step, self.out_dir,
+                                      host=hosts.index(self.info.rank), hosts=len(hosts), progress=self.progress)
+            parts = rollouts.gather_to_main(part)
+            if parts is None:
+                return {}
+            metrics = merge_validation(self.cfg, parts, rollouts.engines, rollouts.tools, self.step, self.out_dir)
         metrics.update(timer.sections())
         return metrics
 

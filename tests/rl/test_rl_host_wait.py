@@ -54,6 +54,8 @@ def test_a_rollout_longer_than_the_collective_timeout_still_reaches_the_waiting_
     assert waiting is not None and "error" not in waiting, (waiting, ranks["logs"][1][-3000:])
     assert waiting["got"] == ["rolled out"] and waiting["seconds"] > 4.5    # waited past the 2 s timeout
     assert ranks["slow"][0]["got"] == ["rolled out"]
+    # the gather to rank 0 (validation's): rank 0 waited 3 s for rank 1's share, past the timeout too
+    assert ranks["slow"][0]["gathered"] == ["share of 0", "share of 1"] and ranks["slow"][1]["gathered"] is None
 
 
 def test_a_host_that_died_is_reported_within_the_bound_in_one_line(ranks):
