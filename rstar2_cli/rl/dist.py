@@ -14,10 +14,9 @@ for the hosts for minutes on GPUs the engines decode on; a gloo wait is a CPU wa
 
 Waiting for the rollout hosts: no collective timeout can bound a rollout. One node rolling out a
 stage-2 step (stage2.yaml: 512 prompts x 2 x 16 = 16,384 trajectories of up to 12,288 tokens, at
-most 201M tokens) on its 4 TP-2 replicas at ~6K tokens/s each (the MI300X preset of the rollout
-simulator, docs/async-rl.md; no GPU run has measured it) takes 201M / 24K/s = 8,400 s = 2.3 h at
-the length cap, past a 2 h timeout; the same step on 8 nodes, or with shorter answers, takes
-minutes. So `broadcast_from_each` and `gather_from`, where ranks wait for the hosts, first wait
+most 201M tokens) on its 4 TP-2 replicas at ~6K tokens/s each (the rollout simulator's MI300X
+preset at full batch, docs/async-rl.md; no GPU run has measured it) takes 201M / 24K/s = 8,400 s
+= 2.3 h at the length cap, past a 2 h timeout; on 8 nodes, an eighth of that. So `broadcast_from_each` and `gather_from`, where ranks wait for the hosts, first wait
 in the store for each source to be ready, with heartbeats (`liveness.py`): every rank beats every
 HEARTBEAT_S = 5 s; a source silent for SILENT_S = 120 s (24 beats: a beat thread can be held up
 by the GIL or a slow store for a while) is reported as dead, in one line, within SILENT_S +
@@ -26,12 +25,15 @@ may take as long as it needs. The collective then starts with every source there
 (COLLECTIVE_TIMEOUT, 2 h, for the default group's FSDP and checkpoint collectives and the gloo
 group's agreements) bounds only the transfer.
 
-Several nodes: gloo listens on the address this host's name resolves to, so a name that resolves
-to a loopback address (a Debian-style `127.0.1.1 hostname` line in /etc/hosts) leaves the other
-nodes nothing to connect to and the run hangs at its first object collective. `setup_distributed`
-refuses that with one line unless GLOO_SOCKET_IFNAME names the interface (NCCL_SOCKET_IFNAME is
-NCCL's own); torch's ProcessGroupGloo reads the variable (torch/nn/parallel/distributed.py lists
-it among the environment it logs).
+Several nodes: without GLOO_SOCKET_IFNAME, gloo listens on the address this host's name resolves
+to, and on loopback when it resolves to nothing (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp,
+whose warning in the installed libtorch_cpu.so reads "Unable to resolve hostname to a (local)
+address. Using the loopback address as fallback. Manually set the network interface to bind to
+with GLOO_SOCKET_IFNAME."). A name on loopback (a Debian-style `127.0.1.1 hostname` line in
+/etc/hosts) leaves the other nodes nothing to connect to, and the run hangs at its first object
+collective. `setup_distributed` refuses that in one line naming GLOO_SOCKET_IFNAME (and
+NCCL_SOCKET_IFNAME, NCCL's own) unless the variable is set or MASTER_ADDR is loopback too (every
+"node" on this machine).
 """
 from __future__ import annotations
 

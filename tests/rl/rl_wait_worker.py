@@ -18,7 +18,7 @@ from rstar2_cli.rl import dist as rl_dist
 
 scenario, out = sys.argv[1], Path(sys.argv[2])
 rl_dist.COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=2)
-rl_dist.HEARTBEAT_S, rl_dist.SILENT_S = 0.1, 1.5
+rl_dist.HEARTBEAT_S, rl_dist.SILENT_S = 0.1, 3.0
 rank = rl_dist.setup_distributed().rank
 host = 1 if scenario == "dead" else 0
 started = time.monotonic()

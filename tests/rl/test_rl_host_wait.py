@@ -3,7 +3,7 @@ time them out while the hosts are alive, and a host that died is reported in bou
 line (`rl/dist.py`: heartbeats and readiness marks in torch.distributed's store).
 
 Two real processes per case (gloo on CPU, the store of `init_process_group`), with a collective
-timeout of 2 s and heartbeats every 0.1 s, silent after 1.5 s (`rl_wait_worker.py`)."""
+timeout of 2 s and heartbeats every 0.1 s, silent after 3 s (`rl_wait_worker.py`)."""
 from __future__ import annotations
 
 import json
@@ -64,7 +64,7 @@ def test_a_host_that_died_is_reported_within_the_bound_in_one_line(ranks):
     assert 1 not in ranks["dead"]                                # the host exited without a result
     message = waiting["error"]
     assert "\n" not in message and "rank 1" in message and "heartbeat" in message, message
-    assert waiting["seconds"] < 0.5 + 1.5 + 2.0                  # death + silence bound + polling slack
+    assert waiting["seconds"] < 0.5 + 3.0 + 2.0                  # death + silence bound + polling slack
 
 
 def test_losing_the_store_with_rank_0_is_reported_in_one_line(ranks):
@@ -72,4 +72,4 @@ def test_losing_the_store_with_rank_0_is_reported_in_one_line(ranks):
     assert waiting is not None and "error" in waiting, (waiting, ranks["logs"][5][-3000:])
     message = waiting["error"]
     assert "\n" not in message and "store" in message, message
-    assert waiting["seconds"] < 0.5 + 1.5 + 2.0
+    assert waiting["seconds"] < 0.5 + 3.0 + 2.0
