@@ -16,8 +16,9 @@ Waiting for the rollout hosts: no collective timeout can bound a rollout. One no
 stage-2 step (stage2.yaml: 512 prompts x 2 x 16 = 16,384 trajectories of up to 12,288 tokens, at
 most 201M tokens) on its 4 TP-2 replicas at ~6K tokens/s each (the rollout simulator's MI300X
 preset at full batch, docs/async-rl.md; no GPU run has measured it) takes 201M / 24K/s = 8,400 s
-= 2.3 h at the length cap, past a 2 h timeout; on 8 nodes, an eighth of that. So `broadcast_from_each` and `gather_from`, where ranks wait for the hosts, first wait
-in the store for each source to be ready, with heartbeats (`liveness.py`): every rank beats every
+= 2.3 h at the length cap, past a 2 h timeout; on 8 nodes, an eighth of that. So
+`broadcast_from_each` and `gather_from`, where ranks wait for the hosts, first wait in the store
+for each source to be ready, with heartbeats (`liveness.py`): every rank beats every
 HEARTBEAT_S = 5 s; a source silent for SILENT_S = 120 s (24 beats: a beat thread can be held up
 by the GIL or a slow store for a while) is reported as dead, in one line, within SILENT_S +
 POLL_S = 121 s of its last beat, instead of at the collective timeout; a source that is alive

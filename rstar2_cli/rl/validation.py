@@ -67,9 +67,9 @@ def _settings(cfg: RecipeConfig, name: str, data: str | None, out: Path, step: i
 
     return EvalSettings(benchmark=name, data=data, data_dir=cfg.data.data_dir, model=f"{cfg.name}@step{step}",
                         tokenizer=cfg.model.path, out_dir=str(out), samples=cfg.train.eval_samples,
-                        max_tokens=cfg.rollout.max_response_tokens, max_turns=cfg.rollout.max_turns, seed=cfg.train.seed,
-                        answer_mode=cfg.reward.mode, **protocol_of_rollout(cfg.rollout), grade_timeout=cfg.reward.timeout,
-                        max_model_len=cfg.engine.max_model_len, progress=progress)
+                        max_tokens=cfg.rollout.max_response_tokens, max_turns=cfg.rollout.max_turns,
+                        seed=cfg.train.seed, answer_mode=cfg.reward.mode, **protocol_of_rollout(cfg.rollout),
+                        grade_timeout=cfg.reward.timeout, max_model_len=cfg.engine.max_model_len, progress=progress)
 
 
 def _eval(settings, engines: list, tools) -> dict[str, Any]:

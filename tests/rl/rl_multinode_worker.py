@@ -2,9 +2,9 @@
 
 argv: recipe.json out_dir. Runs two RL steps through RLTrainer and writes out_dir/rank{R}.json
 with what the test checks: the trajectory list this host's RoC saw each step (digest, prompt
-positions and the node that rolled out each trajectory), this host's scheduler dispatch counts, a greedy probe of this host's engine
-before and after training, the metrics of a held-out point (k = 0), and (rank 0) whether the streamed engine weights equal the
-checkpoint's full state dict.
+positions and the node that rolled out each trajectory), this host's scheduler dispatch counts,
+a greedy probe of this host's engine before and after training, the metrics of a held-out point
+(k = 0), and (rank 0) whether the streamed engine weights equal the checkpoint's full state dict.
 """
 import hashlib
 import json
@@ -54,7 +54,7 @@ def main(recipe_path: str, out_dir: str) -> None:
         trainer.train_step()
     after = probe()
     # a held-out point (the recipe's eval_sets): each host its share, rank 0 the metrics
-    validation = trainer.validate() if not trainer.cfg.train.max_staleness else None
+    validation = None if trainer.cfg.train.max_staleness else trainer.validate()
     if trainer.cfg.train.max_staleness:   # asynchronous: batch 3 is in flight; every host saves its shard of it
         trainer.save()
     streamed = trainer.policy.full_state_for_engines(keep=trainer.host.is_host)

@@ -4,10 +4,10 @@ Why: continuing AdamW at a stage continuation (`checkpoint.continue_optimizer`) 
 (`checkpoint.load_checkpoint`) allocates zero gradients and runs one foreach AdamW step; the freed
 blocks stay in the trainer process's caching allocator, and vLLM's worker compares the GPU's free
 memory with `gpu_memory_utilization x total` at start (vllm/v1/worker/gpu_worker.py
-`Worker.init_device` -> vllm/v1/worker/utils.py `request_memory`) and refuses to start. So `RLTrainer` takes the release as a collaborator
-(`rollout/weight_sync/colocated.release_trainer_cache` by default: `torch.cuda.empty_cache()`,
-then a barrier) and the rollout side calls it on every rank before the host starts its engines,
-before each colocated wake, and before an engine restart.
+`Worker.init_device` -> vllm/v1/worker/utils.py `request_memory`) and refuses to start. So
+`RLTrainer` takes the release as a collaborator (`rollout/weight_sync/colocated.release_trainer_cache`
+by default: `torch.cuda.empty_cache()`, then a barrier) and the rollout side calls it on every rank
+before the host starts its engines, before each colocated wake, and before an engine restart.
 
 The engines are fakes of `VLLMEngine` (signatures checked); everything else is the real trainer:
 the policy, the checkpoint, the rollout service, the weight pusher. The colocated cycle runs on

@@ -91,8 +91,10 @@ def test_two_nodes_roll_out_and_select_their_own_shards_and_train_together(tiny_
             share = (heldout / f"node{node}" / "problems.jsonl").read_text().splitlines()
             assert [json.loads(line)["id"] for line in share] == ids
         merged = [json.loads(line) for line in (heldout / "trajectories.jsonl").read_text().splitlines()]
-        assert [(r["problem_id"], r["sample_index"]) for r in merged] == [(f"h{i}", k) for i in range(3) for k in (0, 1)]
-        assert r0["validation"]["eval/heldout/problems"] == 3 and r0["validation"]["eval/heldout/samples_per_problem"] == 2
+        assert [(r["problem_id"], r["sample_index"]) for r in merged] == [(f"h{i}", k) for i in range(3)
+                                                                          for k in (0, 1)]
+        point = r0["validation"]
+        assert point["eval/heldout/problems"] == 3 and point["eval/heldout/samples_per_problem"] == 2
         assert r1["validation"] == {}
         # The trainer's own view of those weights: step 2 rollouts (both nodes, synced engines)
         # score like the trainer's logprobs.
