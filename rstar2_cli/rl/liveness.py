@@ -54,8 +54,6 @@ class Liveness:
                              f"need 0 < beat < silent and poll > 0")
         self.store, self.rank, self.beat_s, self.silent_s, self.poll_s = store, rank, beat_s, silent_s, poll_s
         self.clock, self.sleep = clock, sleep
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def start(self) -> "Liveness":
         """Publish this rank's keys (one beat; ready for nothing yet) and start beating. Every rank
@@ -65,21 +63,18 @@ class Liveness:
         waits = self.store.clone()   # the waits' own client: a call unanswered for silent_s is a lost store
         waits.set_timeout(datetime.timedelta(seconds=self.silent_s))
         beats, self.store = self.store.clone(), waits
-        self._thread = threading.Thread(target=self._beat, args=(beats,), name="rstar2-heartbeat", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._beat, args=(beats,), name="rstar2-heartbeat", daemon=True).start()
         return self
 
     def _beat(self, store: Any) -> None:
         key = _key("beat", self.rank)
-        while not self._stop.wait(self.beat_s):
+        while True:
+            time.sleep(self.beat_s)
             try:
                 store.add(key, 1)
             except Exception as e:   # the store is gone: the waits report it; nothing left to beat to
                 log.warning("heartbeat stopped: the store does not answer (%s: %s)", type(e).__name__, _first_line(e))
                 return
-
-    def stop(self) -> None:
-        self._stop.set()
 
     def ready(self, number: int) -> None:
         """This rank is ready for collective `number`."""
@@ -115,4 +110,3 @@ class Liveness:
             if pending:
                 self.sleep(pause)
                 pause = min(2 * pause, self.poll_s)
-

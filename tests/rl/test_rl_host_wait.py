@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -73,3 +74,64 @@ def test_losing_the_store_with_rank_0_is_reported_in_one_line(ranks):
     message = waiting["error"]
     assert "\n" not in message and "store" in message, message
     assert waiting["seconds"] < 0.5 + 3.0 + 2.0
+
+
+class DictStore:
+    """The part of torch.distributed's `Store` that `Liveness` uses (the names are checked against
+    the installed torch in test_rl_dist.py), in a dict; `clone` shares the dict as a client of the
+    same store does."""
+
+    def __init__(self):
+        self.values: dict[str, bytes] = {}
+
+    def set(self, key, value):
+        self.values[key] = str(value).encode()
+
+    def add(self, key, amount):
+        self.values[key] = str(int(self.values.get(key, b"0")) + amount).encode()
+        return int(self.values[key])
+
+    def multi_get(self, keys):
+        return [self.values[k] for k in keys]
+
+    def clone(self):
+        return self
+
+    def set_timeout(self, timeout):
+        pass
+
+
+def test_the_wait_lasts_while_the_source_beats_and_ends_silent_s_after_its_last_beat():
+    """On the waiting rank's clock: a source that beats for 500 s and then marks itself ready is
+    waited for all along; one that beats until t = 30 s and then goes silent is lost once
+    silent_s = 10 s have passed without a beat (within two polls), never before. (The real beat
+    threads sleep 5 s of wall time first: the test's beats are the clock's.)"""
+    from rstar2_cli.rl.liveness import Liveness, RankLost
+
+    def world(beats_until, ready_at):
+        store, now = DictStore(), [0.0]
+        waiter = Liveness(store, 0, beat_s=5.0, silent_s=10.0, poll_s=1.0, clock=lambda: now[0],
+                          sleep=lambda s: tick(s)).start()
+        source = Liveness(store, 1, beat_s=5.0, silent_s=10.0, poll_s=1.0).start()
+
+        def tick(seconds):                          # the source's life while the waiter sleeps: a beat a second
+            for _ in range(max(1, round(seconds * 10))):
+                tenths[0] += 1
+                now[0] = tenths[0] / 10
+                if tenths[0] % 10 == 0 and now[0] <= beats_until:
+                    store.add("rstar2/liveness/beat/1", 1)
+                if ready_at is not None and now[0] >= ready_at:
+                    source.ready(1)
+        tenths = [0]
+        return waiter, now
+
+    waiter, now = world(beats_until=1e9, ready_at=500.0)
+    waiter.wait([0, 1], 1, "waiting for ranks [0, 1]")
+    assert 500.0 <= now[0] < 501.5
+
+    waiter, now = world(beats_until=30.0, ready_at=None)
+    with pytest.raises(RankLost) as lost:
+        waiter.wait([1], 1, "waiting for ranks [1]")
+    assert 40.0 < now[0] <= 42.0       # the last beat seen within a poll, the silence found within another
+    assert re.fullmatch(r"waiting for ranks \[1\]: rank 1 sent no heartbeat for 1[01] s \(silent after 10 s\): "
+                        r"its process died or its node is unreachable", str(lost.value)), str(lost.value)
