@@ -109,10 +109,16 @@ def events(tiny_model, monkeypatch):
     # alternate grades: every group has a signal, so every step updates and pushes
     monkeypatch.setattr(reward, "grade_batch", lambda pairs, **kw: [
         GradeResult.of("correct" if i % 2 == 0 else "wrong", "x") for i in range(len(pairs))])
-    for name in ("continue_optimizer", "load_checkpoint"):
+    def logged(name):
         real = getattr(checkpoint, name)
-        monkeypatch.setattr(checkpoint, name, lambda *a, _real=real, _name=name, **kw: (log.append((_name,)),
-                                                                                         _real(*a, **kw))[1])
+
+        def call(*args, **kwargs):
+            log.append((name,))
+            return real(*args, **kwargs)
+        return call
+
+    for name in ("continue_optimizer", "load_checkpoint"):
+        monkeypatch.setattr(checkpoint, name, logged(name))
     return log
 
 
