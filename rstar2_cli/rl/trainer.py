@@ -10,7 +10,8 @@ One step (`RLTrainer.train_step`), in the paper's order:
   7. push the new weights into the engines;
   8. log metrics (JSONL, live table, optional TensorBoard/wandb; curves.png at the end); every
      `train.eval_every` steps (and before the first) the held-out sets are evaluated on the
-     trainer's own engines and sandbox (`validation.py`) and logged with the step.
+     trainer's own engines and sandboxes, a share on each rollout host (`validation.py`), and
+     logged with the step.
 A step whose groups are all filtered out (equal rewards, infrastructure failures) is skipped:
 no optimizer step, no LR step, no weight sync; it is logged with `train/skipped_empty` = 1.
 
@@ -20,6 +21,10 @@ ran up to k steps ahead, while earlier steps trained. Steps 4-5 run on each roll
 own groups, and each rank receives only the trajectories it trains (`shards.py`). The engines, the
 sandbox and the weight pusher are the rollout service's (`rollout_service.py`). Metrics stay on
 rank 0; every rank writes its own shards of a checkpoint (`checkpoint.py`).
+GPU memory: the policy load and a continued or resumed AdamW state (one optimizer step, its
+temporaries freed into torch's caching allocator) leave cached blocks that vLLM counts as used, so
+every rank releases them (`release`, injected: `torch.cuda.empty_cache()` and a barrier) before
+the hosts start their engines, before every colocated wake and before an engine restart.
 
 Faults: SIGTERM or SIGUSR1 ends the run at the next step boundary with a checkpoint and exit code
 75 (`preemption.py`); `--resume auto` continues from `latest` if there is one, else starts fresh.
@@ -57,6 +62,7 @@ from rstar2_cli.config import RecipeConfig, dump_recipe
 from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.rl.preemption import RESUME_MODES
 from rstar2_cli.rl.rollout_hosts import plan_rollout_host
+from rstar2_cli.rollout.weight_sync.colocated import release_trainer_cache
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +98,8 @@ class RLTrainer:
     """Owns the policy, the rollout side, the data order and the metrics of one RL run."""
 
     def __init__(self, cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = True,
-                 on_step: Callable[[int, dict], None] | None = None):
+                 on_step: Callable[[int, dict], None] | None = None,
+                 release: Callable[[], None] = release_trainer_cache):
         from transformers import AutoTokenizer
 
         from rstar2_cli.data.problems import load_problems
@@ -164,7 +171,7 @@ class RLTrainer:
             (self.out_dir / "resolved_recipe.yaml").write_text(dump_recipe(cfg))
         self.rollouts = RolloutService(cfg, self.problems, self.tokenizer, self.host, self.info,
                                        model=self.policy.model, weights=engine_weights, version=self.step,
-                                       progress=progress)
+                                       progress=progress, release=release)
         self.source = rollout_source(cfg.train.max_staleness, cfg.train.steps, self.sampler, self.rollouts,
                                      first_index=self.step, partial=cfg.train.partial_rollout)
         if saved_pending is not None:
@@ -282,17 +289,23 @@ class RLTrainer:
                              f"{self.saved_step}")
 
     def validate(self) -> dict[str, float]:
-        """Held-out eval of the current policy on rank 0's engines and sandbox (`validation.py`);
-        other ranks get {} (rank 0 is node 0's rollout host)."""
+        """Held-out eval of the current policy (`validation.py`): each rollout host evaluates its share
+        of every set on its own engines and sandbox; every rank waits for the hosts (heartbeats:
+        `rl_dist.gather_from`), rank 0 merges and returns the metrics, the other ranks {}."""
         from rstar2_cli.rl.metrics import StepTimer
-        from rstar2_cli.rl.validation import run_validation
+        from rstar2_cli.rl.validation import merge_validation, validate_share
 
-        if not (self.info.is_main and self.host.is_host):
-            return {}
         timer = StepTimer()
+        hosts, rollouts = self.rollouts.host_ranks, self.rollouts
         with timer("eval"):
-            metrics = run_validation(self.cfg, self.rollouts.engines, self.rollouts.tools, self.step,
-                                     self.out_dir, progress=self.progress)
+            part = None
+            if self.host.is_host:
+                part = validate_share(self.cfg, rollouts.engines, rollouts.tools, self.step, self.out_dir,
+                                      host=hosts.index(self.info.rank), hosts=len(hosts), progress=self.progress)
+            parts = rollouts.gather_to_main(part)
+            if parts is None:
+                return {}
+            metrics = merge_validation(self.cfg, parts, rollouts.engines, rollouts.tools, self.step, self.out_dir)
         metrics.update(timer.sections())
         return metrics
 

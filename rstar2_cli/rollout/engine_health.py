@@ -53,6 +53,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rstar2_cli.rollout.weight_sync.colocated import release_trainer_cache
+
 log = logging.getLogger(__name__)
 
 ENGINE_CORE_MARK = "EngineCore"
@@ -175,13 +177,16 @@ class EngineSupervisor:
     """Restarts the dead replicas of one rollout host (module docstring). `current_weights()`:
     (named tensors or None, version) a restarted replica must hold, as the live ones do (called
     in a worker thread, holding `lock`); `why_not`: why this run cannot restart engines (one
-    line), or None."""
+    line), or None; `release`: gives the trainer's cached device memory back before a restarted
+    engine starts (`weight_sync.colocated.release_trainer_cache`; restarts happen in a single
+    process only, see `why_not`, so its barrier is none)."""
 
     def __init__(self, *, max_restarts: int, current_weights: Callable[[], tuple[Any, int]],
-                 why_not: str | None = None):
+                 why_not: str | None = None, release: Callable[[], None] = release_trainer_cache):
         if max_restarts < 0:
             raise ValueError(f"engine.max_restarts={max_restarts}: must be >= 0")
         self.max_restarts, self.current_weights, self.why_not = max_restarts, current_weights, why_not
+        self.release = release
         self.lock = threading.RLock()   # held by a restart, and by the trainer while the weights change
         self.restarts = 0
         self._restarting: dict[tuple[int, int], asyncio.Future] = {}
@@ -223,6 +228,7 @@ class EngineSupervisor:
             started = time.monotonic()
             try:
                 weights, version = self.current_weights()
+                self.release()   # the trainer's cached memory back to the driver before the engine starts
                 engine.restart(weights, version)
             except Exception as e:
                 first = (str(e).splitlines() or [""])[0]

@@ -2,9 +2,9 @@
 
 argv: recipe.json out_dir. Runs two RL steps through RLTrainer and writes out_dir/rank{R}.json
 with what the test checks: the trajectory list this host's RoC saw each step (digest, prompt
-positions and the node that rolled out each trajectory), this host's scheduler dispatch counts, a greedy probe of this host's engine
-before and after training, and (rank 0) whether the streamed engine weights equal the
-checkpoint's full state dict.
+positions and the node that rolled out each trajectory), this host's scheduler dispatch counts,
+a greedy probe of this host's engine before and after training, the metrics of a held-out point
+(k = 0), and (rank 0) whether the streamed engine weights equal the checkpoint's full state dict.
 """
 import hashlib
 import json
@@ -53,13 +53,15 @@ def main(recipe_path: str, out_dir: str) -> None:
     for _ in range(2):
         trainer.train_step()
     after = probe()
+    # a held-out point (the recipe's eval_sets): each host its share, rank 0 the metrics
+    validation = None if trainer.cfg.train.max_staleness else trainer.validate()
     if trainer.cfg.train.max_staleness:   # asynchronous: batch 3 is in flight; every host saves its shard of it
         trainer.save()
     streamed = trainer.policy.full_state_for_engines(keep=trainer.host.is_host)
     full = dict(trainer.policy.full_state_dict())
     rank = trainer.info.rank
     result = {"rank": rank, "is_host": trainer.host.is_host, "node": trainer.host.node_index, "steps": seen,
-              "probe_before": before, "probe_after": after,
+              "probe_before": before, "probe_after": after, "validation": validation,
               "dispatched": trainer.rollouts.scheduler.stats()["dispatched"] if trainer.rollouts.scheduler else None}
     if rank == 0:
         result["streamed_matches_full"] = ([k for k, _ in streamed] == list(full) and

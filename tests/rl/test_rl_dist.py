@@ -5,6 +5,8 @@ recorders' signatures are checked against torch's (tests/api_contracts.py).
 """
 from __future__ import annotations
 
+import socket
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -93,8 +95,65 @@ def test_setup_distributed_creates_the_gloo_group_once_beside_nccl(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(rl_dist, "_objects_group", None)
+    monkeypatch.setattr(rl_dist, "_liveness", None)
+    monkeypatch.setattr(rl_dist, "start_liveness", lambda rank: made.append({"liveness": rank}) or "beating")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     rl_dist.setup_distributed()
     rl_dist.setup_distributed()
-    assert made == [{"default": "nccl"}, {"new_group": "gloo"}] and rl_dist.object_group() is GLOO
+    # the heartbeat keys are written before new_group, a collective: after it, every rank's exist
+    assert made == [{"default": "nccl"}, {"liveness": 1}, {"new_group": "gloo"}] and rl_dist.object_group() is GLOO
+
+
+def test_the_default_store_that_the_heartbeats_use_is_where_torch_keeps_it():
+    import inspect
+
+    from torch.distributed import distributed_c10d
+
+    assert "pg_map" in inspect.getsource(distributed_c10d._get_default_store)
+    assert {"clone", "set_timeout", "multi_get", "add", "set"} <= set(dir(dist.Store))
+
+
+TWO_NODES = {"WORLD_SIZE": "16", "RANK": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "1",
+             "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "head"}
+
+
+def resolver(table):
+    def resolve(name):
+        if name not in table:
+            raise socket.gaierror(-2, "Name or service not known")
+        return table[name]
+    return resolve
+
+
+@pytest.mark.parametrize("address", ["127.0.1.1", "::1", None])
+def test_several_nodes_with_a_hostname_on_loopback_are_refused_in_one_line(address):
+    table = {"head": "10.0.0.1", **({"node1": address} if address else {})}
+    with pytest.raises(rl_dist.NodeAddressError) as e:
+        rl_dist.check_node_address(TWO_NODES, resolver(table), hostname="node1")
+    msg = str(e.value)
+    assert "\n" not in msg and "GLOO_SOCKET_IFNAME" in msg and "NCCL_SOCKET_IFNAME" in msg and "'node1'" in msg
+
+
+@pytest.mark.parametrize("env, table", [
+    ({**TWO_NODES, "GLOO_SOCKET_IFNAME": "eth0"}, {"head": "10.0.0.1", "node1": "127.0.1.1"}),   # the user chose
+    (TWO_NODES, {"head": "10.0.0.1", "node1": "10.0.0.2"}),                                      # a real address
+    ({**TWO_NODES, "GROUP_WORLD_SIZE": "1", "GROUP_RANK": "0"}, {"node1": "127.0.1.1"}),          # one node
+    ({**TWO_NODES, "MASTER_ADDR": "127.0.0.1"}, {"127.0.0.1": "127.0.0.1", "node1": "127.0.1.1"}),  # one machine
+])
+def test_a_reachable_address_one_node_or_one_machine_pass(env, table):
+    rl_dist.check_node_address(env, resolver(table), hostname="node1")
+
+
+def test_setup_distributed_checks_the_address_before_joining(monkeypatch):
+    joined = []
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: joined.append(1))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name, value in TWO_NODES.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setattr(socket, "gethostname", lambda: "node1")
+    with pytest.raises(rl_dist.NodeAddressError, match="GLOO_SOCKET_IFNAME"):
+        rl_dist.setup_distributed(resolve=resolver({"head": "10.0.0.1", "node1": "127.0.1.1"}))
+    assert joined == []

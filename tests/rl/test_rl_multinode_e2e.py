@@ -26,7 +26,10 @@ WORKER = Path(__file__).with_name("rl_multinode_worker.py")
 def _recipe(tiny_model: Path, data: Path, out: Path, max_staleness: int) -> dict:
     recipe = tiny_rl_recipe(tiny_model, data, out, steps=2 + max_staleness, prompts_per_step=3, sandbox_workers=1,
                             name="tiny-two-nodes")
-    recipe["train"].update(save_every=100, max_staleness=max_staleness)
+    heldout = data.with_name("heldout.jsonl")
+    heldout.write_text("".join(json.dumps({"id": f"h{i}", "problem": f"What is {i}+1?", "answer": str(i + 1)}) + "\n"
+                               for i in range(3)))
+    recipe["train"].update(save_every=100, max_staleness=max_staleness, eval_sets=[str(heldout)], eval_samples=2)
     if max_staleness:
         recipe["loss"] = {"tis": True}
     return recipe
@@ -81,6 +84,18 @@ def test_two_nodes_roll_out_and_select_their_own_shards_and_train_together(tiny_
     assert a0["tokens"] == a1["tokens"] and a0["logprobs"] == pytest.approx(a1["logprobs"], abs=1e-4)
     assert r0["streamed_matches_full"]
     if not max_staleness:
+        # A held-out point: node 0 evaluated problems 0 and 2, node 1 problem 1, each on its own
+        # engine; rank 0 merged the 3 x 2 samples and logged the set's metrics, rank 1 nothing.
+        heldout = out / "eval" / "step_000002" / "heldout"
+        for node, ids in ((0, ["h0", "h2"]), (1, ["h1"])):
+            share = (heldout / f"node{node}" / "problems.jsonl").read_text().splitlines()
+            assert [json.loads(line)["id"] for line in share] == ids
+        merged = [json.loads(line) for line in (heldout / "trajectories.jsonl").read_text().splitlines()]
+        assert [(r["problem_id"], r["sample_index"]) for r in merged] == [(f"h{i}", k) for i in range(3)
+                                                                          for k in (0, 1)]
+        point = r0["validation"]
+        assert point["eval/heldout/problems"] == 3 and point["eval/heldout/samples_per_problem"] == 2
+        assert r1["validation"] == {}
         # The trainer's own view of those weights: step 2 rollouts (both nodes, synced engines)
         # score like the trainer's logprobs.
         assert rows[1]["train/logprob_abs_diff_vllm"] < 1e-3

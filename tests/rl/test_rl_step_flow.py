@@ -17,6 +17,7 @@ from rstar2_cli.rl.metrics import read_metrics
 from rstar2_cli.rl.policy import PolicyTrainer
 from rstar2_cli.rl.rollout_source import SyncRollouts
 from rstar2_cli.rl.sampler import DataSampler
+from rstar2_cli.rollout.weight_sync.colocated import release_trainer_cache
 
 
 class RecordingRollouts:
@@ -26,7 +27,8 @@ class RecordingRollouts:
 
     grade = staticmethod(lambda i: float(i % 2))
 
-    def __init__(self, cfg, problems, tokenizer, host, info, *, model, weights, version, progress):
+    def __init__(self, cfg, problems, tokenizer, host, info, *, model, weights, version, progress,
+                 release=release_trainer_cache):
         self.cfg, self.problems, self.version, self.host, self.info = cfg, problems, version, host, info
         self.calls: list[tuple] = []
         self.engines, self.tools, self.host_ranks = [], None, [0]
@@ -98,6 +100,14 @@ def make_trainer(tiny_model, tmp_path, monkeypatch):
         return trainer, RecordingRollouts.last, seen
 
     return make
+
+
+def test_the_recorder_is_built_as_the_rollout_service_is():
+    from api_contracts import assert_same_signature
+
+    from rstar2_cli.rl.rollout_service import RolloutService
+
+    assert_same_signature(RecordingRollouts.__init__, RolloutService.__init__)
 
 
 def test_a_step_draws_rolls_out_selects_updates_pushes_and_logs_in_that_order(make_trainer, tmp_path):

@@ -47,16 +47,21 @@ def _validate(cfg, engines, out_dir):
     return metrics, results["per_problem"]
 
 
-def test_validation_uses_every_engine_and_matches_one_engine(tiny_model, tmp_path):
+def _heldout_recipe(tiny_model, tmp_path, problems: int):
+    """A recipe validating `problems` held-out problems ("What is i+1?", answer (i+1) % 3) with
+    4 samples each, and the tiny model's tokenizer."""
     from transformers import AutoTokenizer
 
     heldout = tmp_path / "heldout.jsonl"
     heldout.write_text("".join(json.dumps({"id": f"h{i}", "problem": f"What is {i}+1?", "answer": str((i + 1) % 3)})
-                               + "\n" for i in range(6)))
+                               + "\n" for i in range(problems)))
     raw = tiny_rl_recipe(tiny_model, write_times_seven(tmp_path / "train.jsonl", 4), tmp_path / "run", steps=1)
     raw["train"].update(eval_every=5, eval_sets=[str(heldout)], eval_samples=4)
-    cfg = load_recipe_dict(raw)
-    tok = AutoTokenizer.from_pretrained(tiny_model)
+    return load_recipe_dict(raw), AutoTokenizer.from_pretrained(tiny_model)
+
+
+def test_validation_uses_every_engine_and_matches_one_engine(tiny_model, tmp_path):
+    cfg, tok = _heldout_recipe(tiny_model, tmp_path, 6)
 
     alone = SeededAnswerEngine(tok)
     one_metrics, one_problems = _validate(cfg, [alone], tmp_path / "one")
@@ -75,3 +80,27 @@ def test_validation_without_an_engine_says_so(tmp_path, tiny_model):
     raw = tiny_rl_recipe(tiny_model, write_times_seven(tmp_path / "train.jsonl", 4), tmp_path / "run", steps=1)
     with pytest.raises(ValueError, match="no engine"):
         run_validation(load_recipe_dict(raw), [], object(), 5, tmp_path)
+
+
+def test_two_hosts_validate_interleaved_shares_and_rank_0_logs_what_one_host_logs(tiny_model, tmp_path):
+    """Each rollout host evaluates every second held-out problem on its own engines; rank 0 merges
+    the hosts' samples (what `rl_dist.gather_from` hands it) into the set's folder and logs the
+    metrics, results and trajectories one host evaluating everything writes."""
+    from rstar2_cli.rl.validation import merge_validation, validate_share
+
+    cfg, tok = _heldout_recipe(tiny_model, tmp_path, 7)
+
+    one_metrics, one_problems = _validate(cfg, [SeededAnswerEngine(tok)], tmp_path / "one")
+    hosts = [[SeededAnswerEngine(tok)], [SeededAnswerEngine(tok), SeededAnswerEngine(tok)]]
+    out = tmp_path / "two"
+    parts = [validate_share(cfg, engines, object(), 5, out, host=h, hosts=2) for h, engines in enumerate(hosts)]
+    metrics = merge_validation(cfg, parts, hosts[0], object(), 5, out)
+
+    assert [sum(len(e.requests) for e in engines) for engines in hosts] == [4 * 4, 3 * 4]   # problems 0,2,4,6 / 1,3,5
+    assert all(e.requests for e in hosts[1])                   # a host's engines share its samples
+    assert metrics == one_metrics
+    folder = "eval/step_000005/heldout"
+    merged = json.loads((out / folder / "results.json").read_text())
+    assert merged["per_problem"] == one_problems and merged["num_problems"] == 7
+    one_file = tmp_path / "one" / folder / "trajectories.jsonl"
+    assert (out / folder / "trajectories.jsonl").read_text() == one_file.read_text()

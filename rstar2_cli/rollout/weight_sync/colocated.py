@@ -14,6 +14,9 @@ the GPUs to training and take them back around the weight push.
               GPU's memory is free on every rank before the host wakes engines whose TP workers
               sit on other ranks' GPUs), then the host wakes the weights; the push; the same
               again, then the KV cache (the push's own buffers are freed first).
+The same release runs before the engines first start and before a dead engine's restart
+(`rl/rollout_service.py`, `rollout/engine_health.py`): the trainer passes it down (`RLTrainer`'s
+`release`), so a test can record when it runs.
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ SLEEP_LEVEL = 2
 
 def release_trainer_cache() -> None:
     """Give the trainer's cached, unused GPU memory back to the driver on every rank, and wait
-    until all ranks have (a collective when a process group exists)."""
+    until all ranks have (a collective when a process group exists). Without CUDA, or before it
+    is initialised, `torch.cuda.empty_cache` does nothing (torch/cuda/memory.py `empty_cache`)."""
     import torch
 
     torch.cuda.empty_cache()

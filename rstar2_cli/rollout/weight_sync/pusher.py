@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rstar2_cli.hosts.ports import PortReservation, reserve_port
 from rstar2_cli.rollout.weight_sync.chunked import ChunkedTransport
-from rstar2_cli.rollout.weight_sync.colocated import ColocatedCycle
+from rstar2_cli.rollout.weight_sync.colocated import ColocatedCycle, release_trainer_cache
 from rstar2_cli.rollout.weight_sync.engine_side import check_idle, each, run_on_loop, weights_loaded
 from rstar2_cli.rollout.weight_sync.ipc import IPCTransport
 from rstar2_cli.rollout.weight_sync.nccl import NCCLTransport
@@ -60,16 +60,18 @@ class WeightPusher:
     its host rank, [] elsewhere. `loop`: the rollout loop the engines' coroutines run on (None: a
     fresh `asyncio.run` each time). `pause`: asynchronous RL, rollouts run during the update
     (`VLLMEngine.pause_for_update`). `colocated`: the engines share the GPUs with the trainer
-    (engine.colocate on GPU): `sleep_engines` before the update, and `push` wakes them.
+    (engine.colocate on GPU): `sleep_engines` before the update, and `push` wakes them, calling
+    `release` (the trainer's cached memory back to the driver, then a barrier) before each wake.
     `trainer_factory`, `port`, `ipc_buffer_mb`: see `make_transport`."""
 
     def __init__(self, backend: str, *, model: "torch.nn.Module", engines: Sequence[Any], is_host: bool,
                  engine_dtype: "torch.dtype", rank: int, loop: asyncio.AbstractEventLoop | None = None,
                  trainer_factory: Any = None, port: Callable[[], PortReservation] = reserve_port, pause: bool = False,
-                 colocated: bool = False, ipc_buffer_mb: int | None = None):
+                 colocated: bool = False, ipc_buffer_mb: int | None = None,
+                 release: Callable[[], None] = release_trainer_cache):
         self.backend, self.engines, self.is_host, self.loop = backend, list(engines), is_host, loop
         self.pause = pause
-        self.cycle = ColocatedCycle(self.engines if is_host else [], self._run) if colocated else None
+        self.cycle = ColocatedCycle(self.engines if is_host else [], self._run, release) if colocated else None
         self.transport = make_transport(backend, model=model, engines=self.engines, is_host=is_host,
                                         engine_dtype=engine_dtype, rank=rank, run=self._run,
                                         trainer_factory=trainer_factory, port=port, ipc_buffer_mb=ipc_buffer_mb)
