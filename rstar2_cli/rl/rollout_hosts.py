@@ -21,9 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rstar2_cli.config import EngineConfig
 from rstar2_cli.launch.topology import ENGINE_GPUS_ENV, ENGINE_TP_ENV
+
+if TYPE_CHECKING:   # a type only: the GPU proof imports this floor where pydantic is absent
+    from rstar2_cli.config import EngineConfig
 
 
 class RolloutHostError(ValueError):
