@@ -112,6 +112,7 @@ def register(app: typer.Typer) -> None:
             )
         except PlanError as e:
             fail(str(e))
+        gpu = None
         if gpus:
             try:
                 gpu = resolve_gpu_memory(gpu_memory, dry_run=dry_run)
@@ -150,6 +151,8 @@ def register(app: typer.Typer) -> None:
             fail(f"memory: {problems[0]}" + ("" if dry_run else " (rstar2 rl ... --dry-run shows the table)"))
         if dry_run:
             return
+        if gpu is not None and gpu.note:  # a launch prints no plan: the card it assumed, or the option it left aside
+            console.print(gpu.note)
         if plan.launch_mode == "direct" or len(plan.nodes) == 1 or sizes.node_rank is not None:
             checks.rl_recipe(cfg)        # this machine trains: the recipe's paths must be here
 
