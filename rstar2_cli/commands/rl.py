@@ -123,7 +123,7 @@ def register(app: typer.Typer) -> None:
             cfg = size_micro_batch(cfg, plan, gpu.gib)
             plan = dataclasses.replace(plan, memory=build_memory_plan(memory_spec_for(cfg, plan, gpu.gib, gpu.name)))
             plan = dataclasses.replace(plan, notes=plan.notes + ((gpu.note,) if gpu.note else ()) + (
-                (micro_batch_note(cfg.train.micro_batch_tokens),) if auto_tokens else ()))
+                (micro_batch_note(plan.memory),) if auto_tokens else ()))
         if plan.launch_mode == "torchrun":   # torchrun forwards SIGUSR1 too and waits for the checkpoint
             from rstar2_cli.rl.preemption import torchrun_env
 

@@ -80,8 +80,8 @@ BF16, FP32 = 2, 4
 # Presets for --gpu-memory: what torch reports as the GPU's memory (`get_device_properties(0).total_memory`,
 # the figure vLLM's gpu_memory_utilization is a fraction of), in GiB, rounded down to 0.1:
 # * h100, H100 80GB: 81,559 MiB in nvidia-smi, 79.1-79.2 GiB to torch, on a lent H100 (torch 2.11 cu130).
-# * h200, H200 141GB: 143,771 MiB in nvidia-smi (140.4 GiB); derived, not measured: less the ~0.55 GiB the
-#   H100 shows in nvidia-smi and not to torch, 139.85.
+# * h200, H200 141GB: 143,771 MiB in nvidia-smi, 150,109,880,320 B = 139.80 GiB to torch (total_memory and
+#   mem_get_info alike), on a lent H200 (torch 2.11 cu130).
 # * mi300x, MI300X 192GB: totalGlobalMem 205,822,885,888 B = 191.69 GiB (hipDeviceProp_t, which torch's
 #   total_memory reads; rocm-smi's "VRAM Total Memory (B)" and torch.cuda.mem_get_info's total agree), as
 #   published in MI300X device reports.

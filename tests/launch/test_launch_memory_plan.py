@@ -195,12 +195,12 @@ def test_separate_engine_gpus_hold_only_the_engine():
 
 def test_gpu_memory_presets_are_what_torch_reports():
     """h100: 79.1 GiB (a lent H100 80GB: 81,559 MiB in nvidia-smi, 79.1-79.2 GiB to torch); h200:
-    143,771 MiB in nvidia-smi less the same ~0.55 GiB, 139.8 (derived); mi300x: totalGlobalMem
-    205,822,885,888 B = 191.69 GiB, 191.6. Each rounded down to 0.1 GiB."""
+    a lent H200, 150,109,880,320 B to torch; mi300x: totalGlobalMem 205,822,885,888 B = 191.69 GiB.
+    Each rounded down to 0.1 GiB."""
     assert mp.parse_gpu_memory("mi300x") == 191.6 and mp.parse_gpu_memory("H100") == 79.1
     assert mp.parse_gpu_memory("h200") == 139.8 and mp.parse_gpu_memory("64") == 64.0
     assert mp.GPU_MEMORY_PRESETS["mi300x"] == int(205_822_885_888 / GIB * 10) / 10
-    assert mp.GPU_MEMORY_PRESETS["h200"] <= 143_771 / 1024 - (81_559 / 1024 - 79.2)
+    assert mp.GPU_MEMORY_PRESETS["h200"] == int(150_109_880_320 / GIB * 10) / 10
     for bad in ("a100x", "-8", "0"):
         with pytest.raises(mp.MemoryPlanError, match="--gpu-memory"):
             mp.parse_gpu_memory(bad)

@@ -71,6 +71,7 @@ def test_a_plan_that_does_not_fit_prints_its_table_then_exits_2_with_one_line():
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: memory: does not fit: the update phase")
     assert out.stderr.rstrip().endswith("more GPUs (trainer ranks shard the fp32 state) or a shorter "
                                         "rollout.max_response_tokens")
+    assert "train.micro_batch_tokens auto: no size fits the update on this GPU (planned at 1024)" in out.stdout
     out = rl("--stage", "2", "--gpus", "8", "--dry-run", "--gpu-memory", "h100",
              "--set", "train.micro_batch_tokens=65536")
     assert out.exit_code == 2 and out.stderr.count("\n") == 1
