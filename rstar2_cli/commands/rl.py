@@ -59,9 +59,11 @@ def register(app: typer.Typer) -> None:
             help="continue from the latest checkpoint in train.out_dir (`--resume`: it must exist); "
                  "`--resume auto`: from it if there is one, else start fresh (a requeued job)"),
         dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and launch plan, run nothing"),
-        gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory",
-                                                 help="GiB per GPU for the memory table, or mi300x (192), h100 (80), "
-                                                      "h200 (141) (default: this node's GPU, else mi300x)"),
+        gpu_memory: Optional[str] = typer.Option(
+            None, "--gpu-memory",
+            help="the GPU to plan memory for (a dry run from a login node): GiB as torch reports them, or h100 (79.1), "
+                 "h200 (139.8), mi300x (191.6) (default: this node's GPU, which a launch always plans for; "
+                 "else mi300x, with a note)"),
     ) -> None:
         """Agentic RL with GRPO-RoC (paper stages 1-3), the paper's synchronous step.
 
@@ -72,9 +74,9 @@ def register(app: typer.Typer) -> None:
 
         from rstar2_cli.config import ConfigError, dump_recipe
         from rstar2_cli.launch.cluster_env import resolve_launch
-        from rstar2_cli.launch.engine_sizing import memory_spec_for, size_engines
+        from rstar2_cli.launch.engine_sizing import memory_spec_for, size_engines, size_micro_batch
         from rstar2_cli.launch.memory_plan import MemoryPlanError, build_memory_plan, resolve_gpu_memory
-        from rstar2_cli.launch.plan_view import render_plan
+        from rstar2_cli.launch.plan_view import micro_batch_note, render_plan
         from rstar2_cli.launch.topology import PlanError, plan_from_args
         from rstar2_cli.rl.stages import resolve_stage_recipe, shadowed_recipe_note, start_text
 
@@ -110,13 +112,18 @@ def register(app: typer.Typer) -> None:
             )
         except PlanError as e:
             fail(str(e))
+        gpu = None
         if gpus:
             try:
-                gib, gpu_name = resolve_gpu_memory(gpu_memory)
+                gpu = resolve_gpu_memory(gpu_memory, dry_run=dry_run)
             except MemoryPlanError as e:
                 fail(str(e))
-            cfg = size_engines(cfg, plan, gib)     # the engines' "auto" fields, from the memory plan's terms
-            plan = dataclasses.replace(plan, memory=build_memory_plan(memory_spec_for(cfg, plan, gib, gpu_name)))
+            auto_tokens = cfg.train.micro_batch_tokens == "auto"
+            cfg = size_engines(cfg, plan, gpu.gib)     # the engines' "auto" fields, from the memory plan's terms
+            cfg = size_micro_batch(cfg, plan, gpu.gib)
+            plan = dataclasses.replace(plan, memory=build_memory_plan(memory_spec_for(cfg, plan, gpu.gib, gpu.name)))
+            plan = dataclasses.replace(plan, notes=plan.notes + ((gpu.note,) if gpu.note else ()) + (
+                (micro_batch_note(plan.memory),) if auto_tokens else ()))
         if plan.launch_mode == "torchrun":   # torchrun forwards SIGUSR1 too and waits for the checkpoint
             from rstar2_cli.rl.preemption import torchrun_env
 
@@ -135,16 +142,20 @@ def register(app: typer.Typer) -> None:
                 f"experimental: batches roll out up to {k} step(s) ahead on the engines ({where}); "
                 f"weight updates pause them between requests",))
 
+        problems = plan.memory.problems if plan.memory else ()
         if dry_run:
             console.rule(f"resolved recipe: {cfg.name} (stage {cfg.stage})")
             console.print(Syntax(dump_recipe(cfg), "yaml"))
             console.print(render_plan(plan))
+        if problems:                     # it would run out of memory at its first update or wake: refuse now
+            fail(f"memory: {problems[0]}" + ("" if dry_run else " (rstar2 rl ... --dry-run shows the table)"))
+        if dry_run:
             return
+        if gpu is not None and gpu.note:  # a launch prints no plan: the card it assumed, or the option it left aside
+            console.print(gpu.note)
         if plan.launch_mode == "direct" or len(plan.nodes) == 1 or sizes.node_rank is not None:
             checks.rl_recipe(cfg)        # this machine trains: the recipe's paths must be here
 
-        for problem in plan.memory.problems if plan.memory else ():
-            console.print(f"[bold yellow]warning[/]: memory: {problem} (rstar2 rl ... --dry-run shows the table)")
         resolved_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = resolved_path.with_name(f".{resolved_path.name}.{os.getpid()}")   # every node may write it
         tmp.write_text(dump_recipe(cfg))

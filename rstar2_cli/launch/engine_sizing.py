@@ -1,8 +1,9 @@
-"""The vLLM engine's sizing where the recipe says "auto": from the launch's memory plan on GPU,
-fixed values on CPU.
+"""What a GPU launch sizes where the recipe says "auto", from the launch's memory plan: the vLLM
+engines' fields (`size_engines`) and `train.micro_batch_tokens` (`size_micro_batch`); on CPU they
+are fixed values (rollout/engine_args.py, config.CPU_MICRO_BATCH_TOKENS).
 
-`rstar2 rl` sizes a GPU launch before it writes the resolved recipe (`size_engines`), so every
-trainer process builds its engines with the same numbers, which the dry run shows:
+`rstar2 rl` sizes a GPU launch before it writes the resolved recipe, so every trainer process
+builds its engines and micro-batches with the same numbers, which the dry run shows:
 
 * `gpu_memory_utilization`: vLLM takes this fraction of the GPU's *total* memory and refuses to
   start when less is free (vllm/v1/worker/utils.py `request_memory`). Colocated, the GPU also holds
@@ -16,6 +17,10 @@ trainer process builds its engines with the same numbers, which the dry run show
   SchedulerConfig's 2048 (vllm/engine/arg_utils.py `_set_default_max_num_seqs_and_batched_tokens_args`),
   which splits a 12K-token multi-turn context into six prefill steps.
 * `enforce_eager`: false (CUDA graphs), set by the recipe's placement rules (config.py).
+* `train.micro_batch_tokens` (after the engines, whose sizing does not depend on it): the largest
+  multiple of 1024 whose update phase fits the GPU (`memory_plan.fitting_micro_batch`, which
+  counts a trajectory longer than that as a micro-batch of its own), at most
+  RELEASE_MICRO_BATCH_TOKENS; when none fits, MIN_MICRO_BATCH_TOKENS, and the plan says it does not fit.
 
 The constants and `engine_kwargs`, which turns an engine section into vLLM's arguments and sizes
 what is still "auto" for an engine no plan sized, live with the engines (`rollout/engine_args.py`).
@@ -24,10 +29,16 @@ from __future__ import annotations
 
 import math
 
+from rstar2_cli.config import MIN_MICRO_BATCH_TOKENS
 from rstar2_cli.launch import memory_plan as mp
 from rstar2_cli.launch.model_shape import shape_for_model
 from rstar2_cli.rollout.engine_args import (GPU_BATCH_TOKENS, MAX_NUM_SEQS_CAP, default_max_model_len,
                                           planned_utilization)
+
+# The release's tokens per GPU per micro-batch: microsoft/rStar examples/run_qwen3-14b_rstar2_agent_weave.sh,
+# `actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480` (with use_dynamic_bsz=True, verl packs each
+# micro-batch up to it). "auto" takes no more, however large the GPU.
+RELEASE_MICRO_BATCH_TOKENS = 20480
 
 
 def size_engines(cfg, plan, gpu_gib: float):
@@ -63,3 +74,15 @@ def memory_spec_for(cfg, plan, gpu_memory_gib: float, gpu_name: str) -> mp.Memor
         max_model_len=default_max_model_len(cfg.rollout.max_response_tokens, cfg.engine.max_model_len),
         max_num_seqs=cfg.engine.max_num_seqs, max_num_batched_tokens=cfg.engine.max_num_batched_tokens,
         cuda_graphs=not cfg.engine.enforce_eager)
+
+
+def size_micro_batch(cfg, plan, gpu_gib: float):
+    """`cfg` (RecipeConfig, engines sized) with an "auto" `train.micro_batch_tokens` sized for `plan`
+    (a GPU launch) on `gpu_gib` GPUs; a number stays."""
+    if cfg.train.micro_batch_tokens != "auto":
+        return cfg
+    trial = cfg.model_copy(update={"train": cfg.train.model_copy(
+        update={"micro_batch_tokens": RELEASE_MICRO_BATCH_TOKENS})})
+    tokens = mp.fitting_micro_batch(memory_spec_for(trial, plan, gpu_gib, ""), RELEASE_MICRO_BATCH_TOKENS)
+    return cfg.model_copy(update={"train": cfg.train.model_copy(
+        update={"micro_batch_tokens": tokens or MIN_MICRO_BATCH_TOKENS})})

@@ -18,8 +18,12 @@ through forward and backward (torch reshards the root only after backward), two 
 (the one computing and the one prefetched); gradient reduction of the largest unit: its bf16
 gradients plus the fp32 copy reduce-scattered (reduce_dtype=fp32):
   2 B x (root + 2 x layer) + 6 B x max(root, layer).
-Activations of one micro-batch of T = `train.micro_batch_tokens` tokens, bf16, per layer and
-token (the tensors autograd saves in transformers' Qwen3DecoderLayer; tests/launch count them):
+Activations of the largest micro-batch, T = max(`train.micro_batch_tokens`, `max_model_len`)
+tokens: the packer fills a micro-batch up to `train.micro_batch_tokens` but gives a longer sequence
+one of its own, uncut (rl/packing.py `plan_bins` and `plan_buckets`: "or one long item"), and a
+trajectory is at most the engine's context, prompt + `rollout.max_response_tokens`
+(rollout/engine_args.py `default_max_model_len`). bf16, per layer and token (the tensors autograd
+saves in transformers' Qwen3DecoderLayer; tests/launch count them):
   A = 2 B x (8 h + 5 a + 5 kv + 4 I + 4 heads + 2 kv_heads + 2 head_dim + 4)
   (h hidden, a = heads x head_dim, kv = kv_heads x head_dim, I intermediate: the RMSNorms keep
   an fp32 input and a bf16 output, q and k pass q_norm/k_norm (fp32 inside), rotary and
@@ -63,7 +67,9 @@ its phase (the activations and the root's final reduce-scatter never coincide, y
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from rstar2_cli.hosts.gpu_visibility import local_gpu_memory
 from rstar2_cli.launch.model_shape import Qwen3Shape
@@ -71,8 +77,15 @@ from rstar2_cli.rollout.engine_args import ENGINE_RUNTIME_GIB
 
 GIB = 1024**3
 BF16, FP32 = 2, 4
-# Presets for --gpu-memory, in GiB: AMD Instinct MI300X 192 GB HBM3, NVIDIA H100 80 GB, H200 141 GB.
-GPU_MEMORY_PRESETS = {"mi300x": 192.0, "h100": 80.0, "h200": 141.0}
+# Presets for --gpu-memory: what torch reports as the GPU's memory (`get_device_properties(0).total_memory`,
+# the figure vLLM's gpu_memory_utilization is a fraction of), in GiB, rounded down to 0.1:
+# * h100, H100 80GB: 81,559 MiB in nvidia-smi, 79.1-79.2 GiB to torch, on a lent H100 (torch 2.11 cu130).
+# * h200, H200 141GB: 143,771 MiB in nvidia-smi, 150,109,880,320 B = 139.80 GiB to torch (total_memory and
+#   mem_get_info alike), on a lent H200 (torch 2.11 cu130).
+# * mi300x, MI300X 192GB: totalGlobalMem 205,822,885,888 B = 191.69 GiB (hipDeviceProp_t, which torch's
+#   total_memory reads; rocm-smi's "VRAM Total Memory (B)" and torch.cuda.mem_get_info's total agree), as
+#   published in MI300X device reports.
+GPU_MEMORY_PRESETS = {"mi300x": 191.6, "h100": 79.1, "h200": 139.8}
 DEFAULT_GPU = "mi300x"                # the paper's GPUs
 # Assumed, not measured: a trainer rank's CUDA/HIP context and its NCCL/RCCL communicator buffers
 # (NCCL_MIN_NCHANNELS=112 in Dockerfile.rocm: up to ~1 GiB of channel buffers).
@@ -80,6 +93,7 @@ TRAINER_RUNTIME_GIB = 2.0
 # Assumed, not measured: vLLM's estimate of one engine worker's CUDA graphs (decode batches up to
 # 512 sequences), taken from its budget before the KV cache.
 ENGINE_CUDA_GRAPHS_GIB = 1.0
+MICRO_BATCH_STEP = 1024              # train.micro_batch_tokens is sized and suggested in steps of this
 LOGPROB_CHUNK_FACTOR = 4              # fp32 logits, log-softmax, entropy probabilities, logits' gradient
 SAMPLER_FACTOR = 3                    # fp32 logits, probabilities, log-probabilities
 
@@ -122,6 +136,11 @@ def layer_activation_bytes_per_token(shape: Qwen3Shape) -> int:
     s = shape
     return BF16 * (8 * s.hidden + 5 * s.attn_dim + 5 * s.kv_dim + 4 * s.intermediate
                    + 4 * s.heads + 2 * s.kv_heads + 2 * s.head_dim + 4)
+
+
+def largest_micro_batch(spec: "MemorySpec") -> int:
+    """The most tokens one micro-batch can hold: `micro_batch_tokens`, or a longer trajectory alone."""
+    return max(spec.micro_batch_tokens, spec.max_model_len)
 
 
 def activation_bytes(shape: Qwen3Shape, tokens: int, checkpointing: bool) -> float:
@@ -174,7 +193,7 @@ class MemorySpec:
     micro_batch_tokens: int
     logprob_chunk_tokens: int
     gradient_checkpointing: bool
-    max_model_len: int
+    max_model_len: int                # the engine's context: the longest trajectory, a micro-batch of its own
     max_num_seqs: int
     max_num_batched_tokens: int
     cuda_graphs: bool                 # engine.enforce_eager false
@@ -207,14 +226,16 @@ def _gib(nbytes: float) -> float:
 
 def trainer_rows(spec: MemorySpec) -> list[tuple[str, float, bool]]:
     """(row, GiB, freed before the engines wake) of one trainer rank."""
-    s, T = spec.shape, spec.micro_batch_tokens
+    s, T = spec.shape, largest_micro_batch(spec)
+    longest = " (the longest trajectory)" if T > spec.micro_batch_tokens else ""
     state = trainer_state_bytes(s, spec.trainer_ranks)
     return [
         (f"trainer parameters fp32 (1/{spec.trainer_ranks})", _gib(state["params"]), False),
         (f"trainer gradients fp32 (1/{spec.trainer_ranks})", _gib(state["grads"]), True),
         (f"AdamW moments fp32 (1/{spec.trainer_ranks})", _gib(state["adamw"]), False),
         ("FSDP2 all-gather/reduce buffers", _gib(fsdp_buffer_bytes(s)), True),
-        (f"activations, {T} tokens, " + ("checkpointed" if spec.gradient_checkpointing else "no checkpointing"),
+        (f"activations, {T} tokens{longest}, "
+         + ("checkpointed" if spec.gradient_checkpointing else "no checkpointing"),
          _gib(activation_bytes(s, T, spec.gradient_checkpointing)), True),
         (f"log-prob head, {min(spec.logprob_chunk_tokens, T)}-token chunks",
          _gib(logprob_head_bytes(s, T, spec.logprob_chunk_tokens)), True),
@@ -230,12 +251,19 @@ def trainer_resident_gib(shape: Qwen3Shape, ranks: int) -> float:
     return _gib(state["params"] + state["adamw"]) + TRAINER_RUNTIME_GIB
 
 
-def _fitting_micro_batch(spec: MemorySpec, engine_gib: float) -> int | None:
-    """The largest `train.micro_batch_tokens` (a multiple of 1024 below the recipe's) whose update
-    phase fits, or None when none does."""
-    for tokens in range(spec.micro_batch_tokens - 1024, 0, -1024):
-        trial = replace(spec, micro_batch_tokens=tokens)
-        if sum(value for _, value, _ in trainer_rows(trial)) + engine_gib <= spec.gpu_memory_gib:
+def update_phase_gib(spec: MemorySpec) -> float:
+    """What one trainer GPU holds at the update's peak: the trainer rows, and colocated the
+    sleeping engine's runtime."""
+    engine_gib = ENGINE_RUNTIME_GIB if spec.colocated else 0.0
+    return sum(value for _, value, _ in trainer_rows(spec)) + engine_gib
+
+
+def fitting_micro_batch(spec: MemorySpec, upper: int) -> int | None:
+    """The largest `train.micro_batch_tokens`, a multiple of MICRO_BATCH_STEP at most `upper`,
+    whose update phase fits `spec`'s GPU; None when none does (below the longest trajectory a
+    smaller micro-batch holds no less: `largest_micro_batch`)."""
+    for tokens in range(upper // MICRO_BATCH_STEP * MICRO_BATCH_STEP, 0, -MICRO_BATCH_STEP):
+        if update_phase_gib(replace(spec, micro_batch_tokens=tokens)) <= spec.gpu_memory_gib:
             return tokens
     return None
 
@@ -294,21 +322,34 @@ def _what_to_change(spec: MemorySpec, column: str, over_gib: float) -> str:
     if column in ("rollout", "engine GPU"):
         fraction = int((spec.gpu_memory_utilization - over_gib / spec.gpu_memory_gib) * 100) / 100
         return f"set engine.gpu_memory_utilization={fraction:.2f} (or leave it auto)"
-    engine_gib = ENGINE_RUNTIME_GIB if spec.colocated else 0.0
-    tokens = _fitting_micro_batch(spec, engine_gib)
+    tokens = fitting_micro_batch(spec, spec.micro_batch_tokens - 1)
     if tokens is None:
-        return "more GPUs (trainer ranks shard the fp32 state)"
+        return "more GPUs (trainer ranks shard the fp32 state) or a shorter rollout.max_response_tokens"
     return f"set train.micro_batch_tokens={tokens} (or more GPUs)"
 
 
-def resolve_gpu_memory(option: str | None) -> tuple[float, str]:
-    """(GiB, label) for --gpu-memory: a preset or a number; without it, this node's GPU, else
-    the paper's MI300X."""
-    if option is not None:
-        gib = parse_gpu_memory(option)
-        name = str(option).strip().lower()
-        return gib, name if name in GPU_MEMORY_PRESETS else "custom"
+class GpuMemory(NamedTuple):
+    """The GPU a plan is made for: GiB as torch reports them, a name, and a one-line note when the
+    plan did not take the card from this node's GPU or from --gpu-memory as given."""
+    gib: float
+    name: str                         # a preset, "custom" (a number given) or the visible device's name
+    note: str | None
+
+
+def resolve_gpu_memory(option: str | None, *, dry_run: bool = True) -> GpuMemory:
+    """The GPU to plan for. A launch on a node with a GPU plans for that GPU (its total memory as
+    torch reports it, rounded down to 0.1 GiB), since that is what its trainers get; a dry run plans
+    for --gpu-memory (a preset or GiB) when given, else the visible GPU, else DEFAULT_GPU, saying so."""
     local = local_gpu_memory()
-    if local is not None:
-        return round(local[0], 1), local[1]
-    return GPU_MEMORY_PRESETS[DEFAULT_GPU], f"{DEFAULT_GPU}, the default"
+    here = None if local is None else GpuMemory(math.floor(local[0] * 10) / 10, local[1], None)
+    if option is None or (here is not None and not dry_run):
+        if here is not None:
+            ignored = None if option is None else (f"memory: --gpu-memory {option} left aside: this launch runs "
+                                                   f"on this node's GPU, {here.name} ({here.gib:g} GiB)")
+            return here._replace(note=ignored)
+        gib, presets = GPU_MEMORY_PRESETS[DEFAULT_GPU], "|".join(sorted(GPU_MEMORY_PRESETS))
+        return GpuMemory(gib, DEFAULT_GPU, f"memory: no GPU is visible here and no --gpu-memory was given: planned "
+                                           f"for an {DEFAULT_GPU.upper()} ({gib:g} GiB); plan for yours with "
+                                           f"--gpu-memory {presets}|GiB")
+    name = str(option).strip().lower()
+    return GpuMemory(parse_gpu_memory(option), name if name in GPU_MEMORY_PRESETS else "custom", None)

@@ -13,7 +13,8 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from rstar2_cli.launch.memory_plan import MemoryPlan
+from rstar2_cli.launch.engine_sizing import RELEASE_MICRO_BATCH_TOKENS
+from rstar2_cli.launch.memory_plan import MICRO_BATCH_STEP, MemoryPlan, update_phase_gib
 from rstar2_cli.launch.topology import Plan
 
 
@@ -71,6 +72,15 @@ def _nodes(plan: Plan) -> Table:
         sandbox = f"{n.sandbox_workers} workers" + (" + Redis front end" if n.runs_redis_front_end else "")
         t.add_row(str(n.node_rank), ranks, _gpu_list(n.trainer_gpu_ids), engines, sandbox)
     return t
+
+
+def micro_batch_note(memory: MemoryPlan) -> str:
+    """What an "auto" `train.micro_batch_tokens` became (launch/engine_sizing.py `size_micro_batch`)."""
+    tokens = memory.spec.micro_batch_tokens
+    if update_phase_gib(memory.spec) > memory.spec.gpu_memory_gib:
+        return f"train.micro_batch_tokens auto: no size fits the update on this GPU (planned at {tokens})"
+    return (f"train.micro_batch_tokens auto: {tokens} (the largest multiple of {MICRO_BATCH_STEP} whose update fits "
+            f"this GPU, at most the release's {RELEASE_MICRO_BATCH_TOKENS})")
 
 
 def memory_header(memory: MemoryPlan) -> str:

@@ -22,13 +22,14 @@ from pathlib import Path
 def run(cfg, *, resume: bool | str) -> Path:
     """What every trainer process runs: start torch.distributed (`rl/dist.py`; a no-op without
     torchrun), check the recipe's placement for the device this process got (`config.py`: a
-    ConfigError), then train. Returns the final checkpoint folder."""
+    ConfigError; an "auto" micro-batch becomes CPU_MICRO_BATCH_TOKENS on CPU), then train.
+    Returns the final checkpoint folder."""
     from rstar2_cli.config import check_placement
     from rstar2_cli.rl.dist import setup_distributed
     from rstar2_cli.rl.trainer import train
 
     info = setup_distributed()
-    check_placement(cfg, on_gpu=info.device.type == "cuda")
+    cfg = check_placement(cfg, on_gpu=info.device.type == "cuda")
     return train(cfg, resume=resume)
 
 

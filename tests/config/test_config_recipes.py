@@ -110,3 +110,28 @@ def test_recipe_dict_defaults_are_the_paper():
 def test_bad_reward_and_validation_fields_fail_with_one_line(override, fragment):
     with pytest.raises(ConfigError, match=fragment):
         load_recipe(None, [override])
+
+
+def test_micro_batch_tokens_is_a_number_or_auto_and_auto_is_a_number_on_cpu():
+    """The GPU stage recipes leave train.micro_batch_tokens to `rstar2 rl` (auto); on CPU it is
+    CPU_MICRO_BATCH_TOKENS at load, so the trainer never sees "auto"."""
+    from rstar2_cli.config import CPU_MICRO_BATCH_TOKENS, MIN_MICRO_BATCH_TOKENS, check_placement
+
+    for stage in (1, 2, 3):
+        assert resolve_stage_recipe(None, stage, []).train.micro_batch_tokens == "auto"
+        assert resolve_stage_recipe(None, stage, [], on_gpu=True).train.micro_batch_tokens == "auto"
+        assert resolve_stage_recipe(None, stage, [], on_gpu=False).train.micro_batch_tokens == CPU_MICRO_BATCH_TOKENS
+    assert load_recipe(None, ["train.micro_batch_tokens=8192"], on_gpu=True).train.micro_batch_tokens == 8192
+    for bad in (MIN_MICRO_BATCH_TOKENS - 1, "lots", 0):
+        with pytest.raises(ConfigError) as e:
+            load_recipe(None, [f"train.micro_batch_tokens={bad}"])
+        assert str(e.value) == (f"<defaults>: train.micro_batch_tokens: input should be greater than or equal to "
+                                f"{MIN_MICRO_BATCH_TOKENS}, or 'auto' (got {bad!r})") or \
+            str(e.value) == f"<defaults>: train.micro_batch_tokens: input should be a valid integer, unable to " \
+                            f"parse string as an integer, or 'auto' (got {bad!r})", str(e.value)
+    # the trainer's own check: on CPU auto becomes the fixed value; on GPU only `rstar2 rl` sizes it
+    cfg = resolve_stage_recipe(None, 2, [])
+    assert check_placement(cfg, on_gpu=False).train.micro_batch_tokens == CPU_MICRO_BATCH_TOKENS
+    with pytest.raises(ConfigError, match=r"^<recipe>: train.micro_batch_tokens=auto on GPU is sized by `rstar2 rl` "
+                                          r"from the memory plan: launch through it, or give a number$"):
+        check_placement(cfg, on_gpu=True)

@@ -70,7 +70,7 @@ def test_an_installed_wheel_finds_the_stage_recipe_and_plans_the_launch(installe
     assert "--rdzv-endpoint HEAD:29500" in text
     # sized from the memory plan: 0.91 of each MI300X for the engine, CUDA graphs, and it fits
     assert "engines: gpu_memory_utilization 0.91, max_num_seqs 512, max_num_batched_tokens 16384, CUDA graphs" in text
-    assert "fits: at most 180.8 of 192 GiB per GPU" in text
+    assert "fits: at most 180.4 of 191.6 GiB per GPU" in text
 
 
 @pytest.mark.slow

@@ -164,23 +164,24 @@ def test_a_plan_that_does_not_fit_says_which_phase_by_how_much_and_what_to_chang
     assert small.problems[0].startswith("engine: gpu_memory_utilization 0.15 x 80 GiB = 12.0 GiB does not hold "
                                         "its weights (13.8 GiB)")
     long = mp.build_memory_plan(stage2_spec(max_model_len=3_000_000))
-    assert long.problems == ("engine: the KV cache holds 2,067,287 tokens, less than one max_model_len=3,000,000 "
-                             "sequence: raise engine.gpu_memory_utilization or engine.tensor_parallel_size",)
+    assert long.problems[0] == ("engine: the KV cache holds 2,067,287 tokens, less than one max_model_len=3,000,000 "
+                                "sequence: raise engine.gpu_memory_utilization or engine.tensor_parallel_size")
 
 
-def test_one_h100_node_says_in_one_line_what_to_change():
-    """8 x 80 GB, 8 trainer ranks: the fp32 state is 27.5 GiB per rank, and with the chunked head's
-    weight gradient the update needs 81.5 GiB; 30720 tokens per micro-batch bring it to 79.6."""
-    plan = mp.build_memory_plan(stage2_spec(trainer_ranks=8, gpu_memory_gib=80.0, gpu_name="h100",
-                                            gpu_memory_utilization=0.64))
+def test_one_h100_node_at_32768_tokens_says_in_one_line_what_to_change():
+    """8 x H100 80GB (79.1 GiB to torch), 8 trainer ranks: the fp32 state is 27.5 GiB per rank, and
+    with the chunked head's weight gradient the update at 32768 tokens per micro-batch needs 81.5
+    GiB; 29696 tokens bring it to 78.7 (30720, the figure for a nominal 80 GiB, is 0.5 over)."""
+    spec = stage2_spec(trainer_ranks=8, gpu_memory_gib=79.1, gpu_name="h100", gpu_memory_utilization=0.64)
+    plan = mp.build_memory_plan(spec)
     update = (16 * P14 / 8 + 2 * (1_555_829_760 + 2 * 330_311_936) + 6 * 1_555_829_760
               + 32768 * (40 * 2 * 5120 + 2 * 283_496) + 32768 * (8 * 5120 + 4) + 1024 * 151_936 * 16
               + 151_936 * 5120 * 6) / GIB + mp.TRAINER_RUNTIME_GIB + mp.ENGINE_RUNTIME_GIB
     assert plan.totals[1] == pytest.approx(update) == pytest.approx(81.55, abs=0.005)
-    assert plan.problems == ("does not fit: the update phase needs 81.5 GiB of 80 GiB per GPU, 1.5 GiB over: "
-                             "set train.micro_batch_tokens=30720 (or more GPUs)",)
-    assert mp.build_memory_plan(stage2_spec(trainer_ranks=8, gpu_memory_gib=80.0, gpu_memory_utilization=0.64,
-                                            micro_batch_tokens=30720)).fits
+    assert plan.problems == ("does not fit: the update phase needs 81.5 GiB of 79.1 GiB per GPU, 2.4 GiB over: "
+                             "set train.micro_batch_tokens=29696 (or more GPUs)",)
+    assert mp.build_memory_plan(dataclasses.replace(spec, micro_batch_tokens=29696)).fits
+    assert not mp.build_memory_plan(dataclasses.replace(spec, micro_batch_tokens=30720)).fits
 
 
 def test_separate_engine_gpus_hold_only_the_engine():
@@ -192,13 +193,57 @@ def test_separate_engine_gpus_hold_only_the_engine():
     assert plan.fits
 
 
-def test_gpu_memory_presets_and_numbers():
-    assert mp.parse_gpu_memory("mi300x") == 192.0 and mp.parse_gpu_memory("H100") == 80.0
-    assert mp.parse_gpu_memory("h200") == 141.0 and mp.parse_gpu_memory("64") == 64.0
-    assert mp.resolve_gpu_memory("MI300X") == (192.0, "mi300x") and mp.resolve_gpu_memory("96") == (96.0, "custom")
+def test_gpu_memory_presets_are_what_torch_reports():
+    """h100: 79.1 GiB (a lent H100 80GB: 81,559 MiB in nvidia-smi, 79.1-79.2 GiB to torch); h200:
+    a lent H200, 150,109,880,320 B to torch; mi300x: totalGlobalMem 205,822,885,888 B = 191.69 GiB.
+    Each rounded down to 0.1 GiB."""
+    assert mp.parse_gpu_memory("mi300x") == 191.6 and mp.parse_gpu_memory("H100") == 79.1
+    assert mp.parse_gpu_memory("h200") == 139.8 and mp.parse_gpu_memory("64") == 64.0
+    assert mp.GPU_MEMORY_PRESETS["mi300x"] == int(205_822_885_888 / GIB * 10) / 10
+    assert mp.GPU_MEMORY_PRESETS["h200"] == int(150_109_880_320 / GIB * 10) / 10
     for bad in ("a100x", "-8", "0"):
         with pytest.raises(mp.MemoryPlanError, match="--gpu-memory"):
             mp.parse_gpu_memory(bad)
+
+
+def test_the_gpu_planned_for_says_where_it_came_from(monkeypatch):
+    monkeypatch.setattr(mp, "local_gpu_memory", lambda: None)
+    assert mp.resolve_gpu_memory("MI300X") == mp.GpuMemory(191.6, "mi300x", None)
+    assert mp.resolve_gpu_memory("96") == mp.GpuMemory(96.0, "custom", None)
+    assumed = mp.resolve_gpu_memory(None)
+    assert (assumed.gib, assumed.name) == (191.6, "mi300x")
+    assert assumed.note == ("memory: no GPU is visible here and no --gpu-memory was given: planned for an MI300X "
+                            "(191.6 GiB); plan for yours with --gpu-memory h100|h200|mi300x|GiB")
+    # a visible GPU: its real memory, rounded down to 0.1 GiB; a launch plans for it whatever
+    # --gpu-memory says (and says so), a dry run plans for the card asked for
+    monkeypatch.setattr(mp, "local_gpu_memory", lambda: (79.19, "NVIDIA H100 80GB HBM3"))
+    assert mp.resolve_gpu_memory(None) == mp.GpuMemory(79.1, "NVIDIA H100 80GB HBM3", None)
+    assert mp.resolve_gpu_memory("h200", dry_run=True) == mp.GpuMemory(139.8, "h200", None)
+    launch = mp.resolve_gpu_memory("h200", dry_run=False)
+    assert (launch.gib, launch.name) == (79.1, "NVIDIA H100 80GB HBM3")
+    assert launch.note == ("memory: --gpu-memory h200 left aside: this launch runs on this node's GPU, "
+                           "NVIDIA H100 80GB HBM3 (79.1 GiB)")
+
+
+def test_a_sequence_longer_than_the_micro_batch_is_planned_whole():
+    """The packer gives a sequence longer than train.micro_batch_tokens a micro-batch of its own
+    (rl/packing.py `plan_bins`, `plan_buckets`): 12K responses (14336-token context) at 8192
+    micro-batch tokens keep 14336 tokens of activations and log-prob head."""
+    spec = stage2_spec(micro_batch_tokens=8192, max_model_len=14336)
+    assert mp.largest_micro_batch(spec) == 14336
+    rows = {r.name: r.gib[1] for r in mp.build_memory_plan(spec).rows}
+    assert rows["activations, 14336 tokens (the longest trajectory), checkpointed"] == pytest.approx(
+        14336 * (40 * 2 * 5120 + 2 * 283_496) / GIB)
+    assert rows["log-prob head, 1024-token chunks"] == pytest.approx(
+        (14336 * (8 * 5120 + 4) + 1024 * 151_936 * 16) / GIB)
+    whole = {r.name: r.gib[1] for r in mp.build_memory_plan(stage2_spec(micro_batch_tokens=14336)).rows}
+    assert whole["activations, 14336 tokens, checkpointed"] == rows[
+        "activations, 14336 tokens (the longest trajectory), checkpointed"]
+    # so no micro-batch size below the longest trajectory brings the update under a GPU it does not fit
+    tight = stage2_spec(trainer_ranks=8, gpu_memory_gib=55.0, gpu_memory_utilization=0.3)
+    assert mp.fitting_micro_batch(tight, 32768) is None
+    assert mp.build_memory_plan(tight).problems[-1].endswith(
+        "more GPUs (trainer ranks shard the fp32 state) or a shorter rollout.max_response_tokens")
 
 
 runner = CliRunner()
@@ -209,15 +254,11 @@ def test_dry_run_prints_the_table_and_the_verdict():
     out = runner.invoke(app, [*DRY, "--gpu-memory", "mi300x"], terminal_width=250, env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
     text = out.output
-    assert "memory per GPU (GiB): 192 GiB GPU (mi300x), 64 trainer ranks, colocated, TP 2" in text
+    assert "memory per GPU (GiB): 191.6 GiB GPU (mi300x), 64 trainer ranks, colocated, TP 2" in text
     assert "engines: gpu_memory_utilization 0.91, max_num_seqs 512" in text
     assert "max_num_batched_tokens 16384" in text and "CUDA graphs" in text
-    assert "engine KV cache (2,067,287 tokens per replica)" in text and "180.80" in text
-    assert "fits: at most 180.8 of 192 GiB per GPU (11.2 GiB headroom)" in text
-    out = runner.invoke(app, [*DRY, "--gpu-memory", "48"], terminal_width=250, env={"COLUMNS": "250"})
-    assert out.exit_code == 0, out.output
-    assert ("does not fit: the update phase needs 57.5 GiB of 48 GiB per GPU, 9.5 GiB over: "
-            "set train.micro_batch_tokens=22528 (or more GPUs)") in out.output
+    assert "activations, 20480 tokens, checkpointed" in text
+    assert "fits: at most 180.4 of 191.6 GiB per GPU (11.2 GiB headroom)" in text
     out = runner.invoke(app, [*DRY, "--gpu-memory", "141"], terminal_width=250, env={"COLUMNS": "250"})
     assert "memory per GPU (GiB): 141 GiB GPU (custom)" in out.output
     out = runner.invoke(app, [*DRY, "--gpu-memory", "lots"], terminal_width=250, env={"COLUMNS": "250"})

@@ -32,7 +32,8 @@ def test_paper_allocation_and_documented_variables():
         assert line in TEXT
     header = TEXT.split("#SBATCH", 1)[0]
     for var in ("STAGE", "RL_ARGS", "GPUS_PER_NODE", "TP_SIZE", "MASTER_PORT",
-                "REDIS_PORT", "SANDBOX_WORKERS_PER_NODE", "CPUS_PER_NODE"):
+                "REDIS_PORT", "SANDBOX_WORKERS_PER_NODE", "CPUS_PER_NODE", "RSTAR2_SRUN_ARGS", "RSTAR2_EXEC",
+                "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         assert f"#   {var}" in header, f"{var} is not documented at the top"
 
 
@@ -50,7 +51,7 @@ def test_trainers_take_nodes_rank_and_head_from_slurm():
     for flag in ("--nodes", "--node-rank", "--master-addr"):
         assert flag not in rl_cmd
     assert '--kill-on-bad-exit=1 "${RL_CMD[@]}"' in TEXT
-    assert '"${RL_CMD[@]}" --dry-run' in TEXT
+    assert '-w "${HEAD_NODE}" "${RL_CMD[@]}" --dry-run' in TEXT
 
 
 def test_plan_under_the_templates_environment():
@@ -64,13 +65,12 @@ def test_plan_under_the_templates_environment():
     assert "--node-rank 2 --rdzv-backend c10d --rdzv-endpoint n01:29500" in plan.nodes[sizes.node_rank].command
 
 
-def test_every_step_is_given_its_cpus(tmp_path):
-    """Run the template with stand-ins for srun, scontrol, redis-cli, python3 and rstar2: each
-    srun step names --cpus-per-task, and the per-node trainer and sandbox-worker steps get all of
-    the node's CPUs (srun gives a task one CPU unless told, and binding keeps it there)."""
+def _step_stubs(tmp_path):
+    """Stand-ins for srun (it logs its arguments), scontrol, redis-cli, python3 and rstar2 (run
+    outside srun, it logs to host.log); the environment of a 2-node allocation."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    log = tmp_path / "srun.log"
+    log, host = tmp_path / "srun.log", tmp_path / "host.log"
     # The Redis and sandbox-worker steps run in the background and the script's EXIT trap kills
     # them when the trainers' step returns; the trainers' stand-in waits (bounded) until both have
     # logged, so a background step is never killed before it records its arguments.
@@ -81,27 +81,58 @@ def test_every_step_is_given_its_cpus(tmp_path):
     stubs = {
         "srun": srun,
         "scontrol": 'printf "n01\\nn02\\n"\n',
-        "redis-cli": "exit 0\n", "python3": "exit 0\n", "rstar2": "exit 0\n",
+        "redis-cli": "exit 0\n", "python3": "exit 0\n", "rstar2": f'printf "%s\\n" "$*" >> {host}\n',
     }
     for name, body in stubs.items():
         (bin_dir / name).write_text("#!/bin/bash\n" + body)
         (bin_dir / name).chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[01-02]",
            "SLURM_CPUS_ON_NODE": "192", "HOME": str(tmp_path)}
+    return env, log, host
+
+
+def _run_steps(tmp_path, env, log) -> list[str]:
+    if log.exists():
+        log.unlink()
     run = subprocess.run(["bash", str(SBATCH)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
-    steps = log.read_text().splitlines()
-    assert len(steps) == 5
+    return log.read_text().splitlines()
+
+
+def test_every_step_is_given_its_cpus(tmp_path):
+    """Each srun step names --cpus-per-task, and the per-node trainer and sandbox-worker steps get
+    all of the node's CPUs (srun gives a task one CPU unless told, and binding keeps it there)."""
+    env, log, _ = _step_stubs(tmp_path)
+    steps = _run_steps(tmp_path, env, log)
+    assert len(steps) == 6
     assert all("--cpus-per-task=" in s for s in steps), steps
     trainers = next(s for s in steps if "--kill-on-bad-exit=1" in s)
     workers = next(s for s in steps if "serve-sandbox --worker" in s)
     assert "--cpus-per-task=192" in trainers and "--cpus-per-task=192" in workers
     assert "--cpus-per-task=2" in next(s for s in steps if "redis-server" in s)
     env["CPUS_PER_NODE"] = "96"     # a site that keeps cores for itself
-    log.unlink()
-    subprocess.run(["bash", str(SBATCH)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                   check=True)
-    assert "--cpus-per-task=96" in next(s for s in log.read_text().splitlines() if "--kill-on-bad-exit=1" in s)
+    assert "--cpus-per-task=96" in next(s for s in _run_steps(tmp_path, env, log) if "--kill-on-bad-exit=1" in s)
+
+
+def test_every_step_runs_from_the_container_and_gets_the_socket_interfaces(tmp_path):
+    """RSTAR2_SRUN_ARGS (pyxis/enroot's --container-image, ...) goes to every srun step and
+    RSTAR2_EXEC (`apptainer exec --nv IMAGE`) before every step's command, the plan's dry run
+    included: nothing runs the host's rstar2. GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, when set,
+    are exported to every step."""
+    env, log, host = _step_stubs(tmp_path)
+    plain = _run_steps(tmp_path, env, log)
+    assert all(s.startswith("--overlap --export=ALL ") and "--container" not in s for s in plain), plain
+    assert not host.exists(), host.read_text()                  # every rstar2 ran under srun
+    pyxis = "--container-image=/images/rstar2.sqsh --container-mounts=/shared:/shared"
+    env.update(RSTAR2_SRUN_ARGS=pyxis, RSTAR2_EXEC="apptainer exec --nv /images/rstar2.sif",
+               GLOO_SOCKET_IFNAME="ib0", NCCL_SOCKET_IFNAME="ib0")
+    steps = _run_steps(tmp_path, env, log)
+    assert len(steps) == len(plain) == 6
+    for step in steps:
+        options, command = step.split(" apptainer exec --nv /images/rstar2.sif ", 1)
+        assert options.startswith("--overlap --export=ALL,GLOO_SOCKET_IFNAME=ib0,NCCL_SOCKET_IFNAME=ib0 "), step
+        assert pyxis in options and command.split()[0] in ("rstar2", "redis-server"), step
+    assert any(s.endswith("--dry-run") for s in steps) and not host.exists()
 
 
 def test_asks_for_the_preemption_signal_in_time_and_requeues_on_the_preempted_code():
