@@ -75,7 +75,9 @@ def register(app: typer.Typer) -> None:
         from rstar2_cli.config import ConfigError, dump_recipe
         from rstar2_cli.launch.cluster_env import resolve_launch
         from rstar2_cli.launch.engine_sizing import memory_spec_for, size_engines, size_micro_batch
-        from rstar2_cli.launch.memory_plan import MemoryPlanError, build_memory_plan, resolve_gpu_memory
+        from rstar2_cli.launch.memory_plan import (MemoryPlanError, build_memory_plan, cpu_training_line,
+                                                   host_memory_gib, resolve_gpu_memory)
+        from rstar2_cli.launch.model_shape import shape_for_model
         from rstar2_cli.launch.plan_view import micro_batch_note, render_plan
         from rstar2_cli.launch.topology import PlanError, plan_from_args
         from rstar2_cli.rl.stages import resolve_stage_recipe, shadowed_recipe_note, start_text
@@ -112,7 +114,7 @@ def register(app: typer.Typer) -> None:
             )
         except PlanError as e:
             fail(str(e))
-        gpu = None
+        gpu, cpu_refusal = None, None
         if gpus:
             try:
                 gpu = resolve_gpu_memory(gpu_memory, dry_run=dry_run)
@@ -124,6 +126,16 @@ def register(app: typer.Typer) -> None:
             plan = dataclasses.replace(plan, memory=build_memory_plan(memory_spec_for(cfg, plan, gpu.gib, gpu.name)))
             plan = dataclasses.replace(plan, notes=plan.notes + ((gpu.note,) if gpu.note else ()) + (
                 (micro_batch_note(plan.memory),) if auto_tokens else ()))
+        else:                            # a paper stage on CPU: say what that means, refuse what cannot fit
+            try:
+                shape, source = shape_for_model(cfg.model.path)
+            except (KeyError, TypeError, ValueError):   # not a Qwen3-style config.json: checks.rl_recipe says more
+                shape = None
+            if shape is not None:
+                cpu_line, cpu_fits = cpu_training_line(shape, source, host_memory_gib())
+                plan = dataclasses.replace(plan, notes=plan.notes + (cpu_line,))
+                if not cpu_fits and (Path(cfg.model.path) / "config.json").is_file():   # known, not assumed
+                    cpu_refusal = cpu_line
         if plan.launch_mode == "torchrun":   # torchrun forwards SIGUSR1 too and waits for the checkpoint
             from rstar2_cli.rl.preemption import torchrun_env
 
@@ -147,6 +159,8 @@ def register(app: typer.Typer) -> None:
             console.rule(f"resolved recipe: {cfg.name} (stage {cfg.stage})")
             console.print(Syntax(dump_recipe(cfg), "yaml"))
             console.print(render_plan(plan))
+        if cpu_refusal:                  # its fp32 state exceeds this machine's memory: it would not load
+            fail(cpu_refusal)
         if problems:                     # it would run out of memory at its first update or wake: refuse now
             fail(f"memory: {problems[0]}" + ("" if dry_run else " (rstar2 rl ... --dry-run shows the table)"))
         if dry_run:

@@ -68,6 +68,7 @@ its phase (the activations and the root's final reduce-scatter never coincide, y
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -124,6 +125,26 @@ def trainer_state_bytes(shape: Qwen3Shape, ranks: int) -> dict[str, float]:
     """fp32 parameters, gradients and AdamW moments of one FSDP2 rank."""
     per_rank = shape.total_params() / ranks
     return {"params": FP32 * per_rank, "grads": FP32 * per_rank, "adamw": 2 * FP32 * per_rank}
+
+
+def host_memory_gib() -> float | None:
+    """This machine's physical memory in GiB (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def cpu_training_line(shape: Qwen3Shape, source: str, host_gib: float | None) -> tuple[str, bool]:
+    """`--gpus 0`: one line saying that the stage trains on this machine's CPU and what the model's
+    fp32 parameters, gradients and AdamW moments (16 B a parameter, one rank) take there, and
+    whether that fits the host's memory (False: the launch refuses)."""
+    need = _gib(sum(trainer_state_bytes(shape, 1).values()))
+    fits = host_gib is None or need <= host_gib
+    here = f" of {host_gib:.0f} GiB here" if host_gib else ""
+    return (f"--gpus 0: trains on this machine's CPU; the model ({shape.total_params() / 1e9:.1f}B parameters, "
+            f"{source}) needs {need:.0f} GiB for its fp32 weights, gradients and AdamW{here}"
+            + ("" if fits else ", which does not fit") + "; give --gpus N to launch on GPUs"), fits
 
 
 def fsdp_buffer_bytes(shape: Qwen3Shape) -> float:
