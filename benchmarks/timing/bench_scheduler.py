@@ -33,7 +33,7 @@ from rich.table import Table
 
 from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPolicy, LoadBalancedScheduler,
                                           RoundRobinPolicy, RoundRobinScheduler)
-from sim.rollout import ReplicaModel, simulate
+from sim.rollout import SIM_PRESETS, ReplicaModel, simulate
 from sim.workload import TrajectoryPlan, WorkloadSpec, make_workload
 
 REAL_SPEC = WorkloadSpec(num_prompts=5, rollouts_per_prompt=4, prompt_tokens=(16, 32), long_fraction=0.2,
@@ -41,16 +41,6 @@ REAL_SPEC = WorkloadSpec(num_prompts=5, rollouts_per_prompt=4, prompt_tokens=(16
                          short_turns=(1, 2), short_turn_tokens=(4, 12), tool_latency_s=(0.05, 0.2),
                          tool_response_tokens=(4, 12), max_response_tokens=400)
 # 64-GPU settings: (replicas, tensor-parallel size, replica model).
-SIM_PRESETS = {
-    # Qwen3-14B on 16 x 4 H100-80GB (see ReplicaModel's defaults)
-    "h100-tp4": (16, 4, ReplicaModel()),
-    # the paper's cluster: 64 MI300X (192 GB), one 14B replica per GPU: ~87 GB of KV at 0.6
-    # utilisation = ~570K tokens at 160 KiB/token; one GPU decodes and prefills slower than four
-    "mi300x-tp1": (64, 1, ReplicaModel(kv_capacity_tokens=570_000, step_base_s=0.012, step_per_seq_s=0.00012,
-                                       prefill_tokens_per_s=15_000.0)),
-}
-
-
 async def run_rollout(scheduler, plans: list[TrajectoryPlan], seed: int, vocab: int) -> float:
     """Drive every trajectory turn by turn; returns the makespan in seconds."""
     rng = random.Random(seed)

@@ -17,7 +17,7 @@
 `--scale N` simulates 1/N of the cluster with the same load per replica (replicas and prompts
 divided by N); the 2-core CI box cannot replay 16,384 trajectories x 10 steps in minutes.
 
-    python benchmarks/timing/bench_async_sim.py --metrics runs/quickstart/rl/metrics.jsonl --json results/async_sim.json
+    python benchmarks/sim/bench_async_sim.py --metrics runs/quickstart/rl/metrics.jsonl --json results/async_sim.json
 """
 from __future__ import annotations
 
@@ -33,11 +33,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from bench_scheduler import SIM_PRESETS
 from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPolicy, RoundRobinPolicy,
                                           StickyLeastLoadedPolicy)
 from sim.overlap import OverlapConfig, PhaseTimes, Placement, simulate_overlap
-from sim.rollout import ReplicaModel
+from sim.rollout import SIM_PRESETS, ReplicaModel
 from sim.workload import WorkloadSpec, make_workload
 
 # time/<phase> / time/rollout of the first step of `python benchmarks/timing/bench_rl_step.py --steps 4 --prompts 8
