@@ -166,7 +166,9 @@ class ReplicaCluster:
 
     def submit(self, plan: TrajectoryPlan, now: float, *, priority: int = 0, key: str | None = None) -> int:
         if _footprint(plan) > self.model.kv_capacity_tokens:
-            raise ValueError(f"trajectory {plan.key} does not fit in kv_capacity_tokens={self.model.kv_capacity_tokens}")
+            raise ValueError(
+                f"trajectory {plan.key} does not fit in kv_capacity_tokens={self.model.kv_capacity_tokens}"
+            )
         i = len(self.plans)
         self.plans.append(plan)
         self.keys.append(plan.key if key is None else key)

@@ -152,14 +152,25 @@ def main() -> None:
         table.add_column(col, justify="right" if col != "setting" else "left")
     sim = out.get("simulator", {})
     for row in sim.get("seeds", []):
-        table.add_row(f"sim {sim['replicas']}xTP{sim['tensor_parallel']}, seed {row['seed']}", f"{row['round_robin']['makespan_s']:.0f} s",
-                      f"{row['contiguous_split']['makespan_s']:.0f} s", f"{row['load_balanced']['makespan_s']:.0f} s",
-                      f"{row['ratio_vs_round_robin']:.3f}", f"{row['ratio_vs_contiguous_split']:.3f}")
+        table.add_row(
+            f"sim {sim['replicas']}xTP{sim['tensor_parallel']}, seed {row['seed']}",
+            f"{row['round_robin']['makespan_s']:.0f} s",
+            f"{row['contiguous_split']['makespan_s']:.0f} s",
+            f"{row['load_balanced']['makespan_s']:.0f} s",
+            f"{row['ratio_vs_round_robin']:.3f}",
+            f"{row['ratio_vs_contiguous_split']:.3f}",
+        )
     if "real_engines" in out:
         r = out["real_engines"]
         spread = {name: f"{min(runs):.1f}-{max(runs):.1f} s" for name, runs in r["runs_s"].items()}
-        table.add_row("2 x vLLM tiny (CPU), median", f"{r['round_robin_s']:.1f} s", "-", f"{r['load_balanced_s']:.1f} s",
-                      f"{r['ratio_vs_round_robin']:.3f}", "-")
+        table.add_row(
+            "2 x vLLM tiny (CPU), median",
+            f"{r['round_robin_s']:.1f} s",
+            "-",
+            f"{r['load_balanced_s']:.1f} s",
+            f"{r['ratio_vs_round_robin']:.3f}",
+            "-",
+        )
         table.add_row("  (range over reps)", spread["round_robin"], "-", spread["load_balanced"], "", "")
     console.print(table)
     if "real_engines" in out:
