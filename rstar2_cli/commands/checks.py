@@ -145,7 +145,9 @@ def problem_source(value: str, what: str, data_dir: str | None, *, hub_ids: bool
             fail(f"data dir {shown(root)}: no such folder (from --data-dir or ${DATA_DIR_ENV})")
         if find_named_set_file(value, root) is not None:
             return
-        where = f"no {value}.jsonl in {shown(root)}" if root else f"no --data-dir (or ${DATA_DIR_ENV}) with {value}.jsonl"
+        where = (
+            f"no {value}.jsonl in {shown(root)}" if root else f"no --data-dir (or ${DATA_DIR_ENV}) with {value}.jsonl"
+        )
     elif hub_ids and "/" in value and not path.suffix and _REPO_ID.match(value):
         where = "a Hub dataset id"
     elif path.suffix:

@@ -26,11 +26,30 @@ def replicas_for(settings, tp: Optional[int]) -> dict:
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_cmd(
-        benchmark: str = typer.Argument(..., help="aime24 | aime25 | math500 | hmmt25 | gpqa_diamond | ifeval | bfcl | all (the paper's table) | custom (with --data)"),
-        model: str = typer.Argument(..., help="checkpoint folder (HF format), or the served model name with --engine openai"),
-        data: Optional[str] = typer.Option(None, "--data", help="the set's rows from a file (math: id, problem, answer; gpqa_diamond, ifeval, bfcl: their Hub / package columns); without it a benchmark name is read from the data dir, never from a path in the working directory"),
-        data_dir: Optional[str] = typer.Option(None, "--data-dir", envvar="RSTAR2_DATA_DIR", help="folder holding <set>.jsonl (as `rstar2 prepare eval-data --out` writes it)"),
-        out: Optional[str] = typer.Option(None, "--out", help="output folder (default runs/eval/SET-MODEL); reruns resume"),
+        benchmark: str = typer.Argument(
+            ...,
+            help="aime24 | aime25 | math500 | hmmt25 | gpqa_diamond | ifeval | bfcl | all (the paper's table) | "
+            "custom (with --data)",
+        ),
+        model: str = typer.Argument(
+            ..., help="checkpoint folder (HF format), or the served model name with --engine openai"
+        ),
+        data: Optional[str] = typer.Option(
+            None,
+            "--data",
+            help="the set's rows from a file (math: id, problem, answer; gpqa_diamond, ifeval, bfcl: their Hub / "
+            "package columns); without it a benchmark name is read from the data dir, never from a path in the "
+            "working directory",
+        ),
+        data_dir: Optional[str] = typer.Option(
+            None,
+            "--data-dir",
+            envvar="RSTAR2_DATA_DIR",
+            help="folder holding <set>.jsonl (as `rstar2 prepare eval-data --out` writes it)",
+        ),
+        out: Optional[str] = typer.Option(
+            None, "--out", help="output folder (default runs/eval/SET-MODEL); reruns resume"
+        ),
         samples: int = typer.Option(16, "--samples", help="samples per problem (avg@k)"),
         temperature: float = typer.Option(0.6, "--temperature"),
         top_p: float = typer.Option(0.95, "--top-p"),
@@ -38,23 +57,61 @@ def register(app: typer.Typer) -> None:
         max_turns: int = typer.Option(30, "--max-turns"),
         limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems"),
         seed: int = typer.Option(0, "--seed"),
-        answer_mode: str = typer.Option("outcome", "--answer-mode", help="outcome: the last \\boxed{} (as reward.mode); strict_answer_tag: needs <answer>; last_boxed"),
+        answer_mode: str = typer.Option(
+            "outcome",
+            "--answer-mode",
+            help="outcome: the last \\boxed{} (as reward.mode); strict_answer_tag: needs <answer>; last_boxed",
+        ),
         engine: str = typer.Option("vllm", "--engine", help="vllm (local) | openai (any OpenAI-compatible server)"),
-        base_url: Optional[str] = typer.Option(None, "--base-url", help="with --engine openai, e.g. http://127.0.0.1:8000/v1"),
-        tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer folder for --engine openai (default: MODEL)"),
-        sandbox_url: Optional[str] = typer.Option(None, "--sandbox-url", help="a running rstar2 serve-sandbox (default: embedded pool)"),
-        max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="engine context (default: --max-tokens + 2048, capped at the model's max_position_embeddings)"),
-        system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="replace the release's system prompt (as the RL recipe's rollout.system_prompt)"),
-        tools_in_prompt: bool = typer.Option(True, "--tools-in-prompt/--no-tools-in-prompt", help="list the tool schema in the prompt (release: yes)"),
-        use_tools: bool = typer.Option(True, "--tools/--no-tools", help="--no-tools: no tool schema and one turn (reasoning only)"),
-        compare: Optional[str] = typer.Option(None, "--compare", help="a second checkpoint: both run, and the report gives A - B with a 95 % interval per benchmark"),
-        protocol_from: Optional[str] = typer.Option(None, "--protocol-from", help="an RL recipe: take its prompt and tool protocol (rollout.system_prompt, tools_in_prompt, response texts, ...) for a checkpoint trained with it; default: the release's (--system-prompt still overrides)"),
+        base_url: Optional[str] = typer.Option(
+            None, "--base-url", help="with --engine openai, e.g. http://127.0.0.1:8000/v1"
+        ),
+        tokenizer: Optional[str] = typer.Option(
+            None, "--tokenizer", help="tokenizer folder for --engine openai (default: MODEL)"
+        ),
+        sandbox_url: Optional[str] = typer.Option(
+            None, "--sandbox-url", help="a running rstar2 serve-sandbox (default: embedded pool)"
+        ),
+        max_model_len: Optional[int] = typer.Option(
+            None,
+            "--max-model-len",
+            help="engine context (default: --max-tokens + 2048, capped at the model's max_position_embeddings)",
+        ),
+        system_prompt: Optional[str] = typer.Option(
+            None,
+            "--system-prompt",
+            help="replace the release's system prompt (as the RL recipe's rollout.system_prompt)",
+        ),
+        tools_in_prompt: bool = typer.Option(
+            True, "--tools-in-prompt/--no-tools-in-prompt", help="list the tool schema in the prompt (release: yes)"
+        ),
+        use_tools: bool = typer.Option(
+            True, "--tools/--no-tools", help="--no-tools: no tool schema and one turn (reasoning only)"
+        ),
+        compare: Optional[str] = typer.Option(
+            None,
+            "--compare",
+            help="a second checkpoint: both run, and the report gives A - B with a 95 % interval per benchmark",
+        ),
+        protocol_from: Optional[str] = typer.Option(
+            None,
+            "--protocol-from",
+            help="an RL recipe: take its prompt and tool protocol (rollout.system_prompt, tools_in_prompt, response "
+            "texts, ...) for a checkpoint trained with it; default: the release's (--system-prompt still overrides)",
+        ),
         tp: Optional[int] = typer.Option(
-            None, "--tp", min=1, help="GPUs per vLLM replica (default: the smallest that holds the model); "
-                                      "one replica per TP GPUs this process sees (CUDA_VISIBLE_DEVICES)"),
+            None,
+            "--tp",
+            min=1,
+            help="GPUs per vLLM replica (default: the smallest that holds the model); "
+            "one replica per TP GPUs this process sees (CUDA_VISIBLE_DEVICES)",
+        ),
         seed_requests: str = typer.Option(
-            "auto", "--seed-requests", help="a sampling seed on every request: auto (on CPU only) | true | false "
-                                            "(as rollout.seed_requests; docs/eval.md)"),
+            "auto",
+            "--seed-requests",
+            help="a sampling seed on every request: auto (on CPU only) | true | false "
+            "(as rollout.seed_requests; docs/eval.md)",
+        ),
     ) -> None:
         """Evaluate a checkpoint with tool-integrated generation: avg@k pass@1, pass@k, maj@k, lengths, tool stats."""
         from pydantic import ValidationError

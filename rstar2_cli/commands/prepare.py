@@ -129,10 +129,17 @@ def hard_command(
     max_turns: int = typer.Option(10, "--max-turns", min=1),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N problems."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", envvar="RSTAR2_DATA_DIR"),
-    sandbox_url: Optional[str] = typer.Option(None, "--sandbox-url", help="A running serve-sandbox (default: embedded)."),
+    sandbox_url: Optional[str] = typer.Option(
+        None, "--sandbox-url", help="A running serve-sandbox (default: embedded)."
+    ),
     seed: int = typer.Option(0, "--seed"),
-    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="GPUs per vLLM replica (default: the smallest that "
-                                     "holds the policy); one replica per TP GPUs this process sees"),
+    tp: Optional[int] = typer.Option(
+        None,
+        "--tp",
+        min=1,
+        help="GPUs per vLLM replica (default: the smallest that "
+        "holds the policy); one replica per TP GPUs this process sees",
+    ),
 ) -> None:
     """Stage-3 hard subset: problems the policy does not solve in all of its samples (with pass rates)."""
     from rich.console import Console

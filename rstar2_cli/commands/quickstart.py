@@ -10,19 +10,26 @@ def register(app: typer.Typer) -> None:
     @app.command("quickstart")
     def quickstart_cmd(
         seed: int = typer.Option(0, "--seed", help="changes the toy problems, the held-out set and the initialisation"),
-        seeds: Optional[str] = typer.Option(None, "--seeds",
-                                            help="comma-separated seeds, e.g. 0,1,2: one run per seed in OUT/seed_<n>, "
-                                                 "then mean ± spread and the RoC checks on every seed (replaces --seed)"),
+        seeds: Optional[str] = typer.Option(
+            None,
+            "--seeds",
+            help="comma-separated seeds, e.g. 0,1,2: one run per seed in OUT/seed_<n>, "
+            "then mean ± spread and the RoC checks on every seed (replaces --seed)",
+        ),
         out: str = typer.Option("runs/quickstart", "--out", help="output folder (report.json, report.png, report.md)"),
-        compare_grpo: bool = typer.Option(False, "--compare-grpo",
-                                          help="also run plain GRPO (RoC off) from the same SFT start"),
+        compare_grpo: bool = typer.Option(
+            False, "--compare-grpo", help="also run plain GRPO (RoC off) from the same SFT start"
+        ),
         smoke: bool = typer.Option(False, "--smoke", help="a few-minute size preset (CI)"),
         sft_steps: Optional[int] = typer.Option(None, "--sft-steps", min=1, help="override the preset's SFT steps"),
         steps: Optional[int] = typer.Option(None, "--steps", min=1, help="override the preset's RL steps"),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=1, help="RL steps between held-out points"),
-        max_staleness: Optional[int] = typer.Option(None, "--max-staleness", min=0,
-                                                    help="experimental asynchronous RL: roll out up to k steps ahead "
-                                                         "(0: the paper's synchronous step)"),
+        max_staleness: Optional[int] = typer.Option(
+            None,
+            "--max-staleness",
+            min=0,
+            help="experimental asynchronous RL: roll out up to k steps ahead (0: the paper's synchronous step)",
+        ),
     ) -> None:
         """Train a tiny model to use the Python tool, end to end on CPU, and write a report."""
         from pydantic import ValidationError

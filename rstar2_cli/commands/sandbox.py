@@ -30,11 +30,19 @@ def register(app: typer.Typer) -> None:
     def serve_sandbox(
         host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
         port: int = typer.Option(8088, min=1, max=65535, help="Port (rStar2-Agent's tool config expects 8088)."),
-        redis: Optional[str] = typer.Option(None, help="redis://host:port: queue calls in Redis for --worker processes."),
-        worker: bool = typer.Option(False, "--worker", help="Run Redis workers (needs --redis) instead of the HTTP API."),
+        redis: Optional[str] = typer.Option(
+            None, help="redis://host:port: queue calls in Redis for --worker processes."
+        ),
+        worker: bool = typer.Option(
+            False, "--worker", help="Run Redis workers (needs --redis) instead of the HTTP API."
+        ),
         procs: int = typer.Option(1, min=1, help="--worker: supervised worker processes (dead ones are replaced)."),
-        concurrency: Optional[int] = typer.Option(None, min=1, help="--worker: calls in flight per process [default: 2x workers]."),
-        workers: Optional[int] = typer.Option(None, min=1, help="Sandbox pool size (zygote processes) [default: CPU count]."),
+        concurrency: Optional[int] = typer.Option(
+            None, min=1, help="--worker: calls in flight per process [default: 2x workers]."
+        ),
+        workers: Optional[int] = typer.Option(
+            None, min=1, help="Sandbox pool size (zygote processes) [default: CPU count]."
+        ),
         isolation: str = typer.Option("auto", help=" | ".join(ISOLATIONS) + "."),
         unsafe_no_isolation: bool = typer.Option(False, "--unsafe-no-isolation", help="Allow running code unconfined."),
         timeout: float = typer.Option(10.0, help="Default per-call wall/CPU timeout, seconds."),
@@ -43,10 +51,16 @@ def register(app: typer.Typer) -> None:
         max_queue: int = typer.Option(512, min=1, help="Calls admitted at once; /run answers 429 beyond it."),
         max_batch: int = typer.Option(4096, min=1, help="Submissions per batch request."),
         max_body_mb: float = typer.Option(32.0, help="Largest request body, MiB (413 beyond)."),
-        long_batch_wait: float = typer.Option(600.0, help="Seconds a long-batch call waits for room before queue_timeout."),
+        long_batch_wait: float = typer.Option(
+            600.0, help="Seconds a long-batch call waits for room before queue_timeout."
+        ),
         lease: float = typer.Option(10.0, help="Redis: seconds without heartbeat before a worker counts as dead."),
-        max_attempts: int = typer.Option(2, min=1, help="Redis: runs of a call before a worker death becomes an error result."),
-        check: bool = typer.Option(False, "--check", help="Print which protections are active; exit 0 if isolated, else 1."),
+        max_attempts: int = typer.Option(
+            2, min=1, help="Redis: runs of a call before a worker death becomes an error result."
+        ),
+        check: bool = typer.Option(
+            False, "--check", help="Print which protections are active; exit 0 if isolated, else 1."
+        ),
         log_level: str = typer.Option("warning", help="uvicorn log level: " + " | ".join(LOG_LEVELS) + "."),
     ) -> None:
         """Serve the Python tool sandbox over code-judge's HTTP API (what rStar2-Agent's tool config calls)."""
@@ -92,7 +106,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("bench-tools")
     def bench_tools(
-        url: Optional[str] = typer.Option(None, help="Benchmark a running server (http://host:port) instead of the embedded pool."),
+        url: Optional[str] = typer.Option(
+            None, help="Benchmark a running server (http://host:port) instead of the embedded pool."
+        ),
         concurrency: str = typer.Option("1,8,64", help="Comma-separated concurrency levels."),
         calls: int = typer.Option(200, min=1, help="Calls per (workload, concurrency)."),
         workloads: str = typer.Option("trivial,sympy,numpy,error,timeout", help="Comma-separated workloads."),
@@ -101,14 +117,25 @@ def register(app: typer.Typer) -> None:
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report here as JSON."),
         workers: Optional[int] = typer.Option(None, min=1, help="Embedded pool size [default: CPU count]."),
         isolation: str = typer.Option("auto", help="Embedded pool: " + " | ".join(ISOLATIONS) + "."),
-        unsafe_no_isolation: bool = typer.Option(False, "--unsafe-no-isolation", help="Allow an unconfined embedded pool."),
-        client: str = typer.Option("plain", help="plain | codejudge (also wrapped and over HTTP long-batch, as the "
-                                                 "rStar release's client sends them) | redis (Redis mode with 1 "
-                                                 "and 2 worker hosts against local mode)."),
+        unsafe_no_isolation: bool = typer.Option(
+            False, "--unsafe-no-isolation", help="Allow an unconfined embedded pool."
+        ),
+        client: str = typer.Option(
+            "plain",
+            help="plain | codejudge (also wrapped and over HTTP long-batch, as the "
+            "rStar release's client sends them) | redis (Redis mode with 1 "
+            "and 2 worker hosts against local mode).",
+        ),
         batch_size: int = typer.Option(8, min=1, help="--client codejudge: submissions per long-batch request."),
-        port: int = typer.Option(18088, min=1, max=65535, help="--client codejudge: port of the server subprocess it starts."),
-        rounds: int = typer.Option(3, min=1, help="--client codejudge: rounds the rows take turns in (a shared "
-                                           "machine's load then hits every row alike)."),
+        port: int = typer.Option(
+            18088, min=1, max=65535, help="--client codejudge: port of the server subprocess it starts."
+        ),
+        rounds: int = typer.Option(
+            3,
+            min=1,
+            help="--client codejudge: rounds the rows take turns in (a shared "
+            "machine's load then hits every row alike).",
+        ),
     ) -> None:
         """Measure tool-call throughput and latency against a naive subprocess baseline."""
         from rich.console import Console

@@ -102,9 +102,15 @@ def check(problem: Problem, text: str) -> dict[str, Any]:
     from rstar2_cli.eval import reference
 
     entry = {"id": problem.id, "question": [problem.extra["messages"]], "function": problem.extra["checker_function"]}
-    category, handler, checkers = problem.extra["category"], reference.bfcl_qwen_decoder(), reference.bfcl_entry_checkers()
+    category, handler, checkers = (
+        problem.extra["category"],
+        reference.bfcl_qwen_decoder(),
+        reference.bfcl_entry_checkers(),
+    )
     if category == "irrelevance":
-        return checkers["relevance"](handler, problem.id, model_result(text), entry, reference.BFCL_MODEL_NAME, category)
+        return checkers["relevance"](
+            handler, problem.id, model_result(text), entry, reference.BFCL_MODEL_NAME, category
+        )
     lang = language_of(category)
     return checkers["ast"](handler, problem.id, model_result(text), problem.extra["ground_truth"], entry,
                            reference.BFCL_MODEL_NAME, category, Language(lang), ReturnFormat(lang))

@@ -42,8 +42,9 @@ FILTER_ARGS = dict(regex_pattern=r"(\([A-Z]\))", group_select=-1, ignore_case=Tr
 MATCH_ARGS = dict(ignore_case=True, ignore_punctuation=True)
 SOURCE_COLUMNS = ("Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3", "Correct Answer")
 # A boxed letter: "B", "(B)", "B.", "\text{B}", "\textbf{(B)}", "Option B", "Choice (B)"
-_BOXED_LETTER = re.compile(r"(?:\\text(?:bf|rm)?\{)?\s*(?:(?:option|choice|answer)[:\s]*)?\(?\s*([A-Da-d])\s*\)?\.?\s*\}?",
-                           re.IGNORECASE)
+_BOXED_LETTER = re.compile(
+    r"(?:\\text(?:bf|rm)?\{)?\s*(?:(?:option|choice|answer)[:\s]*)?\(?\s*([A-Da-d])\s*\)?\.?\s*\}?", re.IGNORECASE
+)
 
 
 def choice_permutation(question_id: str) -> list[int]:

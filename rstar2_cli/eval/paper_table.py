@@ -93,7 +93,11 @@ def markdown(rows: list[dict[str, Any]], model: str, compare_model: str | None =
                      f"{r['response_tokens']:.0f}", _pct(r["tool_call_rate"]), r["reference"]]
             if compare_model:
                 c = r["compare"]
-                cells += [_pct(c["b"]), f"{100 * c['diff']:+.1f}", f"[{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}]"]
+                cells += [
+                    _pct(c["b"]),
+                    f"{100 * c['diff']:+.1f}",
+                    f"[{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}]",
+                ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Scores in %. score: the reference's number: lm-eval's for GPQA (flexible-extract over the "
               "whole final turn) and IFEval (prompt-level strict), bfcl-eval's non-live AST summary for BFCL, "
@@ -107,7 +111,8 @@ def markdown(rows: list[dict[str, Any]], model: str, compare_model: str | None =
 
 
 def notes(rows: list[dict[str, Any]]) -> list[str]:
-    """The second columns under the table: GPQA's boxed-first score, BFCL's categories and what BFCL v3 has that is absent."""
+    """The second columns under the table: GPQA's boxed-first score, BFCL's categories and what BFCL
+    v3 has that is absent."""
     out = []
     for r in rows:
         if r.get("run") and "gpqa_boxed" in r:
@@ -115,7 +120,11 @@ def notes(rows: list[dict[str, Any]]) -> list[str]:
                        f"{_pct(r['gpqa_boxed'])}")
         if r.get("run") and "bfcl" in r:
             cats = ", ".join(f"{c} {'—' if c in r['bfcl_missing'] else _pct(v)}" for c, v in r["bfcl"].items())
-            missing = f"; not in this run (count 0, as in BFCL's summary): {', '.join(r['bfcl_missing'])}" if r["bfcl_missing"] else ""
+            missing = (
+                f"; not in this run (count 0, as in BFCL's summary): {', '.join(r['bfcl_missing'])}"
+                if r["bfcl_missing"]
+                else ""
+            )
             out.append(f"BFCL per category: {cats}{missing}. Absent from BFCL v3 here: "
                        + "; ".join(f"{k}: {v}" for k, v in BFCL_ABSENT.items()) + ".")
     return out

@@ -40,7 +40,9 @@ from typing import Any
 
 EXTRA = "eval-extra"
 # --no-deps: a plain `pip install 'rstar2[eval-extra]'` would resolve bfcl-eval's numpy==1.26.4 pin
-EXTRA_HINT = f"install rstar2[{EXTRA}] with `pip install --no-deps -r requirements/eval-extra.txt` (as scripts/install.sh does)"
+EXTRA_HINT = (
+    f"install rstar2[{EXTRA}] with `pip install --no-deps -r requirements/eval-extra.txt` (as scripts/install.sh does)"
+)
 # The exact versions pyproject's eval-extra pins; the reference tests compare against these.
 LM_EVAL_VERSION = "0.4.13"
 BFCL_EVAL_VERSION = "2026.3.23"
@@ -213,8 +215,14 @@ def bfcl_entry_checkers() -> dict[str, Any]:
 
     path = _package_file("bfcl_eval", "eval_checker/eval_runner.py")
     names = {"_evaluate_single_ast_entry": (), "_evaluate_single_relevance_entry": ()}
-    scope = {"ast_checker": checker.ast_checker, "is_function_calling_format_output": utils.is_function_calling_format_output,
-             "is_empty_output": utils.is_empty_output, "Language": Language, "ReturnFormat": ReturnFormat, "Any": Any}
+    scope = {
+        "ast_checker": checker.ast_checker,
+        "is_function_calling_format_output": utils.is_function_calling_format_output,
+        "is_empty_output": utils.is_empty_output,
+        "Language": Language,
+        "ReturnFormat": ReturnFormat,
+        "Any": Any,
+    }
     found = definitions_from_source(path, names, scope)
     return {"ast": found["_evaluate_single_ast_entry"], "relevance": found["_evaluate_single_relevance_entry"]}
 

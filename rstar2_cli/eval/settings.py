@@ -49,7 +49,11 @@ def model_context_limit(model: str) -> int | None:
     if not isinstance(limit, int):
         return None
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) not in (None, "default", *_ROPE_ALREADY_SCALED):
+    if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) not in (
+        None,
+        "default",
+        *_ROPE_ALREADY_SCALED,
+    ):
         limit = int(limit * float(rope.get("factor") or 1.0))
     return limit
 
@@ -128,7 +132,9 @@ class EvalSettings(BaseModel):
     def _check(self) -> "EvalSettings":
         unknown = sorted(set(self.protocol) - set(PROTOCOL_FIELDS))
         if unknown:
-            raise ValueError(f"protocol: {unknown[0]!r} is not a protocol field; use one of {', '.join(PROTOCOL_FIELDS)}")
+            raise ValueError(
+                f"protocol: {unknown[0]!r} is not a protocol field; use one of {', '.join(PROTOCOL_FIELDS)}"
+            )
         self.rollout_config()      # a bad protocol value fails here, naming the field
         self._check_groups()
         if self.engine == "openai" and not self.base_url:

@@ -53,9 +53,15 @@ def choose_attention(requested: str, device_type: str, dtype: torch.dtype, flash
     if requested == "flash_attention_2" or (requested == "auto" and flash_ok):
         return AttentionChoice("flash_attention_2", "packed",
                                "flash-attn varlen over packed rows (cu_seqlens from position_ids, no mask)")
-    why = ("requested" if requested == "sdpa" else
-           "no CUDA/ROCm device" if device_type != "cuda" else
-           "flash-attn not importable" if not flash_available else f"compute dtype {dtype} (flash-attn needs bf16/fp16)")
+    why = (
+        "requested"
+        if requested == "sdpa"
+        else "no CUDA/ROCm device"
+        if device_type != "cuda"
+        else "flash-attn not importable"
+        if not flash_available
+        else f"compute dtype {dtype} (flash-attn needs bf16/fp16)"
+    )
     return AttentionChoice("sdpa", "padded", f"sdpa ({why}) over length-bucketed padded rows, causal kernel, no mask")
 
 

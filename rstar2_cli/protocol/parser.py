@@ -93,8 +93,10 @@ def _release_block(raw: str, tools: Mapping[str, ToolSpec]) -> ToolCall | ParseE
     spec = tools[name]
     filled = {k: arguments.get(k, "") for k in spec.parameters.get("properties", {})}
     for key, value in filled.items():
-        if not isinstance(value, str):          # the code template's `.encode()` of the argument
-            return ParseError(f"Error when executing tool: '{type(value).__name__}' object has no attribute 'encode'", raw)
+        if not isinstance(value, str):  # the code template's `.encode()` of the argument
+            return ParseError(
+                f"Error when executing tool: '{type(value).__name__}' object has no attribute 'encode'", raw
+            )
     return ToolCall(name=name, arguments=filled, raw=raw)
 
 

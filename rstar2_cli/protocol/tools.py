@@ -124,7 +124,10 @@ PYTHON_NOTEBOOK = ToolSpec(
         "properties": {"code": {"type": "string", "description": "Python code to run in the session."}},
         "required": ["code"],
     },
-    returns={"type": "string", "description": "str: the printed output (else the last expression's value), or the error."},
+    returns={
+        "type": "string",
+        "description": "str: the printed output (else the last expression's value), or the error.",
+    },
     stateful=True,
 )
 

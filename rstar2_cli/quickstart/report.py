@@ -124,7 +124,9 @@ def results_table(report: dict[str, Any]):
         if label in report:
             r = report[label]
             t.add_row(f"{label}: final held-out accuracy", f"{100 * r['final_accuracy']:.1f} %")
-            t.add_row(f"{label}: tool-error ratio in positives (2nd half of RL)", f"{r['tool_error_ratio_positive']:.4f}")
+            t.add_row(
+                f"{label}: tool-error ratio in positives (2nd half of RL)", f"{r['tool_error_ratio_positive']:.4f}"
+            )
             t.add_row(f"{label}: tool-error ratio in positives (final held-out)",
                       f"{r['heldout_tool_error_ratio_positive']:.4f}")
     if "grpo" in report:

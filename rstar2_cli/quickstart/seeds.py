@@ -123,7 +123,9 @@ def markdown_seeds(summary: dict[str, Any]) -> str:
         for name, c in summary["checks"].items():
             lines.append(f"| {name} | {'yes' if c['every_seed'] else 'NO'} | "
                          + " | ".join("yes" if c["per_seed"][str(s)] else "no" for s in seeds) + " |")
-        verdict = "holds on every seed" if summary["roc_advantage_holds_on_every_seed"] else "does NOT hold on every seed"
+        verdict = (
+            "holds on every seed" if summary["roc_advantage_holds_on_every_seed"] else "does NOT hold on every seed"
+        )
         lines += ["", f"**RoC's advantage {verdict}.**"]
     lines += ["", "Curves: `report.png` (mean over seeds, band = min..max).", ""]
     return "\n".join(lines)

@@ -30,7 +30,9 @@ from rstar2_cli.quickstart.toy_task import ToyProblem
 TOOL = "python_code_with_standard_io"
 
 
-_DEFAULT = {name: QuickstartSettings.model_fields[f"mix_{name}"].default for name in ("guess", "buggy_repair", "correct")}
+_DEFAULT = {
+    name: QuickstartSettings.model_fields[f"mix_{name}"].default for name in ("guess", "buggy_repair", "correct")
+}
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,9 @@ class GraderPool:
         for i, pair in enumerate(pairs):
             response, gold = pair
             if not isinstance(response, str) or not isinstance(gold, str):
-                raise TypeError(f"pairs[{i}]: expected (str, str), got ({type(response).__name__}, {type(gold).__name__})")
+                raise TypeError(
+                    f"pairs[{i}]: expected (str, str), got ({type(response).__name__}, {type(gold).__name__})"
+                )
             extraction = extract_answer(response, mode, on_conflict)
             if extraction.answer is None:
                 if text_fallback and extraction.reason == "no_boxed":

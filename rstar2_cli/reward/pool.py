@@ -170,8 +170,9 @@ class WorkerPool:
 
     # -- grading ---------------------------------------------------------------------------
     def run(self, jobs: Sequence[tuple[str, ...]], timeout: float) -> list[str]:
-        """Reason for each (pred, gold) or (pred, gold, kind) job (see `verify.job_verdict`), in order: correct/wrong/parse_error/grader_error/
-        timeout/grader_crash. No item takes longer than `timeout` seconds of grading."""
+        """Reason for each (pred, gold) or (pred, gold, kind) job (see `verify.job_verdict`), in order:
+        correct/wrong/parse_error/grader_error/timeout/grader_crash. No item takes longer than `timeout`
+        seconds of grading."""
         if not timeout > 0:
             raise ValueError(f"timeout: must be > 0 seconds, got {timeout!r}")
         if not jobs:

@@ -130,7 +130,9 @@ class _ChunkedHead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _grad_logp, _grad_entropy):
         if ctx.grads is None:
-            raise RuntimeError("a second backward through the chunked log-prob head (its gradients are scaled in place)")
+            raise RuntimeError(
+                "a second backward through the chunked log-prob head (its gradients are scaled in place)"
+            )
         grad_h, grad_w = ctx.grads
         ctx.grads = None
         need_h, need_w = ctx.needs_input_grad[:2]

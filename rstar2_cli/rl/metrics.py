@@ -296,15 +296,31 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | Path) -> None:
 
     eval_sets = sorted({k.split("/")[1] for r in rows for k in r if k.startswith("eval/") and k.count("/") == 2})
     panels = [
-        ("reward and held-out accuracy", [("rollout/reward_mean", "training reward")]
-         + [(f"eval/{n}/accuracy", f"{n} avg@k") for n in eval_sets]),
-        ("response length (tokens)", [("rollout/response_length_mean", "training")]
-         + [(f"eval/{n}/response_tokens_mean", n) for n in eval_sets]),
-        ("tool-error ratio", [("rollout/tool_error_ratio", "all"),
-                              ("rollout/tool_error_ratio_positive", "positive"),
-                              ("roc_after/tool_error_ratio_positive", "positive, kept by RoC")]),
-        ("groups", [("roc/groups_kept", "kept"), ("roc/groups_dropped", "dropped"),
-                    ("roc/infra_excluded", "faulted trajectories (sandbox, engine, grader)"), ("train/skipped_empty", "step skipped")]),
+        (
+            "reward and held-out accuracy",
+            [("rollout/reward_mean", "training reward")] + [(f"eval/{n}/accuracy", f"{n} avg@k") for n in eval_sets],
+        ),
+        (
+            "response length (tokens)",
+            [("rollout/response_length_mean", "training")] + [(f"eval/{n}/response_tokens_mean", n) for n in eval_sets],
+        ),
+        (
+            "tool-error ratio",
+            [
+                ("rollout/tool_error_ratio", "all"),
+                ("rollout/tool_error_ratio_positive", "positive"),
+                ("roc_after/tool_error_ratio_positive", "positive, kept by RoC"),
+            ],
+        ),
+        (
+            "groups",
+            [
+                ("roc/groups_kept", "kept"),
+                ("roc/groups_dropped", "dropped"),
+                ("roc/infra_excluded", "faulted trajectories (sandbox, engine, grader)"),
+                ("train/skipped_empty", "step skipped"),
+            ],
+        ),
     ]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for ax, (title, lines) in zip(axes.flat, panels):

@@ -173,7 +173,11 @@ class PolicyTrainer:
         if self.temperature != 1.0:       # (h / T) W^T = logits / T; backward flows through the division
             hidden = hidden / self.temperature
         positions = row.logit_positions()[select.cpu()].to(self.device)
-        return hidden.reshape(-1, hidden.shape[-1])[positions], head_weight(self.model), row.target_ids()[select.cpu()].to(self.device)
+        return (
+            hidden.reshape(-1, hidden.shape[-1])[positions],
+            head_weight(self.model),
+            row.target_ids()[select.cpu()].to(self.device),
+        )
 
     def _dummy_pass(self, backward: bool) -> None:
         """A zero-weighted pass so this rank joins the FSDP collectives of the other ranks."""

@@ -12,8 +12,8 @@ Two selection modes:
   draws one item at a time, each with probability ∝ p among the ones not yet drawn: successive
   weighted sampling). As in the release, each class keeps at least min(2, |class|) (negatives
   raised first, then positives; never more than K/2 each, so a K below 4 still keeps both
-  classes), so a 31/1 group keeps its lone negative instead of being dropped. K = G when the group has at least oversample·G members, otherwise about half of
-  them (⌈n/2⌉, at most G), so class proportions are kept.
+  classes), so a 31/1 group keeps its lone negative instead of being dropped. K = G when the group
+  has at least oversample·G members, otherwise about half of them (⌈n/2⌉, at most G), so class proportions are kept.
 - ``release``: microsoft/rStar ``down_sample/roc.py`` after PR #50 (verl recipe rstar2_agent):
   per-class counts ``round(|class|·G/n)`` (Python's banker's rounding), raised to at least 2
   negatives and 2 positives where the class has them, positives sorted by penalty (stable),

@@ -45,7 +45,8 @@ from typing import Any
 from rstar2_cli.config import RolloutConfig
 from rstar2_cli.protocol.parser import ParseError, ToolCall, parse_tool_calls
 from rstar2_cli.protocol.responses import response_text, tool_turn_ids
-from rstar2_cli.protocol.template import encode_messages, eos_token_ids, problem_messages, single_token_id
+from rstar2_cli.protocol.template import (encode_messages, eos_token_ids, ids_decoder, problem_messages,
+                                          single_token_id)
 from rstar2_cli.protocol.tools import ToolSpec, get_tools, tool_schemas
 from rstar2_cli.rollout.engine_health import EngineDied
 from rstar2_cli.rollout.generation import GenRequest, is_engine_failure
@@ -96,16 +97,14 @@ class _Protocol:
     tools: dict[str, ToolSpec]
     stop_ids: list[int]
     eos_ids: list[int]
+    decode: Callable[[list[int]], str]      # protocol/template.py ids_decoder: special tokens kept
 
     @classmethod
     def build(cls, tokenizer, cfg: RolloutConfig) -> "_Protocol":
         eos = eos_token_ids(tokenizer)
         # The release stops a turn only at end-of-turn; rollout.stop_at_tool_call also at </tool_call>.
         stops = eos + ([single_token_id(tokenizer, "</tool_call>")] if cfg.stop_at_tool_call else [])
-        return cls(tokenizer, cfg, get_tools(cfg.tool), stops, eos)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return cls(tokenizer, cfg, get_tools(cfg.tool), stops, eos, ids_decoder(tokenizer))
 
 
 async def _run_calls(attempts: list[ToolCall | ParseError], tool_runner, proto: _Protocol,
@@ -157,7 +156,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             record_versions(traj, res, len(ids), len(req.prompt_ids))
             ids.extend(res.token_ids)
             mask.extend([1] * len(res.token_ids))
-            logprobs.extend(float(x) for x in res.logprobs)
+            logprobs.extend(map(float, res.logprobs))
             traj.num_turns += 1
             if len(ids) >= budget or res.finish_reason == "length":
                 traj.finish_reason = "length"

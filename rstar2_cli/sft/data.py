@@ -105,8 +105,9 @@ def _worker_count(n_rows: int) -> int:
 def tokenize_conversations(tokenizer, rows: list[dict[str, Any]], max_length: int, *, progress: bool = False,
                            force_reason: bool = True):
     """(`datasets.Dataset` with input_ids + assistant_masks, rows dropped because truncation left
-    no assistant token). `force_reason`: as the RL recipe's rollout.force_reason. TRL turns the mask into labels (-100 where the mask is 0). Large sets are
-    tokenized in worker processes (Jinja rendering is the bottleneck: a few hundred rows/s/core)."""
+    no assistant token). `force_reason`: as the RL recipe's rollout.force_reason. TRL turns the mask
+    into labels (-100 where the mask is 0). Large sets are tokenized in worker processes (Jinja
+    rendering is the bottleneck: a few hundred rows/s/core)."""
     from datasets import Dataset
     from rich.progress import Progress
 

@@ -139,8 +139,10 @@ def build_sft_trainer(cfg: SftConfig, *, progress: bool = False):
                                  torch.bfloat16 if bf16 else dtype, on_gpu and flash_attention_available())
     packing = cfg.packing and attention.layout == "packed"
     if main and cfg.packing and not packing:
-        Console(stderr=True).print(f"[yellow]warning[/]: packing: true needs flash_attention_2 (under sdpa a packed "
-                                   f"row attends through a dense T x T mask); training padded batches: {attention.reason}")
+        Console(stderr=True).print(
+            f"[yellow]warning[/]: packing: true needs flash_attention_2 (under sdpa a packed "
+            f"row attends through a dense T x T mask); training padded batches: {attention.reason}"
+        )
     args = _training_args(cfg.model_copy(update={"packing": packing}), on_gpu=on_gpu, bf16=bf16,
                           world=world)   # first: it sets up torch.distributed
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype, attn_implementation=attention.implementation)

@@ -23,7 +23,9 @@ import functools
 import re
 import sys
 
-_IMPORT = re.compile(r"\b(?:from\s+([\w.]+)\s+import|import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*))")
+_IMPORT = re.compile(
+    r"\b(?:from\s+([\w.]+)\s+import|import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*))"
+)
 
 
 def is_stdlib(module: str) -> bool:

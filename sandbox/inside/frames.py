@@ -35,7 +35,9 @@ def encode_request(obj: dict) -> bytes:
 
 
 def encode_answer(call_id: int, exit_code: int | None, wall: float, reason: str, out: bytes, err: bytes) -> bytes:
-    head = ANSWER.pack(call_id, -1 if exit_code is None else exit_code, wall, WIRE_REASONS.index(reason), len(out), len(err))
+    head = ANSWER.pack(
+        call_id, -1 if exit_code is None else exit_code, wall, WIRE_REASONS.index(reason), len(out), len(err)
+    )
     return HEADER.pack(len(head) + len(out) + len(err), ANSWER_KIND) + head + out + err
 
 

@@ -45,7 +45,9 @@ def supervise(argv: list[str], procs: int, poll: float = 1.0) -> None:
             time.sleep(poll)
             for i, child in enumerate(children):
                 if child.poll() is not None:
-                    log.warning("sandbox worker pid %s exited with %s; starting a replacement", child.pid, child.returncode)
+                    log.warning(
+                        "sandbox worker pid %s exited with %s; starting a replacement", child.pid, child.returncode
+                    )
                     print(f"sandbox worker pid {child.pid} exited ({child.returncode}); replaced", file=sys.stderr)
                     children[i] = subprocess.Popen(argv)
     except KeyboardInterrupt:

@@ -36,8 +36,13 @@ def test_trl_parser_reads_our_hermes_tool_call(tiny_model):
 
     tok = tb.trl_tokenizer(str(tiny_model))
     call = {"name": tb.TOOL_NAME, "arguments": {"code": "print(482*37+95)", "input": ""}}
-    turn = render_messages(tok, [{"role": "user", "content": "q"},
-                                 {"role": "assistant", "content": "<reason>Use Python.</reason>", "tool_calls": [call]}])
+    turn = render_messages(
+        tok,
+        [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "<reason>Use Python.</reason>", "tool_calls": [call]},
+        ],
+    )
     prompt, text = turn.split("<|im_start|>assistant\n", 1)
     prefix = tok.encode(prompt + "<|im_start|>assistant\n", add_special_tokens=False)
     parsed = parse_response(tok, tok.encode(text.rstrip("\n"), add_special_tokens=False), prefix=prefix)

@@ -1,4 +1,5 @@
-"""benchmarks/gpu/gpu_shapes_check.py on the real Qwen3-1.7B (tied) and Qwen3-14B shapes: the checks pass on the code as it is, fail with the IPC buffer the code used before (vLLM's 1 GiB default,
+"""benchmarks/gpu/gpu_shapes_check.py on the real Qwen3-1.7B (tied) and Qwen3-14B shapes: the checks
+pass on the code as it is, fail with the IPC buffer the code used before (vLLM's 1 GiB default,
 smaller than the 14B embedding), and the names check fails when the trainer leaves a tensor out or
 sends a wrong shape. One subprocess (it starts torch.distributed and vLLM's groups), meta only."""
 from __future__ import annotations

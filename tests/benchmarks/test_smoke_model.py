@@ -28,7 +28,10 @@ def test_full_shape_parameter_count_on_meta_device():
     assert shape.total_params() == sm.SMOKE_1B_TOTAL_PARAMS == 1_015_870_976  # "about 1B"
     assert shape.non_embedding_params() == sm.SMOKE_1B_NON_EMBEDDING_PARAMS
     # 14 x (2048*2048*2 + 2*2048*1024 + 2*128 + 3*2048*6144 + 2*2048) + 2048
-    assert sm.SMOKE_1B_NON_EMBEDDING_PARAMS == 14 * (2 * 2048 * 2048 + 2 * 2048 * 1024 + 256 + 3 * 2048 * 6144 + 4096) + 2048
+    assert (
+        sm.SMOKE_1B_NON_EMBEDDING_PARAMS
+        == 14 * (2 * 2048 * 2048 + 2 * 2048 * 1024 + 256 + 3 * 2048 * 6144 + 4096) + 2048
+    )
     assert model.config.hidden_size == 2048 and model.config.num_hidden_layers == 14
 
 
@@ -122,7 +125,8 @@ def test_benchmark_script_writes_json_on_cpu(tmp_path):
 
 
 def test_benchmark_runs_on_a_bare_node_without_the_clis_dependencies(tmp_path):
-    """A bare GPU node has torch and transformers, not pydantic, rich, typer or vLLM (pyyaml comes with transformers)."""
+    """A bare GPU node has torch and transformers, not pydantic, rich, typer or vLLM (pyyaml comes
+    with transformers)."""
     script = ("import sys, runpy\n"
               "for name in ('pydantic', 'rich', 'vllm', 'typer'): sys.modules[name] = None\n"
               "path, out = sys.argv[1], sys.argv[2]\n"

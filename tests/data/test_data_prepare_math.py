@@ -20,7 +20,11 @@ def _write_jsonl(path, rows):
 def sources(tmp_path, data_dir):
     aime = load_problems("aime24", data_dir=data_dir, allow_hub=False)[5]
     a = [
-        {"id": "ok", "problem": "Compute the number of divisors of 360 that are perfect squares.", "answer": "$\\boxed{4}$"},
+        {
+            "id": "ok",
+            "problem": "Compute the number of divisors of 360 that are perfect squares.",
+            "answer": "$\\boxed{4}$",
+        },
         {"id": "frac", "problem": "Compute one half of one.", "answer": "\\frac{1}{2}"},
         {"id": "float", "problem": "Compute 2/19 times 10^18 to the nearest integer.", "answer": "105263157894736848"},
         {"id": "placeholder", "problem": "How many primes are less than 20?", "answer": "-1"},
@@ -29,9 +33,13 @@ def sources(tmp_path, data_dir):
         {"id": "conf1", "problem": "What is the largest prime factor of 1001?", "answer": "13"},
         {"id": "conf2", "problem": "What is the largest prime factor of $1001$?", "answer": "11"},
         {"id": "copied", "problem": aime.problem, "answer": aime.answer},
-        {"id": "zh", "problem": "求 1+2+3 的值。\n让我们一步一步地思考。请以“Answer: \\boxed{<final_answer>}”的格式输出最终答案。"
-                                "如果是选择题，请按顺序输出正确的选项，不带任何标点或空格。对于其他类型的问题，请只输出最终答案的数值。",
-         "answer": "6"},
+        {
+            "id": "zh",
+            "problem": "求 1+2+3 的值。\n让我们一步一步地思考。"
+            "请以“Answer: \\boxed{<final_answer>}”的格式输出最终答案。"
+            "如果是选择题，请按顺序输出正确的选项，不带任何标点或空格。对于其他类型的问题，请只输出最终答案的数值。",
+            "answer": "6",
+        },
     ]
     b = [{"idx": "ok", "question": "Let N be the product of the first five primes. Compute N.", "gt": "2,310"}]
     _write_jsonl(tmp_path / "a.jsonl", a)

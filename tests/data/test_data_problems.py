@@ -74,4 +74,6 @@ def test_hub_fallback_offline_is_one_line_error(tmp_path):
             "try:\n    load_problems('aime24', data_dir=%r)\nexcept DataError as e:\n    print(e)\n" % str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("hub:HuggingFaceH4/aime_2024: load failed:"), proc.stdout + proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("hub:HuggingFaceH4/aime_2024: load failed:"), (
+        proc.stdout + proc.stderr
+    )

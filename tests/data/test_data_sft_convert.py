@@ -13,13 +13,25 @@ WEATHER_TOOL = {"name": "get_weather", "description": "Weather for a city",
 
 
 def test_openai_messages():
-    row = {"messages": [
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21}"},
-        {"role": "assistant", "content": "It is 21C."}],
-        "tools": [{"type": "function", "function": WEATHER_TOOL}]}
+    row = {
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21}"},
+            {"role": "assistant", "content": "It is 21C."},
+        ],
+        "tools": [{"type": "function", "function": WEATHER_TOOL}],
+    }
     rec = convert_row(row, "openai")
     assert rec["messages"][1] == {"role": "assistant", "content": "",
                                   "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}

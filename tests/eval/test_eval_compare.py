@@ -54,8 +54,12 @@ def _fake_results(bench: str, solved: dict[str, float], k: int = 2) -> dict:
     if bench == "bfcl":
         from rstar2_cli.eval.bfcl import accuracy
 
-        metrics["bfcl"] = accuracy([{"category": c, "reward": r} for c, r in
-                                    (("simple_python", 1.0), ("multiple", 1.0), ("parallel", 1.0), ("parallel_multiple", 0.0))])
+        metrics["bfcl"] = accuracy(
+            [
+                {"category": c, "reward": r}
+                for c, r in (("simple_python", 1.0), ("multiple", 1.0), ("parallel", 1.0), ("parallel_multiple", 0.0))
+            ]
+        )
     return {"benchmark": bench, "metrics": metrics, "reference": None,
             "per_problem": [{"problem_id": q, "solved_fraction": f} for q, f in solved.items()]}
 
@@ -80,7 +84,9 @@ def test_table_rows_in_paper_order_with_left_out_and_compare(tmp_path):
     md = (tmp_path / MD_FILE).read_text()
     assert "| AIME24 | 75.0 | 75.0 ± 0.0 | 2 | 10 | 50.0 |" in md and "+25.0" in md
     assert json.loads((tmp_path / JSON_FILE).read_text())["compare_model"] == "B"
-    assert [r["benchmark"] for r in run_table(run_one, "A", tmp_path, ["aime24"], with_left_out=False)["rows"]] == ["aime24"]
+    assert [r["benchmark"] for r in run_table(run_one, "A", tmp_path, ["aime24"], with_left_out=False)["rows"]] == [
+        "aime24"
+    ]
 
 
 def test_table_lists_sets_without_data_and_runs_the_rest(tmp_path):
@@ -99,7 +105,10 @@ def test_table_lists_sets_without_data_and_runs_the_rest(tmp_path):
     rows = {r["benchmark"]: r for r in table["rows"]}
     assert rows["aime24"]["run"] and not rows["gpqa_diamond"]["run"] and not rows["math500"]["run"]
     assert rows["gpqa_diamond"]["reason"] == no_data["gpqa_diamond"]
-    assert rows["math500"]["reason"].startswith("no data: hub:HuggingFaceH4/MATH-500") and "--data-dir" in rows["math500"]["reason"]
+    assert (
+        rows["math500"]["reason"].startswith("no data: hub:HuggingFaceH4/MATH-500")
+        and "--data-dir" in rows["math500"]["reason"]
+    )
     assert rows["arena_hard"]["reason"].startswith("left out: ")
     md = (tmp_path / MD_FILE).read_text()
     assert "prepare eval-data --gpqa" in md and "left out: needs an LLM judge" in md

@@ -90,7 +90,9 @@ def test_prepare_eval_data_from_an_empty_hub_cache_says_so(tmp_path, monkeypatch
 # ------------------------------------------------------------------ eval finds its sets
 def _fake_checkpoint(path, max_position_embeddings=2048):
     path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": max_position_embeddings}))
+    (path / "config.json").write_text(
+        json.dumps({"model_type": "qwen3", "max_position_embeddings": max_position_embeddings})
+    )
     (path / "model.safetensors").write_bytes(b"")
     (path / "tokenizer.json").write_text("{}")
     return path
@@ -111,11 +113,24 @@ def test_eval_all_offline_without_gpqa_ifeval_lists_them_and_runs_the_rest(tmp_p
         problems = family_of(s.benchmark).load(s)
         ran.append(s.benchmark)
         k = s.samples
-        return {"benchmark": s.benchmark, "reference": None, "per_problem": [],
-                "metrics": {"problems": len(problems), "samples_per_problem": k, f"avg@{k}": 0.5, f"avg@{k}_std": 0.0,
-                            "response_tokens": {"mean": 1.0}, "tool_call_rate": 0.0,
-                            **({"bfcl": {"non_live_ast": 0.5, "missing": [], "simple": 0.5, **dict.fromkeys(CATEGORIES, 0.5)}}
-                               if s.benchmark == "bfcl" else {})}}
+        return {
+            "benchmark": s.benchmark,
+            "reference": None,
+            "per_problem": [],
+            "metrics": {
+                "problems": len(problems),
+                "samples_per_problem": k,
+                f"avg@{k}": 0.5,
+                f"avg@{k}_std": 0.0,
+                "response_tokens": {"mean": 1.0},
+                "tool_call_rate": 0.0,
+                **(
+                    {"bfcl": {"non_live_ast": 0.5, "missing": [], "simple": 0.5, **dict.fromkeys(CATEGORIES, 0.5)}}
+                    if s.benchmark == "bfcl"
+                    else {}
+                ),
+            },
+        }
 
     monkeypatch.setattr(runner, "run_eval", fake_run_eval)
     monkeypatch.setattr(runner.EngineReuse, "get", lambda self, s: None)

@@ -161,8 +161,13 @@ def test_ifeval_letter_frequency_verdicts_do_not_change_between_runs():
     unseeded = set()
     for state in range(12):
         random.seed(state)
-        unseeded.add(tuple(reference.ifeval().process_results(docs[t.prompt_id], [r["answer"]])["prompt_level_strict_acc"]
-                           for t, r in zip(trajs, responses) if t.prompt_id in ("4", "5")))
+        unseeded.add(
+            tuple(
+                reference.ifeval().process_results(docs[t.prompt_id], [r["answer"]])["prompt_level_strict_acc"]
+                for t, r in zip(trajs, responses)
+                if t.prompt_id in ("4", "5")
+            )
+        )
     assert len(unseeded) > 1     # the reference alone varies with the random state
 
 

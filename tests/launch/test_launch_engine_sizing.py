@@ -72,7 +72,9 @@ def test_cpu_engine_arguments_are_the_quickstarts():
     kwargs = engine_args.engine_kwargs(EngineConfig(max_num_seqs=256), on_cpu=True, max_model_len=512)
     assert kwargs == {"enforce_eager": True, "max_num_seqs": 256, "enable_chunked_prefill": False,
                       "max_num_batched_tokens": 2048}
-    assert engine_args.engine_kwargs(EngineConfig(), on_cpu=True, max_model_len=14336)["max_num_batched_tokens"] == 14336
+    assert (
+        engine_args.engine_kwargs(EngineConfig(), on_cpu=True, max_model_len=14336)["max_num_batched_tokens"] == 14336
+    )
     assert engine_args.engine_kwargs(EngineConfig(), on_cpu=True, max_model_len=512) == kwargs
     inspect.signature(AsyncEngineArgs).bind(**kwargs)
     gpu = engine_args.engine_kwargs(EngineConfig(gpu_memory_utilization=0.5), on_cpu=False, max_model_len=512)

@@ -74,10 +74,13 @@ def _step_stubs(tmp_path):
     # The Redis and sandbox-worker steps run in the background and the script's EXIT trap kills
     # them when the trainers' step returns; the trainers' stand-in waits (bounded) until both have
     # logged, so a background step is never killed before it records its arguments.
-    srun = (f'printf "%s\\n" "$*" >> {log}\n'
-            'if [[ "$*" == *--kill-on-bad-exit* ]]; then\n'
-            f'  for _ in $(seq 200); do grep -q -- "--worker" {log} && grep -q redis-server {log} && break; sleep 0.05; done\n'
-            'fi\n')
+    srun = (
+        f'printf "%s\\n" "$*" >> {log}\n'
+        'if [[ "$*" == *--kill-on-bad-exit* ]]; then\n'
+        f'  for _ in $(seq 200); do grep -q -- "--worker" {log} && grep -q redis-server {log} && break; '
+        'sleep 0.05; done\n'
+        'fi\n'
+    )
     stubs = {
         "srun": srun,
         "scontrol": 'printf "n01\\nn02\\n"\n',

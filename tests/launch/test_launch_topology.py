@@ -25,7 +25,10 @@ def test_cpu_only_launches_directly():
 def test_one_gpu_launches_directly_with_colocated_engine():
     plan = plan_from_args(1, recipe_args=["--stage", "1"])
     assert plan.launch_mode == "direct"
-    assert plan.nodes[0].command == f"{ENGINE_GPUS_ENV}=0 RSTAR2_ENGINE_TP=1 python -m rstar2_cli.rl.launch_entry --stage 1"
+    assert (
+        plan.nodes[0].command
+        == f"{ENGINE_GPUS_ENV}=0 RSTAR2_ENGINE_TP=1 python -m rstar2_cli.rl.launch_entry --stage 1"
+    )
     assert [e.gpu_ids for e in plan.engines] == [(0,)]
 
 

@@ -39,10 +39,15 @@ def test_protocol_tags_are_single_tokens_and_any_text_round_trips(tiny_dir):
     for tag in ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>", "<tool_response>",
                 "</tool_response>", "<reason>", "</reason>", "<answer>", "</answer>"]:
         assert len(tok.encode(tag, add_special_tokens=False)) == 1, tag
-    text = "<reason>x² − 1 = 0 ⇒ x = ±1; 中文 🙂 \t\r\n</reason>\n<tool_call>\n{\"code\": \"print(12345)\"}\n</tool_call>"
+    text = (
+        "<reason>x² − 1 = 0 ⇒ x = ±1; 中文 🙂 \t\r\n</reason>\n<tool_call>\n{\"code\": \"print(12345)\"}\n</tool_call>"
+    )
     assert tok.decode(tok.encode(text, add_special_tokens=False), skip_special_tokens=False) == text
     # like Qwen3: the tool tags survive skip_special_tokens, the ChatML markers do not
-    assert tok.decode(tok.encode("<tool_call>1</tool_call><|im_end|>"), skip_special_tokens=True) == "<tool_call>1</tool_call>"
+    assert (
+        tok.decode(tok.encode("<tool_call>1</tool_call><|im_end|>"), skip_special_tokens=True)
+        == "<tool_call>1</tool_call>"
+    )
 
 
 def test_reloads_and_generates_with_transformers(tiny_dir):

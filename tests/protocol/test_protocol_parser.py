@@ -36,18 +36,26 @@ def test_several_calls_keep_their_order():
     assert calls[1].arguments["input"] == "7"
 
 
-@pytest.mark.parametrize("body, expected", [
-    ('{"name": "python_code_with_standard_io", "arguments": {"code": "print(1)"', "not valid JSON"),
-    ("[1, 2]", 'JSON object with "name" and "arguments"'),
-    ('{"name": "python_code_with_standard_io"}', 'JSON object with "name" and "arguments"'),
-    ('{"name": "bash", "arguments": {"cmd": "ls"}}', 'unknown tool "bash"'),
-    ('{"name": "python_code_with_standard_io", "arguments": {"input": ""}}', 'missing required argument "code"'),
-    ('{"name": "python_code_with_standard_io", "arguments": {"code": 5, "input": ""}}',
-     'argument "code" of tool "python_code_with_standard_io" must be a string, got integer'),
-    ('{"name": "python_code_with_standard_io", "arguments": {"code": "1", "timeout": 3}}', 'unexpected argument "timeout"'),
-    ('{"name": "python_code_with_standard_io", "arguments": "print(1)"}', '"arguments" of tool'),
-    ('{"name": "python_notebook", "arguments": {"code": "1"}, "id": 3}', 'unexpected key "id"'),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ('{"name": "python_code_with_standard_io", "arguments": {"code": "print(1)"', "not valid JSON"),
+        ("[1, 2]", 'JSON object with "name" and "arguments"'),
+        ('{"name": "python_code_with_standard_io"}', 'JSON object with "name" and "arguments"'),
+        ('{"name": "bash", "arguments": {"cmd": "ls"}}', 'unknown tool "bash"'),
+        ('{"name": "python_code_with_standard_io", "arguments": {"input": ""}}', 'missing required argument "code"'),
+        (
+            '{"name": "python_code_with_standard_io", "arguments": {"code": 5, "input": ""}}',
+            'argument "code" of tool "python_code_with_standard_io" must be a string, got integer',
+        ),
+        (
+            '{"name": "python_code_with_standard_io", "arguments": {"code": "1", "timeout": 3}}',
+            'unexpected argument "timeout"',
+        ),
+        ('{"name": "python_code_with_standard_io", "arguments": "print(1)"}', '"arguments" of tool'),
+        ('{"name": "python_notebook", "arguments": {"code": "1"}, "id": 3}', 'unexpected key "id"'),
+    ],
+)
 def test_malformed_call_becomes_error_naming_the_problem(body, expected):
     [err] = strict(block(body), TOOLS, 4)
     assert isinstance(err, ParseError)
@@ -88,7 +96,10 @@ def test_only_offered_tools_are_accepted():
 
 def test_format_tool_call_is_hermes_json():
     body = format_tool_call("python_code_with_standard_io", {"code": "print('é')", "input": ""})
-    assert json.loads(body) == {"name": "python_code_with_standard_io", "arguments": {"code": "print('é')", "input": ""}}
+    assert json.loads(body) == {
+        "name": "python_code_with_standard_io",
+        "arguments": {"code": "print('é')", "input": ""},
+    }
     assert "é" in body   # not \u-escaped: what the model reads is what it wrote
 
 

@@ -12,8 +12,9 @@ def block(body: str) -> str:
 
 
 def test_missing_arguments_default_to_empty_strings_and_extras_are_ignored():
-    [call] = parse_tool_calls(block('{"name": "python_code_with_standard_io", "arguments": {"code": "print(1)", "x": 1}}'),
-                              TOOLS, 1)
+    [call] = parse_tool_calls(
+        block('{"name": "python_code_with_standard_io", "arguments": {"code": "print(1)", "x": 1}}'), TOOLS, 1
+    )
     assert isinstance(call, ToolCall) and call.arguments == {"code": "print(1)", "input": ""}
 
 

@@ -11,7 +11,9 @@ MAX = RolloutConfig().tool_response_max_chars
 
 
 def rr(stdout="", stderr="", reason="ok", wall=0.0123):
-    return RunResult(stdout=stdout, stderr=stderr, exit_code=0 if reason == "ok" else None, wall_time=wall, reason=reason)
+    return RunResult(
+        stdout=stdout, stderr=stderr, exit_code=0 if reason == "ok" else None, wall_time=wall, reason=reason
+    )
 
 
 def test_defaults_are_the_releases_limits():
@@ -37,7 +39,10 @@ def test_failure_has_an_empty_reason_for_an_exception_and_both_streams():
 @pytest.mark.parametrize("reason, judge_reason", [("timeout", "worker_timeout"), ("internal_error", "internal_error"),
                                                   ("memory", ""), ("output_limit", "")])
 def test_failure_reasons_use_code_judges_names(reason, judge_reason):
-    assert release_run_text(rr("", "", reason, 4.01)) == f"Tool call failure\nreason: {judge_reason}\nexecution time: 4.01s"
+    assert (
+        release_run_text(rr("", "", reason, 4.01))
+        == f"Tool call failure\nreason: {judge_reason}\nexecution time: 4.01s"
+    )
 
 
 def test_long_text_is_cut_in_the_middle_like_verl():

@@ -99,3 +99,40 @@ def test_install_chat_template_replaces_a_foreign_template():
 def test_unknown_role_is_rejected(tok):
     with pytest.raises(Exception, match="unknown message role narrator"):
         render_messages(tok, [{"role": "narrator", "content": "x"}])
+
+
+def test_ids_decoder_is_the_tokenizers_decode_without_its_list_copy(tok, monkeypatch):
+    """`ids_decoder` gives `decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)`
+    character for character, special and protocol tokens included, without transformers' per-element
+    `to_py_obj` pass over the ids (transformers/tokenization_utils_base.py `decode`): the agent loop
+    decodes every turn and every whole response with it."""
+    import random
+
+    import transformers.tokenization_utils_base as base
+
+    from rstar2_cli.protocol.template import ids_decoder
+
+    rng = random.Random(0)
+    cases = [[], list(range(len(tok))), tok.encode("<|im_start|>assistant\n<reason>é ∑ 42<|im_end|>\n",
+                                                    add_special_tokens=False)]
+    cases += [[rng.randrange(len(tok)) for _ in range(rng.randrange(1, 300))] for _ in range(50)]
+    want = [tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids in cases]
+
+    def no_copy(obj):
+        raise AssertionError("decoded through to_py_obj")
+    monkeypatch.setattr(base, "to_py_obj", no_copy)
+    decode = ids_decoder(tok)
+    assert [decode(ids) for ids in cases] == want
+
+
+def test_ids_decoder_falls_back_to_decode_for_a_tokenizer_that_overrides_it(tok):
+    from rstar2_cli.protocol.template import ids_decoder
+
+    class Shouting(type(tok)):
+        def decode(self, token_ids, skip_special_tokens=False, **kwargs):
+            return super().decode(token_ids, skip_special_tokens=skip_special_tokens, **kwargs).upper()
+
+    loud = Shouting.__new__(Shouting)
+    loud.__dict__.update(tok.__dict__)
+    ids = tok.encode("print(6 * 7)", add_special_tokens=False)
+    assert ids_decoder(loud)(ids) == "PRINT(6 * 7)"

@@ -34,7 +34,9 @@ def test_install_runs_once_then_again_when_pyproject_changes(tmp_path):
     first = _dry(proj, "test")
     assert "scripts/install.sh" in first and "-m venv .venv" in first
     assert ".venv/bin/python -m pytest -q" in first
-    assert "scripts/install.sh" in _dry(proj, "quickstart") and ".venv/bin/rstar2 quickstart" in _dry(proj, "quickstart")
+    assert "scripts/install.sh" in _dry(proj, "quickstart") and ".venv/bin/rstar2 quickstart" in _dry(
+        proj, "quickstart"
+    )
     (proj / ".venv").mkdir()
     (proj / ".venv" / ".installed").touch()
     assert "scripts/install.sh" not in _dry(proj, "test")      # the stamp is newer: reused

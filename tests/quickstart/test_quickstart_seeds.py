@@ -38,7 +38,9 @@ def test_summary_gives_mean_spread_and_every_seed_verdict():
     check = next(c for name, c in bad["checks"].items() if "RoC's ratio" in name)
     assert check["per_seed"] == {"0": True, "1": True, "2": False} and not check["every_seed"]
     # No errors under GRPO at all (e.g. no positives): RoC has shown nothing.
-    assert not next(c for n, c in summarise([_report(0, 0.0, 0.0)])["checks"].items() if "RoC's ratio" in n)["every_seed"]
+    assert not next(c for n, c in summarise([_report(0, 0.0, 0.0)])["checks"].items() if "RoC's ratio" in n)[
+        "every_seed"
+    ]
     # RoC's accuracy more than 5 points below GRPO's fails the accuracy check.
     low = summarise([_report(0, 0.0, 0.2, roc_acc=0.80, grpo_acc=0.90)])
     assert not next(c for name, c in low["checks"].items() if "accuracy" in name)["every_seed"]

@@ -50,8 +50,13 @@ def main(out_dir: str) -> None:
             for _ in source:
                 pass
     equal = all(torch.equal(t, expected[n]) for n, t in source)
-    result = {"gathers": gathers.seen, "params": len(expected), "equal": equal,
-              "group_bytes": [sum(g.sizes) for g in groups], "full_bf16_bytes": sum(t.numel() * 2 for t in expected.values())}
+    result = {
+        "gathers": gathers.seen,
+        "params": len(expected),
+        "equal": equal,
+        "group_bytes": [sum(g.sizes) for g in groups],
+        "full_bf16_bytes": sum(t.numel() * 2 for t in expected.values()),
+    }
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()

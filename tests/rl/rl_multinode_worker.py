@@ -46,7 +46,9 @@ def main(recipe_path: str, out_dir: str) -> None:
     def probe() -> dict | None:
         if not trainer.rollouts.engines:
             return None
-        res = trainer.rollouts.engines[0].generate_batch([GenRequest(prompt_ids=probe_ids, max_tokens=8, temperature=0.0)])[0]
+        res = trainer.rollouts.engines[0].generate_batch(
+            [GenRequest(prompt_ids=probe_ids, max_tokens=8, temperature=0.0)]
+        )[0]
         return {"tokens": res.token_ids, "logprobs": res.logprobs}
 
     before = probe()

@@ -120,7 +120,9 @@ async def test_token_and_mask_layout_across_turns(which, tiny_tok):
     convo = problem_messages(PROBLEM) + [{"role": "assistant", "content": call().removesuffix("<|im_end|>")},
                                          {"role": "tool", "content": OK_42},
                                          {"role": "assistant", "content": ANSWER.removesuffix("<|im_end|>")}]
-    assert t.prompt_ids + t.response_ids + tok.encode("\n", add_special_tokens=False) == encode_messages(tok, convo, STDIO)
+    assert t.prompt_ids + t.response_ids + tok.encode("\n", add_special_tokens=False) == encode_messages(
+        tok, convo, STDIO
+    )
     assert (t.finish_reason, t.num_turns, t.num_tool_calls, t.num_tool_errors) == ("stop", 2, 1, 0)
     assert t.text == tok.decode(t.response_ids, skip_special_tokens=False) and "\\boxed{42}" in t.text
     # what the engine and the runner were asked
@@ -176,7 +178,9 @@ async def test_failed_runs_count_as_tool_errors_and_long_output_is_middle_cut(ti
     [t], _, _ = await roll(tiny_tok, script, runner, tool_response_max_chars=200)
     assert t.extra["tool_reasons"] == ["runtime_error", "ok"] and t.num_tool_errors == 1
     assert "Tool call failure\nreason: \nstderr: Traceback\nZeroDivisionError: division by zero\n" in t.text
-    assert "Tool call success\nstdout: " + "x" * 74 + "...(truncated)..." + "x" * 78 + "\nexecution time: 0.01s" in t.text
+    assert (
+        "Tool call success\nstdout: " + "x" * 74 + "...(truncated)..." + "x" * 78 + "\nexecution time: 0.01s" in t.text
+    )
     [ours], _, _ = await roll(tiny_tok, {k: list(v) for k, v in script.items()}, runner, tool_response_max_chars=200,
                               response_format="rstar2")
     assert "characters truncated]" in ours.text and "x" * 200 not in ours.text

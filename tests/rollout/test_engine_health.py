@@ -86,8 +86,13 @@ class SeededReplica:
         ids = ids[:req.max_tokens]
         stop = ids[-1] if ids and ids[-1] in req.stop_token_ids else None
         rng = random.Random(req.seed)
-        return GenResult(token_ids=ids, logprobs=[-rng.random() for _ in ids], finish_reason="stop" if stop else "length",
-                         stop_token_id=stop, policy_version=self.weights_version)
+        return GenResult(
+            token_ids=ids,
+            logprobs=[-rng.random() for _ in ids],
+            finish_reason="stop" if stop else "length",
+            stop_token_id=stop,
+            policy_version=self.weights_version,
+        )
 
     def restart(self, weights, version: int) -> None:
         self.restarted_at = time.monotonic()
@@ -273,7 +278,9 @@ def test_max_restarts_checkpoints_and_aborts_with_one_line(tmp_path, monkeypatch
         return Path(tmp_path / f"step_{t.step:06d}")
 
     def step():
-        raise EngineRestartsExhausted("engine died: no engine step for 600 s; engine.max_restarts=3 restart(s) already done")
+        raise EngineRestartsExhausted(
+            "engine died: no engine step for 600 s; engine.max_restarts=3 restart(s) already done"
+        )
     t.save, t.train_step = save, step
     with pytest.raises(trainer_mod.RunAborted) as e:
         t.train()

@@ -94,12 +94,14 @@ async def test_host_environment_is_invisible(jailed_pool):
 
 
 async def test_home_and_tmpdir_are_the_calls_scratch_dir_for_python_and_subprocesses(jailed_pool):
-    code = ("import os, subprocess, tempfile\n"
-            "here = os.getcwd()\n"
-            "sub = subprocess.run(['/bin/sh', '-c', 'echo $HOME $TMPDIR'], capture_output=True, text=True).stdout.split()\n"
-            "fd, name = tempfile.mkstemp()\n"
-            "print(os.environ['HOME'] == os.environ['TMPDIR'] == here, sub == [here, here],\n"
-            "      os.path.dirname(name) == here, os.path.expanduser('~') == here)")
+    code = (
+        "import os, subprocess, tempfile\n"
+        "here = os.getcwd()\n"
+        "sub = subprocess.run(['/bin/sh', '-c', 'echo $HOME $TMPDIR'], capture_output=True, text=True).stdout.split()\n"
+        "fd, name = tempfile.mkstemp()\n"
+        "print(os.environ['HOME'] == os.environ['TMPDIR'] == here, sub == [here, here],\n"
+        "      os.path.dirname(name) == here, os.path.expanduser('~') == here)"
+    )
     results = await jailed_pool.run_batch([{"code": code}] * 3)
     assert [r.stdout for r in results] == ["True True True True\n"] * 3, results[0].stderr
 

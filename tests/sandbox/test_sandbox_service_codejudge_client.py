@@ -42,7 +42,10 @@ async def test_release_client_gets_right_answers(sandbox_pool, library):
     assert out[0] == (True, "", "42\n")
     assert out[1] == (True, "", "7\n")
     assert out[2] == (True, "", "x is 5\n10\n")
-    assert out[3][:2] == (False, "") and results[3]["stderr"] == "ZeroDivisionError at line 2: division by zero\n  y = x / 0\n"
+    assert (
+        out[3][:2] == (False, "")
+        and results[3]["stderr"] == "ZeroDivisionError at line 2: division by zero\n  y = x / 0\n"
+    )
     assert out[4][:2] == (False, "worker_timeout")
     assert out[5] == (True, "", "{2305843009213693951: 1}\n")
     assert out[6] == (True, "", "45\n")

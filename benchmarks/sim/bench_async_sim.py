@@ -17,7 +17,7 @@
 `--scale N` simulates 1/N of the cluster with the same load per replica (replicas and prompts
 divided by N); the 2-core CI box cannot replay 16,384 trajectories x 10 steps in minutes.
 
-    python benchmarks/timing/bench_async_sim.py --metrics runs/quickstart/rl/metrics.jsonl --json results/async_sim.json
+    python benchmarks/sim/bench_async_sim.py --metrics runs/quickstart/rl/metrics.jsonl --json results/async_sim.json
 """
 from __future__ import annotations
 
@@ -33,11 +33,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from bench_scheduler import SIM_PRESETS
 from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPolicy, RoundRobinPolicy,
                                           StickyLeastLoadedPolicy)
 from sim.overlap import OverlapConfig, PhaseTimes, Placement, simulate_overlap
-from sim.rollout import ReplicaModel
+from sim.rollout import SIM_PRESETS, ReplicaModel
 from sim.workload import WorkloadSpec, make_workload
 
 # time/<phase> / time/rollout of the first step of `python benchmarks/timing/bench_rl_step.py --steps 4 --prompts 8
@@ -64,9 +63,15 @@ def ratios_from_metrics(path: Path, skip: int = 1) -> dict:
         raise SystemExit(f"{path}: no step with time/rollout")
     steps = steps[skip:] if len(steps) > skip else steps
     per = {k: [r.get(f"time/{k}", 0.0) / r["time/rollout"] for r in steps] for k in ("reward", "train", "sync")}
-    return {"source": str(path), "steps": len(steps), **{k: statistics.median(v) for k, v in per.items()},
-            "per_step": {k: [round(x, 4) for x in v] for k, v in per.items()},
-            "seconds": {k: [round(r.get(f"time/{k}", 0.0), 3) for r in steps] for k in ("rollout", "reward", "train", "sync")}}
+    return {
+        "source": str(path),
+        "steps": len(steps),
+        **{k: statistics.median(v) for k, v in per.items()},
+        "per_step": {k: [round(x, 4) for x in v] for k, v in per.items()},
+        "seconds": {
+            k: [round(r.get(f"time/{k}", 0.0), 3) for r in steps] for k in ("rollout", "reward", "train", "sync")
+        },
+    }
 
 
 def make_policy(name: str, batch: int):
@@ -120,16 +125,29 @@ def summary(label: str, k: int, engine_gpus: int, total: int, res, warmup: int, 
             mode: str = "wait", admission: str = "priority", push: str = "staged") -> dict:
     step = res.step_time_s(warmup)
     tokens = sum(res.tokens_by_staleness.values()) or 1
-    return {"placement": label, "k": k, "update_mode": mode, "admission": admission, "push": push,
-            "push_wait_s_per_step": res.push_wait_s / len(res.steps),
-            "continued_turns_per_step": res.continued_turns / len(res.steps),
-            "update_recomputed_tokens_per_step": res.update_recomputed_tokens / len(res.steps),
-            "token_share_by_staleness": {j: c / tokens for j, c in sorted(res.tokens_by_staleness.items())}, "engine_gpus": engine_gpus, "trainer_gpus": total if engine_gpus == total else total - engine_gpus,
-            "step_s": step, "ratio_vs_sync": step / sync_step if sync_step else 1.0,
-            "staleness": dict(sorted(res.staleness.items())), "dropped_groups": res.dropped_groups,
-            "dropped_trajectories": res.dropped_trajectories, "engine_idle_fraction": res.engine_idle_fraction,
-            "trainer_idle_fraction": res.trainer_idle_fraction, "preemptions": res.preemptions,
-            "weight_loads": res.weight_loads, "step_ends_s": [r.end_s for r in res.steps]}
+    return {
+        "placement": label,
+        "k": k,
+        "update_mode": mode,
+        "admission": admission,
+        "push": push,
+        "push_wait_s_per_step": res.push_wait_s / len(res.steps),
+        "continued_turns_per_step": res.continued_turns / len(res.steps),
+        "update_recomputed_tokens_per_step": res.update_recomputed_tokens / len(res.steps),
+        "token_share_by_staleness": {j: c / tokens for j, c in sorted(res.tokens_by_staleness.items())},
+        "engine_gpus": engine_gpus,
+        "trainer_gpus": total if engine_gpus == total else total - engine_gpus,
+        "step_s": step,
+        "ratio_vs_sync": step / sync_step if sync_step else 1.0,
+        "staleness": dict(sorted(res.staleness.items())),
+        "dropped_groups": res.dropped_groups,
+        "dropped_trajectories": res.dropped_trajectories,
+        "engine_idle_fraction": res.engine_idle_fraction,
+        "trainer_idle_fraction": res.trainer_idle_fraction,
+        "preemptions": res.preemptions,
+        "weight_loads": res.weight_loads,
+        "step_ends_s": [r.end_s for r in res.steps],
+    }
 
 
 def run_kv_pressure(args, ratios: dict, bar: Progress) -> dict:
@@ -149,18 +167,42 @@ def run_kv_pressure(args, ratios: dict, bar: Progress) -> dict:
     engine_gpus = round(total * 0.75 / tp) * tp
     for k, placement in ((0, Placement(total, tp)), (1, Placement(total, tp, engine_gpus))):
         for name in POLICIES:
-            res = simulate_overlap(batches, args.rollouts, KV_PRESSURE_MODEL, make_policy(name, n), placement, phases,
-                                   OverlapConfig(max_staleness=k), steps=steps, max_response_tokens=spec.max_response_tokens)
-            rows.append({"policy": name, "k": k, "placement": "colocated" if placement.colocated else f"separate {engine_gpus}/{total}",
-                         "step_s": res.step_time_s(1), "rollout_s_first_step": res.steps[0].start_s,
-                         "preemptions_per_step": res.preemptions / steps, "recomputed_tokens_per_step": res.recomputed_tokens / steps,
-                         "engine_idle_fraction": res.engine_idle_fraction})
+            res = simulate_overlap(
+                batches,
+                args.rollouts,
+                KV_PRESSURE_MODEL,
+                make_policy(name, n),
+                placement,
+                phases,
+                OverlapConfig(max_staleness=k),
+                steps=steps,
+                max_response_tokens=spec.max_response_tokens,
+            )
+            rows.append(
+                {
+                    "policy": name,
+                    "k": k,
+                    "placement": "colocated" if placement.colocated else f"separate {engine_gpus}/{total}",
+                    "step_s": res.step_time_s(1),
+                    "rollout_s_first_step": res.steps[0].start_s,
+                    "preemptions_per_step": res.preemptions / steps,
+                    "recomputed_tokens_per_step": res.recomputed_tokens / steps,
+                    "engine_idle_fraction": res.engine_idle_fraction,
+                }
+            )
             bar.advance(task)
     for row in rows:
         lb = next(r for r in rows if r["k"] == row["k"] and r["policy"] == "load_balanced")
         row["ratio_lb_vs_this"] = lb["step_s"] / row["step_s"]
-    return {"replicas_simulated": replicas, "tensor_parallel": tp, "kv_capacity_tokens": KV_PRESSURE_MODEL.kv_capacity_tokens,
-            "workload": KV_PRESSURE_SPEC, "trajectories_per_step": n, "steps": steps, "rows": rows}
+    return {
+        "replicas_simulated": replicas,
+        "tensor_parallel": tp,
+        "kv_capacity_tokens": KV_PRESSURE_MODEL.kv_capacity_tokens,
+        "workload": KV_PRESSURE_SPEC,
+        "trajectories_per_step": n,
+        "steps": steps,
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -223,8 +265,22 @@ def print_tables(out: dict, console: Console) -> None:
     for sim in out.get("overlap", []):
         table = Table(title=f"{sim['preset']} (simulated {sim['gpus_simulated']} GPUs = 1/{sim['scale']} of 64, "
                             f"{sim['trajectories_per_step']} trajectories/step): step time vs synchronous")
-        for col in ("placement", "k", "update", "admission", "push", "push wait s", "step s", "x sync", "staleness", "dropped",
-                    "engine idle", "trainer idle", "continued/step", "recompute tok/step"):
+        for col in (
+            "placement",
+            "k",
+            "update",
+            "admission",
+            "push",
+            "push wait s",
+            "step s",
+            "x sync",
+            "staleness",
+            "dropped",
+            "engine idle",
+            "trainer idle",
+            "continued/step",
+            "recompute tok/step",
+        ):
             table.add_column(col, justify="left" if col == "placement" else "right")
         for row in sim["rows"]:
             table.add_row(row["placement"], str(row["k"]), row["update_mode"], row["admission"], row["push"],
@@ -236,7 +292,9 @@ def print_tables(out: dict, console: Console) -> None:
         console.print(table)
     kv = out.get("kv_pressure")
     if kv:
-        table = Table(title=f"KV pressure: {kv['replicas_simulated']} x TP4 replicas, {kv['kv_capacity_tokens']:,} KV tokens each")
+        table = Table(
+            title=f"KV pressure: {kv['replicas_simulated']} x TP4 replicas, {kv['kv_capacity_tokens']:,} KV tokens each"
+        )
         for col in ("policy", "k", "step s", "LB / this", "preemptions/step", "recomputed tok/step", "engine idle"):
             table.add_column(col, justify="left" if col == "policy" else "right")
         for row in kv["rows"]:

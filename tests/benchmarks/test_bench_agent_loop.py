@@ -1,0 +1,50 @@
+"""benchmarks/timing/bench_agent_loop.py: its instant engine and tool have the real interfaces, and a
+tiny run drives the real agent loop through every kind of turn and reports its figure and profile."""
+from __future__ import annotations
+
+import json
+
+import bench_agent_loop
+from api_contracts import assert_fake_methods_match
+
+from rstar2_cli.rollout.engines import Engine, VLLMEngine
+from sandbox.core.pool import Sandbox
+from sandbox.service.client import RemoteSandbox
+
+
+def test_the_canned_engine_has_the_real_engines_methods():
+    assert_fake_methods_match(bench_agent_loop.CannedEngine, VLLMEngine,
+                              ["generate", "kv_free_fraction", "update_weights", "reset_prefix_cache", "close"])
+    assert isinstance(bench_agent_loop.CannedEngine({"answer": [[1]]}), Engine)
+
+
+def test_the_instant_tool_has_the_sandboxes_methods():
+    for real in (Sandbox, RemoteSandbox):        # what rollout/tool_sandbox.py builds
+        assert_fake_methods_match(bench_agent_loop.InstantTool, real, ["run_batch", "close_session"])
+
+
+def test_turn_kinds_follow_the_mix():
+    kinds = [bench_agent_loop.turn_kind(s)[0] for s in range(20_000)]
+    for kind, share in bench_agent_loop.MIX:
+        assert abs(kinds.count(kind) / len(kinds) - share / 100) < 0.02, kind
+
+
+def test_a_tiny_run_goes_through_every_kind_of_turn_and_writes_its_json(tmp_path):
+    out_path = tmp_path / "out.json"
+    out = bench_agent_loop.main(["--sizes", "64", "--profile-size", "32", "--profile-top", "5",
+                                 "--turn-tokens", "24", "--json", str(out_path)])
+    assert json.loads(out_path.read_text()) == out
+    (run,) = out["runs"]
+    kinds = run["turn_kinds"]
+    assert run["trajectories"] == 64 and set(kinds) == {"tool_call", "parse_error", "answer", "void"}
+    assert run["turns"] == sum(kinds.values())
+    ends = run["finish_reasons"]
+    assert set(ends) == {"stop", "max_turns"} and sum(ends.values()) == 64
+    # every call attempt but a capped trajectory's last one is answered; the sandbox sees the well-formed ones
+    assert run["tool_calls"] == kinds["tool_call"] + kinds["parse_error"] - ends["max_turns"]
+    assert run["sandbox_calls"] < kinds["tool_call"] and run["void_turns"] >= kinds["void"] + 1
+    assert 0 < run["reward_mean"] < 1 and run["turns_per_cpu_s"] > 0
+    assert run["rollout_turns_per_cpu_s"] >= run["turns_per_cpu_s"]
+    prof = out["profile"]
+    assert prof["trajectories"] == 32 and len(prof["top"]) == 5
+    assert all(e["ncalls"] > 0 and 0 <= e["share"] <= 1 for e in prof["top"])
