@@ -18,12 +18,10 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from rstar2_cli.recipe_text import ConfigError, apply_overrides, read_yaml_mapping
+
 # train.micro_batch_tokens: what "auto" is on CPU (no memory plan sizes a CPU run), and the least a recipe may give
 CPU_MICRO_BATCH_TOKENS, MIN_MICRO_BATCH_TOKENS = 16384, 1024
-
-
-class ConfigError(ValueError):
-    """A recipe or override is invalid. The message is one line naming the file and field."""
 
 
 class _Section(BaseModel):
@@ -47,12 +45,14 @@ class RolloutConfig(_Section):
 
     The defaults reproduce the official release (microsoft/rStar@ecbfb94 on J-shang/verl@d0dc976)
     byte for byte: the prompt, the forced `<reason>`, the tool-response text and its cut, the
-    parse-error text and the time limit. `max_turns` defaults to the paper's value instead. Each deliberate improvement is a field below, off by
-    default (docs/fidelity.md, "Protocol", lists them with the paper's and the release's values).
+    parse-error text and the time limit. `max_turns` defaults to the paper's value instead. Each
+    deliberate improvement is a field below, off by default (docs/fidelity.md, "Protocol", lists
+    them with the paper's and the release's values).
     """
     max_turns: int = Field(10, ge=1)                  # the paper's §4 value for stages 1-2 (15 in stage 3); the
                                                       # release's trainer yaml has multi_turn.max_assistant_turns 5
-                                                      # (its run script keeps it), which rstar2_cli/recipes/stage{1,2}.yaml set
+                                                      # (its run script keeps it), which
+                                                      # rstar2_cli/recipes/stage{1,2}.yaml set
     max_response_tokens: int = Field(8192, ge=1)      # 8K stage 1, 12K stages 2-3 (paper §4); tool tokens count
     temperature: float = Field(1.0, ge=0.0)           # release: verl rollout.temperature 1.0
     top_p: float = Field(1.0, gt=0.0, le=1.0)         # release: verl rollout.top_p 1
@@ -208,7 +208,8 @@ class TrainConfig(_Section):
     group_size: int = Field(16, ge=1)                 # G kept per prompt (2G rolled out with RoC)
     # tokens per micro-batch (rl/packing.py); auto: sized on GPU by `rstar2 rl` (launch/engine_sizing.py)
     micro_batch_tokens: Annotated[int, Field(ge=MIN_MICRO_BATCH_TOKENS)] | Literal["auto"] = CPU_MICRO_BATCH_TOKENS
-    logprob_chunk_tokens: int = Field(1024, ge=1)     # tokens per chunk of the log-prob head (peak memory = chunk x vocab)
+    logprob_chunk_tokens: int = Field(1024, ge=1)     # tokens per chunk of the log-prob head
+                                                      # (peak memory = chunk x vocab)
     # attention kernel of the update: auto = flash_attention_2 over packed rows where flash-attn runs (CUDA/ROCm,
     # bf16), else sdpa over length-bucketed rows; never attention across trajectories (models/attention.py)
     attn_implementation: Literal["auto", "flash_attention_2", "sdpa"] = "auto"
@@ -239,10 +240,12 @@ class TrainConfig(_Section):
     eval_samples: int = Field(1, ge=1)                # k of avg@k per held-out problem
     eval_before_train: bool = True                    # also a point at step 0 (when eval_every > 0)
     # faults (rl/preemption.py, rl/trainer.py)
-    preempt_grace_s: float = Field(600.0, gt=0.0)     # SIGTERM/SIGUSR1 -> finish the step and checkpoint within this;
-                                                      # past it exit 75 without it (the sbatch's --signal lead is larger)
-    max_nonfinite_steps: int = Field(3, ge=1)         # NaN/inf loss or grad norm skips the optimizer step; this many
-                                                      # in a row checkpoint and abort (a diverged run, not one bad batch)
+    preempt_grace_s: float = Field(600.0, gt=0.0)     # SIGTERM/SIGUSR1 -> finish the step and checkpoint
+                                                      # within this; past it exit 75 without it (the
+                                                      # sbatch's --signal lead is larger)
+    max_nonfinite_steps: int = Field(3, ge=1)         # NaN/inf loss or grad norm skips the optimizer step;
+                                                      # this many in a row checkpoint and abort (a diverged
+                                                      # run, not one bad batch)
     _auto = field_validator("micro_batch_tokens", mode="wrap")(_auto_or_value)
 
 
@@ -316,43 +319,7 @@ class RecipeConfig(_Section):
         return self.train.group_size * (self.roc.oversample if self.roc.enabled else 1)
 
 
-# ---------------------------------------------------------------- loading and overrides
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """`a.b=c` -> (["a", "b"], yaml-parsed c). Values parse as YAML: 1e-6, true, [1,2], null."""
-    if "=" not in item:
-        raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set optim.lr=1e-6")
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--set {item!r}: empty key segment")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set {item!r}: value is not valid YAML ({str(e).splitlines()[0]})") from None
-    # YAML 1.1 reads 1e-6 as a string; accept scientific notation as float.
-    if isinstance(value, str):
-        try:
-            value = float(value) if any(c in value.lower() for c in "e.") and value.strip() else value
-        except ValueError:
-            pass
-    return key.split("."), value
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    for item in overrides:
-        path, value = parse_override(item)
-        node = raw
-        for part in path[:-1]:
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"--set {item!r}: {part!r} is not a section")
-            node = nxt
-        node[path[-1]] = value
-    return raw
+# ---------------------------------------------------------------- loading (recipe_text.py reads and overrides)
 
 
 def first_error(e: ValidationError, source: str) -> ConfigError:
@@ -387,20 +354,6 @@ def check_placement(cfg: RecipeConfig, *, on_gpu: bool, source: str = "<recipe>"
         raise ConfigError(f"{source}: train.micro_batch_tokens=auto on GPU is sized by `rstar2 rl` from the memory "
                           "plan: launch through it, or give a number")
     return load_recipe_dict(cfg.model_dump(mode="json"), source=source, on_gpu=on_gpu)
-
-
-def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """A YAML file's top-level mapping, or a one-line ConfigError naming the file."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: recipe file not found")
-    try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: top level must be a mapping, got {type(raw).__name__}")
-    return raw
 
 
 def load_recipe(path: str | Path | None, overrides: list[str] | None = None, *,

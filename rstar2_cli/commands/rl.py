@@ -38,7 +38,8 @@ def register(app: typer.Typer) -> None:
         recipe: Optional[str] = typer.Argument(None, help="recipe YAML (default: the packaged "
                                                           "rstar2_cli/recipes/stageN.yaml for --stage N)"),
         stage: Optional[int] = typer.Option(None, "--stage", min=1, max=3, help="paper stage 1, 2 or 3"),
-        overrides: List[str] = typer.Option([], "--set", help="override any field, e.g. --set optim.lr=2e-6 (repeatable)"),
+        overrides: List[str] = typer.Option([], "--set",
+                                            help="override any field, e.g. --set optim.lr=2e-6 (repeatable)"),
         gpus: int = typer.Option(0, "--gpus", min=0, help="GPUs in all (0: CPU)"),
         nodes: Optional[int] = typer.Option(None, "--nodes", min=1,
                                             help="nodes (default: SLURM_JOB_NUM_NODES, else gpus / gpus-per-node)"),
@@ -48,7 +49,9 @@ def register(app: typer.Typer) -> None:
                                                 help="start this node's trainers (default: SLURM_NODEID; "
                                                      "without either, print every node's command)"),
         master_addr: Optional[str] = typer.Option(None, "--master-addr",
-                                                  help="head node address (default: SLURM's first host, else 127.0.0.1; a multi-node --dry-run without either names a placeholder)"),
+                                                  help="head node address (default: SLURM's first host, else "
+                                                       "127.0.0.1; a multi-node --dry-run without either names "
+                                                       "a placeholder)"),
         master_port: int = typer.Option(29500, "--master-port", min=1, max=65535),
         engine_gpus: Optional[int] = typer.Option(None, "--engine-gpus", min=1,
                                                   help="GPUs (over all nodes) that hold only engines, with "

@@ -71,7 +71,8 @@ class TopologySpec:
         need(self.gpus >= 0, f"gpus={self.gpus}: must be >= 0 (0 means CPU only)")
         need(self.nodes >= 1, f"nodes={self.nodes}: must be >= 1")
         need(self.tp_size >= 1, f"tp_size={self.tp_size}: must be >= 1")
-        need(self.sandbox_workers_per_node >= 1, f"sandbox_workers_per_node={self.sandbox_workers_per_node}: must be >= 1")
+        need(self.sandbox_workers_per_node >= 1,
+             f"sandbox_workers_per_node={self.sandbox_workers_per_node}: must be >= 1")
         need(0 < self.master_port < 65536, f"master_port={self.master_port}: must be in 1..65535")
         need(bool(self.master_addr.strip()), "master_addr='': give the head node's host name or IP")
         need(bool(self.entry_module.strip()), "entry_module='': give the Python module torchrun runs")

@@ -22,7 +22,8 @@ for each source to be ready, with heartbeats (`liveness.py`): every rank beats e
 HEARTBEAT_S = 5 s; a source silent for SILENT_S = 120 s (24 beats: a beat thread can be held up
 by the GIL or a slow store for a while) is reported as dead, in one line, within SILENT_S +
 2 x POLL_S = 122 s of its last beat (a poll to see the beat, one to find the silence), instead of
-at the collective timeout; a source that is alive may take as long as it needs. The collective then starts with every source there: its timeout
+at the collective timeout; a source that is alive may take as long as it needs. The collective
+then starts with every source there: its timeout
 (COLLECTIVE_TIMEOUT, 2 h, for the default group's FSDP and checkpoint collectives and the gloo
 group's agreements) bounds only the transfer.
 

@@ -8,7 +8,8 @@ starts the node's vLLM replicas on the GPUs the launch plan names (`RSTAR2_ENGIN
 interleaved node-shard of each batch through its own load-balanced scheduler (`roll_out`, or
 `start` ahead of the trainer). RoC and the advantages run on the host over its own groups, and
 each rank receives only the trajectories it trains (`shards.py`). Sampling seeds depend on the
-step, the prompt id and the sample index only, so which node rolls a prompt out changes nothing. After the update each host pushes the weights into its
+step, the prompt id and the sample index only, so which node rolls a prompt out changes nothing.
+After the update each host pushes the weights into its
 engines (`push_weights`: `rollout/weight_sync/`, vLLM's weight transfer on GPU, ipc or
 nccl; chunked safetensors on CPU), every rank joining the gathers. On one process (CPU
 quickstart, single GPU) rank 0 is the only host and nothing is sent anywhere.

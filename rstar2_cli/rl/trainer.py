@@ -254,7 +254,8 @@ class RLTrainer:
         metrics["train/skipped_empty"] = float(not shard.kept)
         metrics.update(self._count_nonfinite(update))
         # restarts during this step (the supervisor counts per process; a resumed run starts at 0)
-        restarts, self._engine_restarts_seen = rollouts.engine_restarts - self._engine_restarts_seen, rollouts.engine_restarts
+        seen_before, self._engine_restarts_seen = self._engine_restarts_seen, rollouts.engine_restarts
+        restarts = rollouts.engine_restarts - seen_before
         metrics["faults/engine_restarts"] = float(restarts)
         metrics.update(shard.per_node)
         metrics.update(self.source.overlap_metrics(shard, timer.seconds.get("sync", 0.0)))

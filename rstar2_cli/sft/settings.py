@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rstar2_cli.config import apply_overrides, first_error, read_yaml_mapping
+from rstar2_cli.config import first_error
+from rstar2_cli.recipe_text import apply_overrides, read_yaml_mapping
 
 
 class _S(BaseModel):

@@ -28,7 +28,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 FLOORS = (
-    ("rstar2_cli", "sandbox", "sandbox.inside", "sandbox.jail", "sandbox.core"),
+    ("rstar2_cli", "recipe_text", "sandbox", "sandbox.inside", "sandbox.jail", "sandbox.core"),
     ("config", "hosts", "reward", "data", "protocol"),
     ("models", "sandbox.service", "sandbox.redis_mode"),
     ("rollout",),
