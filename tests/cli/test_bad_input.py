@@ -6,10 +6,10 @@ attempt (an audit hook ends the process at the first lookup or connection to a n
 The cases start from placeholders the fixture fills: {model} (a folder that passes the checkpoint
 checks, though it holds no real weights: nothing may load it), {empty} (a plain folder), {file}
 (a plain file), {problems} (a problems .jsonl), {sft} (an SFT .jsonl), {binary} (binary bytes named
-.jsonl), {badgz} (a gzip stream cut short), {notparquet} (text named .parquet), {gzcsv} (a gzipped
-.csv), {tmp}, {busy} (a port this test listens on) and {closed} (a local port nothing listens on).
-Each process gets $RSTAR2_DATA_DIR with copies of the four eval sets, an empty Hugging Face cache,
-and runs in {tmp}.
+.jsonl), {bindata} (a data dir whose aime25.jsonl is binary), {badgz} (a gzip stream cut short),
+{notparquet} (text named .parquet), {gzcsv} (a gzipped .csv), {tmp}, {busy} (a port this test
+listens on) and {closed} (a local port nothing listens on). Each process gets $RSTAR2_DATA_DIR with
+copies of the four eval sets, an empty Hugging Face cache, and runs in {tmp}.
 """
 from __future__ import annotations
 
@@ -81,6 +81,8 @@ CASES = [
      "/nonexistent.yaml", {}),
     ("eval-missing-arguments", ["eval"], "Missing argument", {}),
     ("eval-binary-data", ["eval", "custom", "{model}", "--data", "{binary}"], "--data {binary}: not UTF-8 text", {}),
+    ("eval-binary-named-set", ["eval", "aime25", "{model}"], "benchmark aime25: {bindata}/aime25.jsonl: not UTF-8",
+     {"RSTAR2_DATA_DIR": "{bindata}"}),
     ("eval-broken-gzip-data", ["eval", "custom", "{model}", "--data", "{badgz}"], "--data {badgz}: gzip", {}),
     # serve-sandbox and bench-tools
     ("serve-sandbox-port-zero", ["serve-sandbox", "--port", "0"], "--port 0", {}),
@@ -121,6 +123,9 @@ CASES = [
      {"RSTAR2_DATA_DIR": UNSET, "HF_ENDPOINT": "http://127.0.0.1:{closed}"}),
     ("prepare-math-binary-source", ["prepare", "math", "--source", "{binary}", "--out", "{tmp}/o.jsonl"],
      "--source {binary}: not UTF-8 text", {}),
+    ("prepare-math-binary-eval-set", ["prepare", "math", "--source", "{problems}", "--out", "{tmp}/o.jsonl",
+                                      "--eval-set", "aime25"], "--eval-set aime25: {bindata}/aime25.jsonl: not UTF-8",
+     {"RSTAR2_DATA_DIR": "{bindata}"}),
     ("prepare-math-broken-gzip-source", ["prepare", "math", "--source", "{badgz}", "--out", "{tmp}/o.jsonl"],
      "--source {badgz}: gzip", {}),
     ("prepare-math-not-parquet", ["prepare", "math", "--source", "{notparquet}", "--out", "{tmp}/o.jsonl"],
@@ -220,6 +225,8 @@ def places(tmp_path_factory):
     (root / "list.yaml").write_text("- a\n")
     # what a new user hands over by mistake: binary data, a gzip file cut short, a csv still gzipped
     (root / "binary.jsonl").write_bytes(bytes(range(256)) * 4)
+    (root / "bindata").mkdir()
+    (root / "bindata" / "aime25.jsonl").write_bytes(bytes(range(256)) * 4)
     (root / "cut.jsonl").write_bytes(gzip.compress((row + "\n").encode() * 200)[:40])
     (root / "table.parquet").write_text(row + "\n")
     (root / "gpqa.csv").write_bytes(gzip.compress(b"Question,Correct Answer\nq,a\n"))
@@ -231,7 +238,7 @@ def places(tmp_path_factory):
     p.update(empty=str(root / "empty"), file=str(root / "file"), problems=str(data / "problems.jsonl"),
              sft=str(root / "sft.jsonl"), listyaml=str(root / "list.yaml"), data=str(data),
              binary=str(root / "binary.jsonl"), badgz=str(root / "cut.jsonl"), notparquet=str(root / "table.parquet"),
-             gzcsv=str(root / "gpqa.csv"),
+             gzcsv=str(root / "gpqa.csv"), bindata=str(root / "bindata"),
              busy=str(busy.getsockname()[1]), closed=str(closed.getsockname()[1]))
     yield p
     busy.close()

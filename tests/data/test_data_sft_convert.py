@@ -124,10 +124,10 @@ def test_convert_file_that_converts_nothing_writes_nothing(tmp_path):
 def test_convert_file_that_fails_midway_keeps_the_previous_output(tmp_path):
     good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
     src = tmp_path / "in.jsonl"
-    src.write_bytes((json.dumps(good) + "\n").encode() * 3 + b'{"x": "\xff"}\n')
+    src.write_bytes((json.dumps(good) + "\n").encode() * 2000 + b'{"x": "\xff"}\n')   # past the 64 KiB head
     out = tmp_path / "out.jsonl"
     out.write_text("previous\n")
-    with pytest.raises(DataError, match=r"in.jsonl:4: not UTF-8 text"):
+    with pytest.raises(DataError, match=r"in.jsonl:2001: not UTF-8 text"):
         convert_file(src, out, "openai")
     assert out.read_text() == "previous\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
