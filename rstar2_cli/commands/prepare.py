@@ -20,7 +20,8 @@ prepare_app = typer.Typer(help="Prepare datasets: the RL math set, SFT conversio
 def math_command(
     source: list[str] = typer.Option(
         [], "--source", "-s",
-        help="Input: file (.jsonl/.json/.parquet), named set (dapo_math_17k) or hub id, "
+        help="Input: file (.jsonl/.json/.parquet; .jsonl/.json may be gzip-compressed), named set "
+             "(dapo_math_17k) or hub id, "
              "optionally ':LICENSE' (e.g. dapo_math_17k:Apache-2.0). Repeatable."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output .jsonl or .parquet."),
     spec: Optional[Path] = typer.Option(None, "--spec", help="YAML spec (sources with field names, settings)."),
