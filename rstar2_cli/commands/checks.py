@@ -13,6 +13,9 @@ A failed check is one `error: ...` line naming the flag (or recipe field) and th
   the datasets cache answers). bfcl's rows come with the bfcl-eval package, which must be installed.
   An eval benchmark name is never read as a path; `eval all` lists a set without data in its row
   ("no data: how to add it", `eval_data_missing`) instead of stopping.
+- A data file (eval's --data, a problem source, an SFT input) reads as its format: its head is
+  UTF-8 text (gzip-compressed .jsonl/.json are read as their text) or, for .parquet, Parquet
+  (`data_file`, from `data.problems.unreadable`), so binary data stops before a model loads.
 - An output path is not a folder where a file is wanted (or the reverse), and its nearest existing
   folder takes a new file (tried with a temporary file, which also catches read-only mounts and
   root on /proc).
@@ -101,6 +104,17 @@ def input_file(value: str | os.PathLike, what: str) -> None:
         fail(f"{what} {shown(value)}: a folder, not a file")
 
 
+def data_file(value: str | os.PathLike, what: str) -> None:
+    """`value` is a file whose head reads as its format (`data.problems.unreadable`: UTF-8 text,
+    gzip-compressed for .jsonl/.json, or Parquet), checked in a moment whatever its size."""
+    from rstar2_cli.data.problems import unreadable
+
+    input_file(value, what)
+    reason = unreadable(Path(value).expanduser())
+    if reason:
+        fail(f"{what} {shown(value)}: {reason}")
+
+
 def output_dir(value: str | os.PathLike, what: str) -> None:
     """`value` is, or can be created as, a folder this process can write into."""
     path = Path(value).expanduser()
@@ -138,16 +152,16 @@ def problem_source(value: str, what: str, data_dir: str | None, *, hub_ids: bool
 
     path = Path(value).expanduser()
     if path.exists():
-        return input_file(value, what)
+        return data_file(value, what)
     if value in NAMED_SETS or value in HUB_IDS:
         root = resolve_data_dir(data_dir)
         if root is not None and not root.is_dir():
             fail(f"data dir {shown(root)}: no such folder (from --data-dir or ${DATA_DIR_ENV})")
-        if find_named_set_file(value, root) is not None:
-            return
-        where = (
-            f"no {value}.jsonl in {shown(root)}" if root else f"no --data-dir (or ${DATA_DIR_ENV}) with {value}.jsonl"
-        )
+        found = find_named_set_file(value, root)
+        if found is not None:
+            return data_file(found, f"{what} {value}:")
+        where = (f"no {value}.jsonl in {shown(root)}" if root
+                 else f"no --data-dir (or ${DATA_DIR_ENV}) with {value}.jsonl")
     elif hub_ids and "/" in value and not path.suffix and _REPO_ID.match(value):
         where = "a Hub dataset id"
     elif path.suffix:
@@ -240,7 +254,8 @@ def eval_settings(s: Any, *, data: bool = True) -> None:
     """An `EvalSettings`' paths: the checkpoint (or, with `--engine openai`, the tokenizer), its
     context against `--max-model-len`, the sandbox and server URLs, the output folder, and last
     (it may probe the Hub; `data=False` skips it, as `eval all` does, which lists a set without
-    data instead of stopping) its problem set. A benchmark name is never read as a path."""
+    data instead of stopping) its problem set, whose file, where there is one, must read as its
+    format. A benchmark name is never read as a path."""
     if s.engine == "vllm":
         model_dir(s.model, "MODEL", tokenizer=s.tokenizer is None)
         from rstar2_cli.eval.settings import model_context_limit
@@ -257,11 +272,16 @@ def eval_settings(s: Any, *, data: bool = True) -> None:
         url(s.sandbox_url, "--sandbox-url")
     output_dir(s.out_dir or "runs/eval", "--out")
     if s.data:
-        input_file(s.data, "--data")
-    elif data:
+        return data_file(s.data, "--data")
+    from rstar2_cli.data.problems import find_named_set_file, resolve_data_dir
+
+    if data:
         reason = eval_data_missing(s.benchmark, s.data_dir)
         if reason:
             fail(f"benchmark {s.benchmark}: {reason}")
+    found = find_named_set_file(s.benchmark, resolve_data_dir(s.data_dir))
+    if found is not None:
+        data_file(found, f"benchmark {s.benchmark}:")
 
 
 def eval_data_missing(benchmark: str, data_dir: str | None) -> str | None:

@@ -20,7 +20,8 @@ prepare_app = typer.Typer(help="Prepare datasets: the RL math set, SFT conversio
 def math_command(
     source: list[str] = typer.Option(
         [], "--source", "-s",
-        help="Input: file (.jsonl/.json/.parquet), named set (dapo_math_17k) or hub id, "
+        help="Input: file (.jsonl/.json/.parquet; .jsonl/.json may be gzip-compressed), named set "
+             "(dapo_math_17k) or hub id, "
              "optionally ':LICENSE' (e.g. dapo_math_17k:Apache-2.0). Repeatable."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output .jsonl or .parquet."),
     spec: Optional[Path] = typer.Option(None, "--spec", help="YAML spec (sources with field names, settings)."),
@@ -89,7 +90,7 @@ def math_command(
 
 @prepare_app.command("sft")
 def sft_command(
-    in_path: Path = typer.Argument(..., help="Input .jsonl/.json/.parquet."),
+    in_path: Path = typer.Argument(..., help="Input .jsonl/.json/.parquet (.jsonl/.json may be gzip-compressed)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output .jsonl in rstar2 messages format."),
     fmt: str = typer.Option(..., "--format", "-f",
                             help="Input format: openai, sharegpt, glaive, toolace, apigen_mt."),
@@ -101,7 +102,7 @@ def sft_command(
     from rstar2_cli.data.problems import DataError
     from rstar2_cli.data.sft_convert import FORMATS, convert_file
 
-    checks.input_file(in_path, "IN_PATH")
+    checks.data_file(in_path, "IN_PATH")
     checks.choice(fmt, FORMATS, "--format")
     checks.output_file(out, "--out")
     try:
@@ -192,7 +193,7 @@ def eval_data_command(
         fail("--out: give the folder to write into (or set $RSTAR2_DATA_DIR)")
     for path, flag in ((gpqa, "--gpqa"), (ifeval, "--ifeval")):
         if path is not None:
-            checks.input_file(path, flag)
+            checks.data_file(path, flag)
     checks.output_dir(out, "--out")
     try:
         done = prepare_eval_data(out, {"gpqa_diamond": gpqa, "ifeval": ifeval}, from_hub)

@@ -23,7 +23,7 @@ from rstar2_cli.data import answer_checks, math_text
 from rstar2_cli.data.decontaminate import DecontaminationConfig, decontaminate
 from rstar2_cli.data.dedup import exact_dedup, near_dedup
 from rstar2_cli.data.problems import (
-    EVAL_SET_NAMES, HUB_IDS, NAMED_SETS, DataError, HubSource, Problem, find_named_set_file, iter_rows,
+    EVAL_SET_NAMES, HUB_IDS, NAMED_SETS, DataError, HubSource, Problem, data_stem, find_named_set_file, iter_rows,
     load_hub_source, load_problems, resolve_data_dir, rows_to_problems,
 )
 
@@ -56,7 +56,7 @@ class SourceSpec(BaseModel):
     def display_name(self) -> str:
         if self.name:
             return self.name
-        return Path(self.path).stem if Path(self.path).suffix else self.path
+        return data_stem(Path(self.path)) if Path(self.path).suffix else self.path
 
 
 class PrepareMathConfig(BaseModel):
@@ -124,7 +124,7 @@ def load_source(spec: SourceSpec, data_dir: str | None, allow_hub: bool) -> tupl
     path = Path(spec.path)
     info: dict[str, Any] = {"spec": spec.path, "license": spec.license, "fields": fields}
     if path.exists():
-        problems = rows_to_problems(iter_rows(path), str(path), spec.name or path.stem, **fields)
+        problems = rows_to_problems(iter_rows(path), str(path), spec.name or data_stem(path), **fields)
         info.update(resolved=str(path.resolve()), sha256=sha256_file(path))
     elif spec.path in NAMED_SETS:
         root = resolve_data_dir(data_dir)

@@ -246,27 +246,42 @@ class ConvertStats:
 
 
 def convert_file(in_path: str | Path, out_path: str | Path, fmt: str) -> ConvertStats:
-    """Convert a .jsonl/.json/.parquet file; bad rows are listed in stats.errors and skipped."""
+    """Convert a .jsonl/.json/.parquet file (`iter_rows` reads it, gzip-compressed or not); bad rows
+    are listed in stats.errors and skipped.
+
+    The rows go to `<out>.part`, renamed to `out_path` only when at least one converted: a file that
+    cannot be read, or whose rows all fail (likely another format), raises DataError naming it and
+    the first row's reason, and leaves `out_path` as it was."""
     if fmt not in FORMATS:
         raise DataError(f"unknown SFT format {fmt!r}; choose one of {', '.join(FORMATS)}")
     in_path, out_path = Path(in_path), Path(out_path)
     stats = ConvertStats()
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    part = out_path.with_name(out_path.name + ".part")
 
     def bad_line(err: DataError) -> None:
         stats.rows += 1
         stats.skipped += 1
         stats.errors.append(str(err))
 
-    with out_path.open("w", encoding="utf-8") as out:
-        for lineno, row in iter_rows(in_path, on_error=bad_line):
-            stats.rows += 1
-            try:
-                record = convert_row(row, fmt)
-            except (RowError, AttributeError, TypeError) as e:  # wrong shapes: e.g. a string turn
-                stats.skipped += 1
-                stats.errors.append(f"{in_path}:{lineno}: {e}")
-                continue
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            stats.converted += 1
+    try:
+        with part.open("w", encoding="utf-8") as out:
+            for lineno, row in iter_rows(in_path, on_error=bad_line):
+                stats.rows += 1
+                try:
+                    record = convert_row(row, fmt)
+                except (RowError, AttributeError, TypeError) as e:  # wrong shapes: e.g. a string turn
+                    stats.skipped += 1
+                    stats.errors.append(f"{in_path}:{lineno}: {e}")
+                    continue
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                stats.converted += 1
+        if not stats.rows:
+            raise DataError(f"{in_path}: no rows")
+        if not stats.converted:
+            first = stats.errors[0].removeprefix(f"{in_path}:")
+            raise DataError(f"{in_path}: 0 of {stats.rows} rows convert as --format {fmt} (line {first})")
+        part.replace(out_path)
+    finally:
+        part.unlink(missing_ok=True)
     return stats

@@ -5,12 +5,15 @@ attempt (an audit hook ends the process at the first lookup or connection to a n
 
 The cases start from placeholders the fixture fills: {model} (a folder that passes the checkpoint
 checks, though it holds no real weights: nothing may load it), {empty} (a plain folder), {file}
-(a plain file), {problems} (a problems .jsonl), {sft} (an SFT .jsonl), {tmp}, {busy} (a port this
-test listens on) and {closed} (a local port nothing listens on). Each process gets $RSTAR2_DATA_DIR
-with copies of the four eval sets, an empty Hugging Face cache, and runs in {tmp}.
+(a plain file), {problems} (a problems .jsonl), {sft} (an SFT .jsonl), {binary} (binary bytes named
+.jsonl), {bindata} (a data dir whose aime25.jsonl is binary), {badgz} (a gzip stream cut short),
+{notparquet} (text named .parquet), {gzcsv} (a gzipped .csv), {tmp}, {busy} (a port this test
+listens on) and {closed} (a local port nothing listens on). Each process gets $RSTAR2_DATA_DIR with
+copies of the four eval sets, an empty Hugging Face cache, and runs in {tmp}.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import socket
@@ -77,6 +80,10 @@ CASES = [
     ("eval-missing-protocol-recipe", ["eval", "aime25", "{model}", "--protocol-from", "/nonexistent.yaml"],
      "/nonexistent.yaml", {}),
     ("eval-missing-arguments", ["eval"], "Missing argument", {}),
+    ("eval-binary-data", ["eval", "custom", "{model}", "--data", "{binary}"], "--data {binary}: not UTF-8 text", {}),
+    ("eval-binary-named-set", ["eval", "aime25", "{model}"], "benchmark aime25: {bindata}/aime25.jsonl: not UTF-8",
+     {"RSTAR2_DATA_DIR": "{bindata}"}),
+    ("eval-broken-gzip-data", ["eval", "custom", "{model}", "--data", "{badgz}"], "--data {badgz}: gzip", {}),
     # serve-sandbox and bench-tools
     ("serve-sandbox-port-zero", ["serve-sandbox", "--port", "0"], "--port 0", {}),
     ("serve-sandbox-port-not-a-number", ["serve-sandbox", "--port", "http"], "--port http", {}),
@@ -114,6 +121,21 @@ CASES = [
     ("prepare-math-named-set-and-hub-down", ["prepare", "math", "--source", "dapo_math_17k", "--out",
                                              "{tmp}/o.jsonl"], "--source dapo_math_17k",
      {"RSTAR2_DATA_DIR": UNSET, "HF_ENDPOINT": "http://127.0.0.1:{closed}"}),
+    ("prepare-math-binary-source", ["prepare", "math", "--source", "{binary}", "--out", "{tmp}/o.jsonl"],
+     "--source {binary}: not UTF-8 text", {}),
+    ("prepare-math-binary-eval-set", ["prepare", "math", "--source", "{problems}", "--out", "{tmp}/o.jsonl",
+                                      "--eval-set", "aime25"], "--eval-set aime25: {bindata}/aime25.jsonl: not UTF-8",
+     {"RSTAR2_DATA_DIR": "{bindata}"}),
+    ("prepare-math-broken-gzip-source", ["prepare", "math", "--source", "{badgz}", "--out", "{tmp}/o.jsonl"],
+     "--source {badgz}: gzip", {}),
+    ("prepare-math-not-parquet", ["prepare", "math", "--source", "{notparquet}", "--out", "{tmp}/o.jsonl"],
+     "--source {notparquet}: not a Parquet file", {}),
+    ("prepare-sft-binary-input", ["prepare", "sft", "{binary}", "--out", "{tmp}/o.jsonl", "--format", "openai"],
+     "IN_PATH {binary}: not UTF-8 text", {}),
+    ("prepare-sft-broken-gzip-input", ["prepare", "sft", "{badgz}", "--out", "{tmp}/o.jsonl", "--format", "openai"],
+     "IN_PATH {badgz}: gzip", {}),
+    ("prepare-sft-nothing-converts", ["prepare", "sft", "{problems}", "--out", "{tmp}/o.jsonl", "--format", "openai"],
+     "{problems}: 0 of 1 rows convert as --format openai (line 1: ", {}),
     ("prepare-sft-missing-input", ["prepare", "sft", "/nonexistent.jsonl", "--out", "{tmp}/o.jsonl", "--format",
                                    "openai"], "/nonexistent.jsonl: no such file", {}),
     ("prepare-sft-unknown-format", ["prepare", "sft", "{sft}", "--out", "{tmp}/o.jsonl", "--format", "alpaca"],
@@ -123,11 +145,15 @@ CASES = [
     ("prepare-hard-policy-not-a-model", ["prepare", "hard", "--policy", "{empty}"], "--policy {empty}", {}),
     ("prepare-hard-missing-data", ["prepare", "hard", "--policy", "{model}", "--data", "/nonexistent.jsonl"],
      "--data /nonexistent.jsonl", {}),
+    ("prepare-hard-binary-data", ["prepare", "hard", "--policy", "{model}", "--data", "{binary}"],
+     "--data {binary}: not UTF-8 text", {}),
     ("prepare-hard-zero-samples", ["prepare", "hard", "--policy", "{model}", "--samples", "0"], "--samples 0", {}),
     ("prepare-hard-output-under-a-file", ["prepare", "hard", "--policy", "{model}", "--data", "{problems}", "--out",
                                           "{file}/hard.jsonl"], "--out {file}/hard.jsonl", {}),
     ("prepare-eval-data-missing-file", ["prepare", "eval-data", "--gpqa", "/nonexistent.csv", "--out", "{tmp}/ed"],
      "--gpqa /nonexistent.csv", {}),
+    ("prepare-eval-data-gzip-csv", ["prepare", "eval-data", "--gpqa", "{gzcsv}", "--out", "{tmp}/ed"],
+     "--gpqa {gzcsv}: gzip-compressed", {}),
     ("prepare-eval-data-bad-row", ["prepare", "eval-data", "--ifeval", "{sft}", "--out", "{tmp}/ed"],
      "{sft}:1: missing field 'key'", {}),
     # sft
@@ -151,6 +177,8 @@ CASES = [
                                "data.train=/nonexistent.jsonl"], "data.train /nonexistent.jsonl", {}),
     ("rl-unknown-eval-set", ["rl", "--stage", "1", "--set", "model.path={model}", "--set", "data.train={problems}",
                              "--set", "train.eval_sets=[aime26]"], "train.eval_sets aime26", {}),
+    ("rl-binary-train-data", ["rl", "--stage", "1", "--set", "model.path={model}", "--set", "data.train={binary}"],
+     "data.train {binary}: not UTF-8 text", {}),
     ("rl-output-under-a-file", ["rl", "--stage", "1", "--set", "model.path={model}", "--set",
                                 "data.train={problems}", "--set", "train.out_dir={file}/rl"],
      "train.out_dir {file}/rl", {}),
@@ -195,6 +223,13 @@ def places(tmp_path_factory):
     (root / "sft.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
                                                              {"role": "assistant", "content": "hello"}]}) + "\n")
     (root / "list.yaml").write_text("- a\n")
+    # what a new user hands over by mistake: binary data, a gzip file cut short, a csv still gzipped
+    (root / "binary.jsonl").write_bytes(bytes(range(256)) * 4)
+    (root / "bindata").mkdir()
+    (root / "bindata" / "aime25.jsonl").write_bytes(bytes(range(256)) * 4)
+    (root / "cut.jsonl").write_bytes(gzip.compress((row + "\n").encode() * 200)[:40])
+    (root / "table.parquet").write_text(row + "\n")
+    (root / "gpqa.csv").write_bytes(gzip.compress(b"Question,Correct Answer\nq,a\n"))
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
@@ -202,6 +237,8 @@ def places(tmp_path_factory):
     closed.bind(("127.0.0.1", 0))     # bound, never listening: connections are refused
     p.update(empty=str(root / "empty"), file=str(root / "file"), problems=str(data / "problems.jsonl"),
              sft=str(root / "sft.jsonl"), listyaml=str(root / "list.yaml"), data=str(data),
+             binary=str(root / "binary.jsonl"), badgz=str(root / "cut.jsonl"), notparquet=str(root / "table.parquet"),
+             gzcsv=str(root / "gpqa.csv"), bindata=str(root / "bindata"),
              busy=str(busy.getsockname()[1]), closed=str(closed.getsockname()[1]))
     yield p
     busy.close()

@@ -1,6 +1,7 @@
 """Loading problem sets: named sets, file formats, field maps and line-numbered errors."""
 from __future__ import annotations
 
+import gzip
 import json
 
 import pyarrow as pa
@@ -77,3 +78,59 @@ def test_hub_fallback_offline_is_one_line_error(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("hub:HuggingFaceH4/aime_2024: load failed:"), (
         proc.stdout + proc.stderr
     )
+
+
+ROW = {"id": "a", "problem": "What is 1+1?", "answer": "2"}
+
+
+def test_gzip_jsonl_and_json_read_as_their_text(tmp_path):
+    text = json.dumps(ROW) + "\n"
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    (tmp_path / "b.jsonl").write_bytes(gzip.compress(text.encode()))        # gzip under a plain name
+    (tmp_path / "c.json.gz").write_bytes(gzip.compress(json.dumps([ROW]).encode()))
+    (tmp_path / "d.jsonl").write_bytes(b"\xef\xbb\xbf" + text.encode())     # a UTF-8 byte-order mark
+    for name, source in (("a.jsonl.gz", "a"), ("b.jsonl", "b"), ("c.json.gz", "c"), ("d.jsonl", "d")):
+        [p] = load_problems(tmp_path / name)
+        assert (p.id, p.problem, p.answer, p.source) == ("a", "What is 1+1?", "2", source), name
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("bin.jsonl", bytes(range(256)), r"bin.jsonl: not UTF-8 text \(binary: a NUL byte at offset 0\)"),
+    ("bin.json", b"[\x80\x81]", r"bin.json: not UTF-8 text \(byte 0x80 at offset 1\)"),
+    ("wide.jsonl", json.dumps(ROW).encode("utf-16"), r"wide.jsonl: not UTF-8 text \(UTF-16: save it as UTF-8\)"),
+    ("zipped.jsonl", b"PK\x03\x04" + bytes(40), r"zipped.jsonl: not UTF-8 text \(a zip archive: unzip it first\)"),
+    ("cut.jsonl", gzip.compress(b"x" * 5000 + b"\n")[:20], r"cut.jsonl: gzip stream cut short"),
+    ("rows.parquet", b'{"id": 1}\n', r"rows.parquet: not a Parquet file \(no PAR1 header\)"),
+    ("rows.parquet.gz", gzip.compress(b"PAR1"), r"rows.parquet.gz: gzip-compressed: decompress it first"),
+], ids=["binary", "latin-1", "utf-16", "zip", "gzip-cut-short", "not-parquet", "gzipped-parquet"])
+def test_unreadable_files_are_one_line_naming_the_file(tmp_path, name, content, message):
+    from rstar2_cli.data.problems import iter_rows, unreadable
+
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=message):
+        list(iter_rows(path))
+    assert unreadable(path) is not None
+
+
+def test_a_bad_byte_deep_in_a_file_names_its_line(tmp_path):
+    from rstar2_cli.data.problems import iter_rows, unreadable
+
+    good = (json.dumps(ROW) + "\n").encode()
+    path = tmp_path / "late.jsonl"
+    path.write_bytes(good * 5000 + b'{"id": "caf\xe9"}\n' + good)
+    assert unreadable(path) is None                  # the head is text: only reading finds the byte
+    with pytest.raises(DataError, match=r"late.jsonl:5001: not UTF-8 text \(byte 0xe9 at column 12\)"):
+        list(iter_rows(path))
+    gz = tmp_path / "late.jsonl.gz"
+    gz.write_bytes(gzip.compress(good * 5000)[:-30])
+    with pytest.raises(DataError, match=r"late.jsonl.gz: gzip stream cut short"):
+        list(iter_rows(gz))
+
+
+def test_a_broken_parquet_file_is_one_line(tmp_path):
+    path = tmp_path / "broken.parquet"
+    pq.write_table(pa.Table.from_pylist([ROW] * 50), path)
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(DataError, match=r"broken.parquet: not a readable Parquet file \("):
+        load_problems(path)

@@ -117,3 +117,29 @@ def test_unknown_format_and_bad_arguments():
                               "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]}
     with pytest.raises(RowError, match="arguments are not valid JSON"):
         convert_row(bad_args, "openai")
+
+
+def test_convert_file_that_converts_nothing_writes_nothing(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "1", "problem": "p", "answer": "1"}) + "\n{not json\n")
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(DataError) as err:
+        convert_file(src, out, "openai")
+    assert str(err.value).startswith(f"{src}: 0 of 2 rows convert as --format openai (line 1: ")
+    assert not out.exists()
+    src.write_text("\n")
+    with pytest.raises(DataError, match=r"in.jsonl: no rows"):
+        convert_file(src, out, "openai")
+    assert list(tmp_path.iterdir()) == [src]
+
+
+def test_convert_file_that_fails_midway_keeps_the_previous_output(tmp_path):
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    src = tmp_path / "in.jsonl"
+    src.write_bytes((json.dumps(good) + "\n").encode() * 2000 + b'{"x": "\xff"}\n')   # past the 64 KiB head
+    out = tmp_path / "out.jsonl"
+    out.write_text("previous\n")
+    with pytest.raises(DataError, match=r"in.jsonl:2001: not UTF-8 text"):
+        convert_file(src, out, "openai")
+    assert out.read_text() == "previous\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
