@@ -45,7 +45,8 @@ class FakeReplica:
 
     @classmethod
     def from_config(cls, model_path, cfg, max_model_len, seed=0, *, kv_cache_tokens=None, dtype="auto",
-                    gpu_ids=None, weight_transfer="chunked", scheduling_policy="fcfs", sampling_logprobs=False):
+                    gpu_ids=None, weight_transfer="chunked", scheduling_policy="fcfs", sampling_logprobs=False,
+                    seed_requests="auto"):
         return cls()
 
     async def generate(self, req) -> GenResult:

@@ -99,6 +99,9 @@ def test_setup_distributed_creates_the_gloo_group_once_beside_nccl(monkeypatch):
     monkeypatch.setattr(rl_dist, "start_liveness", lambda rank: made.append({"liveness": rank}) or "beating")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")   # one node of two ranks, whatever an earlier test left
+    for name in ("RANK", "GROUP_RANK", "GROUP_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
     rl_dist.setup_distributed()
     rl_dist.setup_distributed()
     # the heartbeat keys are written before new_group, a collective: after it, every rank's exist
