@@ -8,10 +8,10 @@ One step (`RLTrainer.train_step`), in the paper's order:
   5. group-normalised advantages over the kept G;
   6. the policy update (FSDP2 when launched under torchrun);
   7. push the new weights into the engines;
-  8. log metrics (JSONL, live table, optional TensorBoard/wandb; curves.png at the end); every
-     `train.eval_every` steps (and before the first) the held-out sets are evaluated on the
-     trainer's own engines and sandboxes, a share on each rollout host (`validation.py`), and
-     logged with the step.
+  8. log metrics (JSONL, live table, optional TensorBoard/wandb; curves.png at the end) and a
+     sample of the rollouts (each host its own, `rollout_log.py`); every `train.eval_every` steps
+     (and before the first) the held-out sets are evaluated on the trainer's own engines and
+     sandboxes, a share on each rollout host (`validation.py`), and logged with the step.
 A step whose groups are all filtered out (equal rewards, infrastructure failures) is skipped:
 no optimizer step, no LR step, no weight sync; it is logged with `train/skipped_empty` = 1.
 
@@ -47,7 +47,6 @@ Fault injection for tests and benchmarks/compare/chaos_rl.py: `RSTAR2_FAULT_NONF
 those (1-based) steps NaN advantages, so their loss and gradients are NaN (read once, at start);
 `RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` fails that step's checkpoint write (`checkpoint.py`).
 A tool-loop alarm (`tool_loop.py`) with `train.stop_on_tool_loop` checkpoints and aborts too.
-Each rollout host writes a sample of every step's groups to `rollouts/` (`rollout_log.py`).
 """
 from __future__ import annotations
 
@@ -148,8 +147,8 @@ class RLTrainer:
         self.nonfinite = {"total": 0, "streak": 0}   # steps with a skipped optimizer step: all, in a row
         self._engine_restarts_seen = 0                # the rollout side's restarts already logged
         self._fault_nonfinite = fault_steps(os.environ)
-        self.tool_loop, self.tool_loop_alarm = ToolLoopAlarm(cfg.train.tool_loop_baseline_steps,
-                                                             cfg.train.tool_loop_factor), None
+        self.tool_loop = ToolLoopAlarm(cfg.train.tool_loop_baseline_steps, cfg.train.tool_loop_factor)
+        self.tool_loop_alarm: str | None = None           # this step's alarm line (rl/tool_loop.py)
         self.rollout_log = (RolloutLog(self.out_dir, self.problems, self.tokenizer, count=cfg.train.log_rollouts,
                                        seed=cfg.train.seed, roc_mode=cfg.roc.mode) if self.host.is_host else None)
         saved_pending = None
@@ -274,7 +273,7 @@ class RLTrainer:
         metrics.update(self.source.overlap_metrics(shard, timer.seconds.get("sync", 0.0)))
         if validation_due(cfg, self.step):
             metrics.update(self.validate())
-        self.tool_loop_alarm = self.tool_loop.observe(self.step, metrics)     # rl/tool_loop.py
+        self.tool_loop_alarm = self.tool_loop.observe(self.step, metrics)
         metrics["tools/loop_alarm"] = float(self.tool_loop.above)
         self.writer.write(self.step, metrics)
         if self.tool_loop_alarm:
