@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from test_rl_shards import _cfg, _piece
+from test_rl_step_flow import make_trainer  # noqa: F401 (fixture)
 
 from rstar2_cli.models.tiny import build_tokenizer, default_corpus
 from rstar2_cli.rl.rollout_log import RolloutLog, mask_runs, pick_groups, read_rollouts, rollout_path
@@ -87,3 +88,18 @@ def test_turns_without_records_split_at_the_loss_mask_runs(tok, tmp_path):
     assert [x["role"] for x in rec["turns"]] == ["assistant", "tool", "assistant"]
     assert rec["turns"][1]["status"] is None and rec["turns"][0]["tool_code"] is None
     assert "".join(x["text"] for x in rec["turns"]) == tok.decode(ids)
+
+
+def test_every_trainer_step_leaves_its_rollouts_file(make_trainer, tmp_path):
+    """`RLTrainer.train_step` (engines replaced by test_rl_step_flow's recorder): steps 1 and 2 each
+    write rollouts/step_NNNNNN.jsonl.gz with both groups of 2 prompts x 2G = 4, as one host."""
+    trainer, _, _ = make_trainer()
+    metrics = [trainer.train_step(), trainer.train_step()]
+    trainer.close()
+    for step, m in enumerate(metrics, 1):
+        recs = read_rollouts(tmp_path / "run" / "rollouts" / f"step_{step:06d}.jsonl.gz")
+        assert len(recs) == 8 and {r["step"] for r in recs} == {step} and all(set(r) == KEYS for r in recs)
+        assert sum(r["roc"]["decision"] == "kept" for r in recs) == m["train/trajectories"]
+        assert m["time/rollout_log"] >= 0 and m["tools/loop_alarm"] == 0.0
+    assert sorted(p.name for p in (tmp_path / "run" / "rollouts").iterdir()) == [
+        "step_000001.jsonl.gz", "step_000002.jsonl.gz"]
