@@ -246,6 +246,13 @@ class TrainConfig(_Section):
     max_nonfinite_steps: int = Field(3, ge=1)         # NaN/inf loss or grad norm skips the optimizer step;
                                                       # this many in a row checkpoint and abort (a diverged
                                                       # run, not one bad batch)
+    # groups per step written to <out_dir>/rollouts/ (rl/rollout_log.py; the issue's `rl.log_rollouts`:
+    # this schema has no rl section), plus every group with a faulted trajectory; 0 = off
+    log_rollouts: int = Field(4, ge=0)
+    # tool-loop alarm (rl/tool_loop.py): calls per trajectory over factor x the first steps' mean
+    tool_loop_baseline_steps: int = Field(5, ge=1)
+    tool_loop_factor: float = Field(2.0, gt=1.0)
+    stop_on_tool_loop: bool = False                   # the alarm also checkpoints and stops the run
     _auto = field_validator("micro_batch_tokens", mode="wrap")(_auto_or_value)
 
 

@@ -86,7 +86,7 @@ def measure(args) -> dict:
     summary_bytes = [len(pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL)) for s in summaries]
     new = [0] * args.ranks
     for node in range(args.nodes):                 # pass 2: each host's scatter, padded to its largest part
-        kept, advantages, _ = select_on_host(host_piece(node, args), node=node, cfg=cfg, step=0, keep=None)
+        kept, advantages, _, _ = select_on_host(host_piece(node, args), node=node, cfg=cfg, step=0, keep=None)
         parts = [len(pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)) for p in plan.payloads(node, kept, advantages)]
         for r in range(args.ranks):
             if r != node * per_node:               # a host receives nothing from itself

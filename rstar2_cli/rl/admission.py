@@ -41,7 +41,8 @@ def exclusion_reason(t: Trajectory, *, exclude_void_turns: bool = False) -> str 
 
 def split_for_training(trajectories: Iterable[Trajectory], *,
                        exclude_void_turns: bool = False) -> tuple[list[Trajectory], dict[str, float]]:
-    """(the trajectories that train, metrics counting the others per reason)."""
+    """(the trajectories that train, metrics counting the others per reason); each one left out
+    carries its reason in `extra["excluded"]` (the rollout log's `fault`)."""
     kept: list[Trajectory] = []
     faults: Counter = Counter()
     void = 0
@@ -49,7 +50,9 @@ def split_for_training(trajectories: Iterable[Trajectory], *,
         reason = exclusion_reason(t, exclude_void_turns=exclude_void_turns)
         if reason is None:
             kept.append(t)
-        elif reason == VOID_TURN:
+            continue
+        t.extra["excluded"] = reason
+        if reason == VOID_TURN:
             void += 1
         else:
             faults[reason] += 1

@@ -10,6 +10,7 @@ accuracy, response lengths (training and held-out), tool-error ratios and per-st
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from contextlib import contextmanager
@@ -101,6 +102,18 @@ def tool_error_ratio(ts: Sequence[Trajectory]) -> float:
 
 
 SPREAD = ("response_length", "turns", "tool_calls")    # logged as _mean, _max, _min
+CALLS_HIST = "calls_hist:"                             # tally key prefix: trajectories with that many calls
+
+
+def calls_p95(tally: Tally) -> float:
+    """The nearest-rank 95th percentile of tool calls per trajectory, from the tally's histogram."""
+    hist = sorted((int(k[len(CALLS_HIST):]), v) for k, v in tally.sums.items() if k.startswith(CALLS_HIST))
+    need, seen = 0.95 * sum(v for _, v in hist), 0.0
+    for calls, v in hist:
+        seen += v
+        if seen >= need:
+            return float(calls)
+    return 0.0
 
 
 def rollout_tally(trajectories: Sequence[Trajectory], max_response_tokens: int | None = None) -> Tally:
@@ -119,7 +132,11 @@ def rollout_tally(trajectories: Sequence[Trajectory], max_response_tokens: int |
         "void_turns": float(sum(t.num_void_turns for t in ts)),
         "void_trajectories": float(sum(t.num_void_turns > 0 for t in ts)),
         "max_turns": float(sum(t.finish_reason == "max_turns" for t in ts)),
+        "repeated_code_calls": float(sum(t.extra.get("repeated_code_calls", 0) for t in ts)),
     })
+    for t in ts:     # calls per trajectory as a histogram: hosts' tallies merge into the batch's exact p95
+        key = f"{CALLS_HIST}{t.num_tool_calls}"
+        out.sums[key] = out.sums.get(key, 0.0) + 1.0
     for name, values in zip(SPREAD, ([t.response_length for t in ts], [t.num_turns for t in ts],
                                      [t.num_tool_calls for t in ts])):
         out.spread(name, values)
@@ -148,6 +165,10 @@ def finish_rollout(tally: Tally) -> dict[str, float]:
         "rollout/void_turn_trajectories": s["void_trajectories"] / s["n"],
         # stopped by rollout.max_turns with a call still to run
         "rollout/max_turns_ratio": s["max_turns"] / s["n"],
+        # the tool-loop alarm's (rl/tool_loop.py): calls per trajectory are rollout/tool_calls_{mean,max}
+        # below, trajectories at the turn cap rollout/max_turns_ratio above
+        "tools/calls_per_traj_p95": calls_p95(tally),
+        "tools/repeated_code_ratio": s.get("repeated_code_calls", 0.0) / s["tool_calls"] if s["tool_calls"] else 0.0,
     }
     for name in SPREAD:
         out.update({f"rollout/{name}_mean": s[name] / s["n"], f"rollout/{name}_max": tally.maxs[name],
@@ -217,6 +238,16 @@ class MetricsWriter:
             except ImportError as e:
                 raise RuntimeError("train.wandb is on but wandb is not installed: pip install wandb") from e
             self._wandb = wandb_mod.init(dir=str(out_dir))
+
+    def note(self, line: str) -> None:
+        """One line in the log and, live, under the table (the tool-loop alarm's)."""
+        if not self.enabled:
+            return
+        logging.getLogger(__name__).warning(line)
+        if self.live:
+            from rich.console import Console
+
+            Console().print(line, style="bold red", markup=False, highlight=False)
 
     def keep_through(self, step: int | None) -> None:
         """Drop the rows after `step` (all of them if None): a resumed run writes the steps after

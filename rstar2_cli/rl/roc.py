@@ -47,6 +47,10 @@ and are dropped. As in the release it runs on the full oversampled group before 
 again after selection (a safeguard; with the minimum of two per class it does not fire when
 both classes are present).
 With RoC disabled: the first G samples of each group, then the same filter.
+
+Decisions: the selection records on every trajectory it sees why it kept or left it
+(`Trajectory.extra["roc"]`: decision kept / dropped / filtered / excluded, its class, a one-line
+rule; `decide`), which the rollout log writes as it is (`rl/rollout_log.py`).
 """
 from __future__ import annotations
 
@@ -119,13 +123,35 @@ def release_format_penalty(text: str) -> float:
 
 
 def penalties(t: Trajectory, mode: str = "paper") -> float:
-    if mode == "release":
-        return release_error_penalty(t.text) + release_format_penalty(t.text)
-    return error_penalty(t) + format_penalty(t)
+    return sum(penalty_parts(t, mode))
 
 
 def is_positive(t: Trajectory) -> bool:
     return t.reward > 0
+
+
+def penalty_parts(t: Trajectory, mode: str = "paper") -> tuple[float, float]:
+    """(p_err, p_format) as `penalties` adds them in `mode`."""
+    if mode == "release":
+        return release_error_penalty(t.text), release_format_penalty(t.text)
+    return error_penalty(t), format_penalty(t)
+
+
+def decide(t: Trajectory, decision: str, as_: str | None, rule: str) -> None:
+    """Record the selection's decision on `t` (kept, dropped, filtered or excluded)."""
+    t.extra["roc"] = {"decision": decision, "as": as_, "rule": rule}
+
+
+def _mark(group: Sequence[Trajectory], chosen: Iterable[int], rules: dict[str, tuple[str, str]]) -> None:
+    """Each member kept or dropped by `chosen`, with its class's (kept rule, dropped rule)."""
+    chosen = set(chosen)
+    for i, t in enumerate(group):
+        cls = "positive" if is_positive(t) else "negative"
+        decide(t, "kept" if i in chosen else "dropped", cls, rules[cls][i not in chosen])
+
+
+def _whole(why: str) -> dict[str, tuple[str, str]]:
+    return {c: (f"{c} kept: group kept whole ({why})", "") for c in ("positive", "negative")}
 
 
 # ---------------------------------------------------------------- selection of one group
@@ -136,6 +162,7 @@ def _paper_select(group: Sequence[Trajectory], group_size: int, oversample: int,
     n = len(group)
     keep = group_size if n >= oversample * group_size else min(group_size, (n + 1) // 2)
     if n <= keep:
+        _mark(group, range(n), _whole(f"{n} <= K={keep}"))
         return list(range(n))
     neg = [i for i, t in enumerate(group) if not is_positive(t)]
     pos = [i for i, t in enumerate(group) if is_positive(t)]
@@ -154,6 +181,11 @@ def _paper_select(group: Sequence[Trajectory], group_size: int, oversample: int,
     if k_pos:
         w = np.array([1.0 / (penalties(group[i]) + PENALTY_EPS) for i in pos])
         chosen += [int(i) for i in rng.choice(pos, size=k_pos, replace=False, p=w / w.sum())]
+    _mark(group, chosen, {
+        "negative": (f"negative kept: uniform sample, {k_neg} of {len(neg)}",
+                     f"negative dropped: uniform sample, {k_neg} of {len(neg)} kept"),
+        "positive": (f"positive kept: sampled by 1/(p_err+p_format), {k_pos} of {len(pos)}",
+                     f"positive dropped: sampled by 1/(p_err+p_format), {k_pos} of {len(pos)} kept")})
     return sorted(chosen)
 
 
@@ -163,12 +195,14 @@ def _release_select(group: Sequence[Trajectory], group_size: int) -> list[int] |
     if n < group_size:
         return None
     if n == group_size:
+        _mark(group, range(n), _whole(f"{n} = G"))
         return list(range(n))
     neg = [i for i, t in enumerate(group) if not is_positive(t)]
     pos = sorted((i for i, t in enumerate(group) if is_positive(t)), key=lambda i: penalties(group[i], "release"))
     k_neg = round(len(neg) * group_size / n)
     k_pos = round(len(pos) * group_size / n)
     if k_neg < RELEASE_MIN_NEGATIVES and k_pos < RELEASE_MIN_POSITIVES:
+        _mark(group, range(n), _whole("both classes under the release's minimum"))
         return list(range(n))
     if k_neg <= min(RELEASE_MIN_NEGATIVES, len(neg)):
         k_neg = min(RELEASE_MIN_NEGATIVES, len(neg))
@@ -176,6 +210,11 @@ def _release_select(group: Sequence[Trajectory], group_size: int) -> list[int] |
     if k_pos <= min(RELEASE_MIN_POSITIVES, len(pos)):
         k_pos = min(RELEASE_MIN_POSITIVES, len(pos))
         k_neg = group_size - k_pos
+    _mark(group, pos[:k_pos] + neg[:k_neg], {
+        "positive": (f"positive kept: lowest p_err+p_format, {k_pos} of {len(pos)}",
+                     f"positive dropped: not among the {k_pos} lowest p_err+p_format"),
+        "negative": (f"negative kept: first {k_neg} in rollout order",
+                     f"negative dropped: after the first {k_neg} in rollout order")})
     return sorted(pos[:k_pos] + neg[:k_neg])
 
 
@@ -277,18 +316,18 @@ def downsample_groups(groups: Sequence[Sequence[Trajectory]], group_size: int,
             result.dropped["empty"] += 1
             continue
         if reject_equal_reward and all_rewards_equal(group):
-            result.dropped["equal_reward"] += 1
+            _filter(result, group, "equal_reward", "group filtered: all rewards equal")
             continue
         if mode == "paper":
             chosen = _paper_select(group, group_size, oversample, rng(group) if callable(rng) else rng)
         else:
             chosen = _release_select(group, group_size)
             if chosen is None:
-                result.dropped["too_few_samples"] += 1
+                _filter(result, group, "too_few_samples", f"group filtered: {len(group)} < G={group_size} samples")
                 continue
         kept = [group[i] for i in chosen]
         if reject_equal_reward and all_rewards_equal(kept):
-            result.dropped["equal_reward_after_roc"] += 1
+            _filter(result, group, "equal_reward_after_roc", "group filtered: the kept rewards all equal")
             continue
         result.groups.append(kept)
     _finish_metrics(result, groups)
@@ -305,11 +344,20 @@ def first_g_groups(groups: Sequence[Sequence[Trajectory]], group_size: int, *,
         if not kept:
             result.dropped["empty"] += 1
         elif reject_equal_reward and all_rewards_equal(kept):
-            result.dropped["equal_reward"] += 1
+            _filter(result, group, "equal_reward", "group filtered: all rewards equal")
         else:
+            _mark(group, range(len(kept)), {c: (f"{c} kept: GRPO, first G={group_size}",
+                                                  f"{c} dropped: GRPO, after the first G={group_size}")
+                                              for c in ("positive", "negative")})
             result.groups.append(kept)
     _finish_metrics(result, groups)
     return result
+
+
+def _filter(result: RocResult, group: Sequence[Trajectory], reason: str, rule: str) -> None:
+    result.dropped[reason] += 1
+    for t in group:
+        decide(t, "filtered", None, rule)
 
 
 def _finish_metrics(result: RocResult, groups: Sequence[Sequence[Trajectory]]) -> None:
@@ -325,7 +373,11 @@ def select_for_training(trajectories: Iterable[Trajectory], cfg: RocConfig, grou
                         rng: GroupRng) -> RocResult:
     """The trainer's entry point: leave out what is not the model's doing (`admission.py`), group
     by sampled instance, then RoC (cfg.enabled) or plain GRPO."""
+    trajectories = list(trajectories)
     accountable, infra_metrics = split_for_training(trajectories, exclude_void_turns=cfg.exclude_void_turns)
+    for t in trajectories:
+        if "excluded" in t.extra:
+            decide(t, "excluded", None, f"excluded: {t.extra['excluded']}")
     groups = group_by_instance(accountable)
     if not cfg.enabled:
         result = first_g_groups(groups, group_size, reject_equal_reward=cfg.reject_equal_reward)

@@ -22,6 +22,7 @@ N nodes reproduce one node. `benchmarks/timing/bench_exchange.py` measures the b
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,6 +111,8 @@ class StepShard:
     seconds: dict[str, float]                        # rollout and reward (slowest host), tools (mean)
     per_node: dict[str, float] = field(default_factory=dict)
     reports: list[Any] = field(default_factory=list)
+    records: list[dict[str, Any]] | None = None     # this host's rollout-log sample (`RolloutLog.pick`); None off-host
+    log_seconds: float = 0.0                        # its cost on this host
 
 
 class Plan:
@@ -199,9 +202,11 @@ def unpack(payload: dict[str, Any]) -> list[tuple[int, int, Trajectory, float]]:
     return out
 
 
-def select_on_host(piece: Piece, *, node: int, cfg: Any, step: int, keep: Filter | None
-                   ) -> tuple[list[Trajectory], list[float], HostSummary]:
-    """Step 1 on a rollout host: place, filter (the source's hook), RoC, advantages, tallies."""
+def select_on_host(piece: Piece, *, node: int, cfg: Any, step: int, keep: Filter | None, log: Any = None
+                   ) -> tuple[list[Trajectory], list[float], HostSummary, tuple[list[dict[str, Any]], float]]:
+    """Step 1 on a rollout host: place, filter (the source's hook), RoC, advantages, tallies, and
+    the rollout log's records of step `step` + 1 with the seconds they took (`log`: a
+    `rollout_log.RolloutLog`, or None)."""
     from rstar2_cli.rl import roc as roc_mod      # looked up at call time: tests record the selection
     from rstar2_cli.rl.loss import advantages_for_groups
 
@@ -220,21 +225,26 @@ def select_on_host(piece: Piece, *, node: int, cfg: Any, step: int, keep: Filter
                                   for g in roc.groups],
                           rollout=rollout_tally(kept_in, cfg.rollout.max_response_tokens), roc=dict(roc.metrics),
                           roc_tally=roc.tally, seconds=dict(seconds), report=report)
-    return roc.trajectories, advantages, summary
+    started = time.perf_counter()
+    records = log.pick(kept_in, roc.trajectories, advantages, step=step + 1, node=node) if log is not None else []
+    return roc.trajectories, advantages, summary, (records, time.perf_counter() - started)
 
 
-def share_step(piece: Piece | str | None, rollouts: Any, cfg: Any, step: int, keep: Filter | None = None
-               ) -> StepShard:
+def share_step(piece: Piece | str | None, rollouts: Any, cfg: Any, step: int, keep: Filter | None = None,
+               log: Any = None) -> StepShard:
     """Steps 1-3 of the module docstring on every rank. `piece`: this host's Piece, or a string
     saying why its rollout failed (every rank then raises), None off-host; `rollouts` gives
-    `host` (is_host, node_index), `host_ranks` and `info` (rank, world_size)."""
+    `host` (is_host, node_index), `host_ranks` and `info` (rank, world_size); `log`: the
+    `rollout_log.RolloutLog` that picks this host's records (StepShard.records)."""
     host, ranks, info = rollouts.host, rollouts.host_ranks, rollouts.info
     mine: Any = piece
     kept: list[Trajectory] = []
     advantages: list[float] = []
+    records: tuple[list[dict[str, Any]], float] | None = None
     if host.is_host and not isinstance(piece, str):
         try:
-            kept, advantages, mine = select_on_host(piece, node=host.node_index, cfg=cfg, step=step, keep=keep)
+            kept, advantages, mine, records = select_on_host(piece, node=host.node_index, cfg=cfg, step=step,
+                                                             keep=keep, log=log)
         except Exception as e:
             if not rl_dist.is_distributed():
                 raise
@@ -257,4 +267,5 @@ def share_step(piece: Piece | str | None, rollouts: Any, cfg: Any, step: int, ke
                 if len(summaries) > 1 else {})
     return StepShard(trajectories=[r[2] for r in rows], advantages=[r[3] for r in rows],
                      mini_batches=[r[1] for r in rows], kept=len(plan.lengths), tally=tally, roc=merge_roc(summaries),
-                     seconds=seconds, per_node=per_node, reports=[s.report for s in summaries])
+                     seconds=seconds, per_node=per_node, reports=[s.report for s in summaries],
+                     records=None if records is None else records[0], log_seconds=records[1] if records else 0.0)

@@ -8,10 +8,10 @@ One step (`RLTrainer.train_step`), in the paper's order:
   5. group-normalised advantages over the kept G;
   6. the policy update (FSDP2 when launched under torchrun);
   7. push the new weights into the engines;
-  8. log metrics (JSONL, live table, optional TensorBoard/wandb; curves.png at the end); every
-     `train.eval_every` steps (and before the first) the held-out sets are evaluated on the
-     trainer's own engines and sandboxes, a share on each rollout host (`validation.py`), and
-     logged with the step.
+  8. log metrics (JSONL, live table, optional TensorBoard/wandb; curves.png at the end) and a
+     sample of the rollouts (each host its own, `rollout_log.py`); every `train.eval_every` steps
+     (and before the first) the held-out sets are evaluated on the trainer's own engines and
+     sandboxes, a share on each rollout host (`validation.py`), and logged with the step.
 A step whose groups are all filtered out (equal rewards, infrastructure failures) is skipped:
 no optimizer step, no LR step, no weight sync; it is logged with `train/skipped_empty` = 1.
 
@@ -46,6 +46,7 @@ completed step and aborts (`RunAborted`), the step's batch drawn again on resume
 Fault injection for tests and benchmarks/compare/chaos_rl.py: `RSTAR2_FAULT_NONFINITE_STEPS=3,4` gives
 those (1-based) steps NaN advantages, so their loss and gradients are NaN (read once, at start);
 `RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` fails that step's checkpoint write (`checkpoint.py`).
+A tool-loop alarm (`tool_loop.py`) with `train.stop_on_tool_loop` checkpoints and aborts too.
 """
 from __future__ import annotations
 
@@ -107,9 +108,11 @@ class RLTrainer:
         from rstar2_cli.rl.cpu_threads import TrainerThreads
         from rstar2_cli.rl.metrics import MetricsWriter
         from rstar2_cli.rl.policy import PolicyTrainer
+        from rstar2_cli.rl.rollout_log import RolloutLog
         from rstar2_cli.rl.rollout_service import RolloutService
         from rstar2_cli.rl.rollout_source import rollout_source
         from rstar2_cli.rl.sampler import DataSampler
+        from rstar2_cli.rl.tool_loop import ToolLoopAlarm
 
         self.cfg, self.progress, self.on_step = cfg, progress, on_step
         self.out_dir = Path(cfg.train.out_dir)
@@ -144,6 +147,10 @@ class RLTrainer:
         self.nonfinite = {"total": 0, "streak": 0}   # steps with a skipped optimizer step: all, in a row
         self._engine_restarts_seen = 0                # the rollout side's restarts already logged
         self._fault_nonfinite = fault_steps(os.environ)
+        self.tool_loop = ToolLoopAlarm(cfg.train.tool_loop_baseline_steps, cfg.train.tool_loop_factor)
+        self.tool_loop_alarm: str | None = None           # this step's alarm line (rl/tool_loop.py)
+        self.rollout_log = (RolloutLog(self.out_dir, self.problems, self.tokenizer, count=cfg.train.log_rollouts,
+                                       seed=cfg.train.seed, roc_mode=cfg.roc.mode) if self.host.is_host else None)
         saved_pending = None
         engine_weights = cfg.model.path
         mode = resume_mode(resume)
@@ -158,6 +165,7 @@ class RLTrainer:
             engine_weights = str(ckpt)   # a checkpoint folder is a plain HF model folder
             saved_pending = state.extra.get("async_pending")
             self.nonfinite.update(state.extra.get("nonfinite", {}))
+            self.tool_loop.load_state_dict(state.extra.get("tool_loop", {}))
         else:
             if mode == "auto":
                 log.info("--resume auto: no checkpoint under %s, starting fresh", self.out_dir)
@@ -220,7 +228,7 @@ class RLTrainer:
         rolled = self.source.next_batch(self.step)
         # 4. RoC: each group of oversample*G downsampled to G; 5. advantages over the kept G; both
         # on the host that rolled the group out; this rank receives the trajectories it trains
-        shard = share_step(rolled.piece, rollouts, cfg, self.step, rolled.keep)
+        shard = share_step(rolled.piece, rollouts, cfg, self.step, rolled.keep, log=self.rollout_log)
         for name, seconds in shard.seconds.items():
             timer.add(name, seconds)
         advantages = shard.advantages
@@ -246,6 +254,10 @@ class RLTrainer:
             log.warning("step %d: no group left after filtering (%s): skipped, no optimizer or LR step",
                         self.step + 1, ", ".join(f"{k} {v}" for k, v in dropped.items() if v) or "no groups")
             rollouts.keep_weights()
+        if shard.records is not None:     # rollout hosts: the step's sample on disk (rl/rollout_log.py)
+            with timer("rollout_log"):
+                self.rollout_log.write(self.step + 1, self.host.node_index, len(rollouts.host_ranks), shard.records)
+            timer.add("rollout_log", shard.log_seconds)
         timer.stop()
         self.step += 1
         self.source.after_update(self.step)      # k >= 1: the new version admits batches at once
@@ -261,7 +273,11 @@ class RLTrainer:
         metrics.update(self.source.overlap_metrics(shard, timer.seconds.get("sync", 0.0)))
         if validation_due(cfg, self.step):
             metrics.update(self.validate())
+        self.tool_loop_alarm = self.tool_loop.observe(self.step, metrics)
+        metrics["tools/loop_alarm"] = float(self.tool_loop.above)
         self.writer.write(self.step, metrics)
+        if self.tool_loop_alarm:
+            self.writer.note(self.tool_loop_alarm)
         if self.on_step is not None and self.info.is_main:
             self.on_step(self.step, metrics)
         return metrics
@@ -315,7 +331,7 @@ class RLTrainer:
 
         target = self.out_dir / ("final" if final else f"step_{self.step:06d}")
         pending = self.source.checkpoint_state(self.rollouts.gather_from_hosts, self.host.is_host)
-        extra = {"nonfinite": dict(self.nonfinite)}
+        extra = {"nonfinite": dict(self.nonfinite), "tool_loop": self.tool_loop.state_dict()}
         if pending is not None:
             extra["async_pending"] = pending
         try:
@@ -360,6 +376,9 @@ class RLTrainer:
                         f"step {self.step}: {self.nonfinite['streak']} steps in a row with a non-finite loss or "
                         f"gradient norm (train.max_nonfinite_steps={self.cfg.train.max_nonfinite_steps}); "
                         f"{saved} holds the last finite weights")
+                if self.tool_loop_alarm and self.cfg.train.stop_on_tool_loop:
+                    raise RunAborted(f"{self.tool_loop_alarm} (train.stop_on_tool_loop); {self.save()} holds step "
+                                     f"{self.step}")
                 self._abort_if_sandbox_down()
                 if self.step % self.cfg.train.save_every == 0 and self.step < self.cfg.train.steps:
                     self.save()

@@ -31,6 +31,12 @@ Void turns (SimpleTIR, arXiv 2509.02479: a turn with neither code nor a final an
 per trajectory (`Trajectory.num_void_turns`): a turn that ended on a stop id with no well-formed
 tool call (a malformed one, answered with a parse error, is no complete code block) and no answer
 (`has_answer`). A turn cut by the response budget is not counted (it is clipped, `rollout/clip_ratio`).
+
+Turn records (`Trajectory.extra["turns"]`, read by `rl/rollout_log.py`): per turn in order, its
+role, its `span` [start, end) in `response_ids`, and what the loop knew: a generated turn's call
+code and parse errors (`note_attempts`), a tool turn's status (`tool_status`); no text (a writer
+decodes the spans of the few trajectories it logs). `extra["repeated_code_calls"]`: calls whose
+code (`call_code`) an earlier call of the same trajectory ran (the tool-loop alarm, rl/tool_loop.py).
 """
 from __future__ import annotations
 
@@ -57,6 +63,7 @@ log = logging.getLogger(__name__)
 
 INFRA_TOOL_REASONS = frozenset({"internal_error"})  # sandbox failures that are not the model's doing
                                                  # (worker crash, queue timeout, remote backend error)
+CALL_SEPARATOR = "\n# ---- next call ----\n"   # between the codes of one turn's calls in its record
 
 
 def has_answer(turn_text: str) -> bool:
@@ -122,6 +129,32 @@ async def _run_calls(attempts: list[ToolCall | ParseError], tool_runner, proto: 
     return outcomes
 
 
+def call_code(call: ToolCall) -> str:
+    """What makes two calls the same: the code a call runs (its arguments where it has no code)."""
+    code = call.arguments.get("code")
+    return code if isinstance(code, str) else repr(sorted(call.arguments.items()))
+
+
+def note_attempts(turn: dict[str, Any], attempts: list[ToolCall | ParseError]) -> None:
+    """A generated turn's call attempts on its record: the code of its well-formed calls (several
+    joined by `CALL_SEPARATOR`), the messages of its malformed ones; None where it has none."""
+    codes = [c.arguments.get("code", c.raw) for c in attempts if isinstance(c, ToolCall)]
+    errors = [a.message for a in attempts if isinstance(a, ParseError)]
+    turn["tool_code"] = CALL_SEPARATOR.join(map(str, codes)) if codes else None
+    turn["parse_error"] = "\n".join(errors) if errors else None
+
+
+def tool_status(reasons: list[str]) -> str:
+    """One tool turn's status from its calls' reasons: the first call that did not run cleanly
+    decides ("parse_error"; sandbox "timeout"; "internal_error" -> "infra_error"; any other
+    sandbox reason -> "error"), else "ok"."""
+    for r in reasons:
+        if r != "ok":
+            return {"parse_error": "parse_error", "timeout": "timeout"}.get(
+                r, "infra_error" if r in INFRA_TOOL_REASONS else "error")
+    return "ok"
+
+
 def record_versions(traj: Trajectory, res: Any, start: int, context_tokens: int) -> None:
     """One turn's versions: its first token's in `policy_versions`; with per-token spans (partial
     rollouts), each change of version in `version_spans` (at `start` + the span's offset), and a
@@ -143,6 +176,9 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
     budget = cfg.max_response_tokens
     ids, mask, logprobs = traj.response_ids, traj.loss_mask, traj.logprobs
     reasons: list[str] = []           # per call: "ok", a sandbox failure reason, or "parse_error"
+    turns: list[dict[str, Any]] = []  # per turn, its token span and what the loop knew (`turn_records`)
+    seen_code: set[str] = set()
+    repeated = 0                      # calls whose code an earlier call of this trajectory ran already
     used_session = False
     try:
         while True:
@@ -154,6 +190,8 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             if len(res.logprobs) != len(res.token_ids):
                 raise RuntimeError(f"engine returned {len(res.logprobs)} logprobs for {len(res.token_ids)} tokens")
             record_versions(traj, res, len(ids), len(req.prompt_ids))
+            turns.append({"role": "assistant", "span": [len(ids), len(ids) + len(res.token_ids)],
+                          "tool_code": None, "parse_error": None})
             ids.extend(res.token_ids)
             mask.extend([1] * len(res.token_ids))
             logprobs.extend(map(float, res.logprobs))
@@ -165,6 +203,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             turn_text = proto.decode(res.token_ids)
             attempts = parse_tool_calls(turn_text, proto.tools, cfg.max_calls_per_turn,
                                         messages=cfg.parse_messages, unclosed_feedback=cfg.unclosed_tag_feedback)
+            note_attempts(turns[-1], attempts)
             if (last in proto.stop_ids and not any(isinstance(a, ToolCall) for a in attempts)
                     and not has_answer(turn_text)):
                 traj.num_void_turns += 1      # a complete turn with neither a well-formed call nor an answer
@@ -183,6 +222,11 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
                                                for a in attempts)
             for o in outcomes:
                 reasons.append("parse_error" if isinstance(o, ParseError) else o.reason)
+            for a in attempts:
+                if isinstance(a, ToolCall):
+                    code = call_code(a)
+                    repeated += code in seen_code
+                    seen_code.add(code)
             traj.num_tool_calls += len(outcomes)
             infra = sum(r in INFRA_TOOL_REASONS for r in reasons[-len(outcomes):])
             traj.num_tool_errors += sum(r != "ok" for r in reasons[-len(outcomes):]) - infra
@@ -196,6 +240,8 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             if len(ids) + len(tool_ids) >= budget:   # the release's rule: no partial tool turn
                 traj.finish_reason = "length"
                 break
+            turns.append({"role": "tool", "span": [len(ids), len(ids) + len(tool_ids)],
+                          "status": tool_status(reasons[-len(outcomes):])})
             ids.extend(tool_ids)
             mask.extend([0] * len(tool_ids))
             logprobs.extend([0.0] * len(tool_ids))
@@ -212,7 +258,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
         if used_session and hasattr(tool_runner, "close_session"):
             tool_runner.close_session(key)
     traj.text = proto.decode(ids)
-    traj.extra.update(key=key, seed=seed, tool_reasons=reasons)
+    traj.extra.update(key=key, seed=seed, tool_reasons=reasons, turns=turns, repeated_code_calls=repeated)
     return traj
 
 

@@ -49,6 +49,15 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
         assert key in first, key
     assert first["time/sync"] < first["time/step"]
     assert first["rollout/accuracy"] == 0.5 and first["train/loss_tokens"] > 0
+    # every step's rollouts on disk: both groups (log_rollouts 4 > 2 prompts), their kept G=2 with advantages
+    from rstar2_cli.rl.rollout_log import read_rollouts
+
+    for step in (1, 2):
+        recs = read_rollouts(out / "rollouts" / f"step_{step:06d}.jsonl.gz")
+        assert len(recs) == 8 and {r["step"] for r in recs} == {step} and {r["group"] for r in recs} == {0, 1}
+        assert sum(r["advantage"] is not None for r in recs) == 4 and all(r["turns"] for r in recs)
+    for key in ("tools/calls_per_traj_p95", "tools/repeated_code_ratio", "tools/loop_alarm", "time/rollout_log"):
+        assert key in first, key
     # the final checkpoint is a plain HF model folder, different from the start
     start = AutoModelForCausalLM.from_pretrained(tiny_model)
     trained = AutoModelForCausalLM.from_pretrained(final)
@@ -65,6 +74,7 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
     saved_optim = saved_optimizer_state(final, tmp_path / "optim.pt")
     trainer = RLTrainer(_recipe(tiny_model, data, out, steps=3), resume=True, progress=False)
     assert trainer.step == 2
+    assert trainer.tool_loop.baseline == [r["rollout/tool_calls_mean"] for r in rows]   # the alarm's, saved
     order = DataSampler(5, 2, seed=3)
     batches = [order.next_batch() for _ in range(2)]
     assert trainer.sampler.state_dict() == saved_state["sampler"] == order.state_dict()   # two batches drawn
@@ -85,6 +95,7 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
     assert started == [(2, batches[2])]
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1.0, 2.0, 3.0]
+    assert (out / "rollouts" / "step_000003.jsonl.gz").is_file()
 
 
 def test_a_step_graded_by_the_real_grader_pool(tiny_model, tmp_path, monkeypatch):
