@@ -110,3 +110,25 @@ def write_eval(folder: Path, benchmark: str = "aime24", problems: int = 2, sampl
     (folder / "results.json").write_text(json.dumps({"benchmark": benchmark, "model": "tiny",
                                                       "metrics": {"avg@2": 0.5, "pass@2": 1.0}}))
     return folder
+
+
+def write_big_run(root: Path, steps: int = 20, per_step: int = 100, group_size: int = 8) -> Path:
+    """A synthetic run of `steps` x `per_step` trajectories with responses of a few thousand characters."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "rollouts").mkdir(exist_ok=True)
+    reasoning = "We consider the sum of the first n odd numbers and check it numerically. " * 30
+    code = "\n".join(f"total_{i} = sum(range({i}, {i} + 100))\nprint(total_{i})" for i in range(20))
+    rows = []
+    for step in range(1, steps + 1):
+        trajs = [error_positive(step, k // group_size, k % group_size) if k % 5 == 0 else
+                 trajectory(step, k // group_size, k % group_size, reward=float(k % 3 != 0), turns=[
+                     assistant(reasoning, code, tokens=900), tool("Tool call success\nstdout: " + "4950\n" * 20),
+                     assistant(reasoning + "<answer>\\boxed{4950}</answer>", tokens=800)])
+                 for k in range(per_step)]
+        with gzip.open(root / "rollouts" / f"step_{step:06d}.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps(t) + "\n" for t in trajs)
+        rows.append({"step": step, "rollout/reward_mean": 0.5 + step / 100, "rollout/accuracy": 0.5 + step / 100,
+                     "rollout/response_length_mean": 1800.0 - step, "rollout/tool_calls_mean": 1.2,
+                     "rollout/tool_error_ratio": 0.2 - step / 200, "rollout/tool_error_ratio_positive": 0.1})
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
