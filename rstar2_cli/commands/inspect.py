@@ -14,9 +14,11 @@ def register(app: typer.Typer) -> None:
     def inspect_cmd(
         run_dir: Path = typer.Argument(..., help="An RL run folder (metrics.jsonl, rollouts/) or an eval output "
                                                  "folder (results.json, trajectories.jsonl; `eval all`'s too)."),
-        out: Optional[Path] = typer.Option(None, "--out", "-o", help="The page to write [default: RUN_DIR/inspect.html]."),
-        serve: Optional[int] = typer.Option(None, "--serve", min=0, max=65535,
-                                            help="Serve the page and RUN_DIR read-only on 127.0.0.1:PORT until Ctrl-C."),
+        out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                           help="The page to write [default: RUN_DIR/inspect.html]."),
+        serve: Optional[int] = typer.Option(
+            None, "--serve", min=0, max=65535,
+            help="Serve the page and RUN_DIR read-only on 127.0.0.1:PORT until Ctrl-C (0: any free port)."),
         max_trajectories: int = typer.Option(2000, "--max-trajectories", min=0,
                                              help="Trajectories embedded in the page, sampled evenly over steps."),
     ) -> None:
@@ -30,12 +32,22 @@ def register(app: typer.Typer) -> None:
         except InspectError as e:
             fail(str(e))
         target = out if out is not None else run_dir / PAGE_FILE
+        server = None
+        if serve is not None:                    # the port first: a busy one fails before anything is written
+            from rstar2_cli.inspect.serve import make_server
+
+            try:
+                server = make_server(target, run_dir, serve)
+            except OSError as e:
+                fail(f"--serve {serve} on 127.0.0.1: {e.strerror or e}")
         try:
             page = write_page(data, target)
         except OSError as e:
+            if server is not None:
+                server.server_close()
             fail(f"--out {target}: cannot write the page ({e.strerror or e})")
         typer.echo(str(page))
-        if serve is not None:
-            from rstar2_cli.inspect.serve import serve as serve_page
+        if server is not None:
+            from rstar2_cli.inspect.serve import serve_until_interrupted
 
-            serve_page(page, run_dir, serve, announce=typer.echo)
+            serve_until_interrupted(server, announce=typer.echo)

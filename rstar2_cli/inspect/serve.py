@@ -39,8 +39,8 @@ def make_server(page: Path, folder: Path, port: int) -> ThreadingHTTPServer:
     return ThreadingHTTPServer(("127.0.0.1", port), handler)
 
 
-def serve(page: Path, folder: Path, port: int, announce=print) -> None:
-    server = make_server(page, folder, port)
+def serve_until_interrupted(server: ThreadingHTTPServer, announce=print) -> None:
+    """Answer requests until Ctrl-C, then close the socket."""
     announce(f"serving http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)")
     try:
         server.serve_forever()

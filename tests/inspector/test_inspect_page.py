@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -108,3 +112,35 @@ def test_serve_answers_the_page_and_the_folder_read_only(tmp_path):
         server.shutdown()
         server.server_close()
     assert (run / "metrics.jsonl").read_text().startswith('{"step": 1')
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rstar2_cli.cli", "inspect", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_a_busy_port_is_one_line_before_anything_is_written(tmp_path):
+    run = write_rl_run(tmp_path / "run", steps=1)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = run_cli(str(run), "--serve", str(port))
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
+    assert done.stderr.startswith(f"error: --serve {port} on 127.0.0.1: ") and not (run / "inspect.html").exists()
+
+
+def test_serve_prints_the_page_then_the_address_and_stops_on_ctrl_c(tmp_path):
+    run = write_rl_run(tmp_path / "run", steps=1)
+    proc = subprocess.Popen([sys.executable, "-m", "rstar2_cli.cli", "inspect", str(run), "--serve", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == str(run / "inspect.html")
+        address = proc.stdout.readline().split()[1]
+        page = urllib.request.urlopen(address).read().decode()
+        assert page == (run / "inspect.html").read_text()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
