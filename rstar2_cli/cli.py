@@ -67,6 +67,7 @@ COMMAND_MODULES = [
     "rl",
     "eval",
     "sandbox",
+    "inspect",
 ]
 
 for _name in COMMAND_MODULES:

@@ -31,6 +31,8 @@ USER_PROMPT = (
 )
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+# The tags around each tool message in a user turn (chat_template.jinja, the "tool" role).
+TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 
 
 @lru_cache(maxsize=1)

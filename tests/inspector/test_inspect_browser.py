@@ -1,0 +1,109 @@
+"""`rstar2 inspect` as a person uses it: the page opened in headless Chromium (Debian's `chromium`,
+`--dump-dom` gives the DOM after the page's script ran), and its speed on a 2,000-trajectory run."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from inspect_fixtures import write_big_run, write_rl_run
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed: apt-get install -y chromium")
+
+
+def chromium(*args: str) -> str:
+    flags = ["--headless", "--disable-gpu", "--hide-scrollbars", "--no-first-run"]
+    if os.geteuid() == 0:
+        flags.append("--no-sandbox")             # Chromium refuses to run as root with its sandbox
+    done = subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def inspect(*args: str) -> tuple[Path, float]:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "rstar2_cli.cli", "inspect", *args], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return Path(done.stdout.strip().splitlines()[-1]), time.perf_counter() - start
+
+
+class Dom(HTMLParser):
+    """Elements (tag, attributes, class set) and the text of the dumped DOM."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.elements: list[tuple[str, dict, set]] = []
+        self.text: list[str] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.elements.append((tag, a, set((a.get("class") or "").split())))
+        self.hidden = tag in ("script", "style")
+
+    def handle_endtag(self, tag):
+        self.hidden = False
+
+    def handle_data(self, data):
+        if not getattr(self, "hidden", False):       # what a reader sees: not the script, style or data
+            self.text.append(data)
+
+    def having(self, cls: str) -> list[dict]:
+        return [a for _, a, c in self.elements if cls in c]
+
+    @property
+    def all_text(self) -> str:
+        return "".join(self.text)
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_page_in_a_browser(tmp_path):
+    run = write_rl_run(tmp_path / "run")
+    page, _ = inspect(str(run))
+    dom = Dom(chromium("--dump-dom", page.as_uri() + "#section=0"))
+    text = dom.all_text
+    assert "showing 24 of 24 trajectories from 3 steps" in text
+    assert len(dom.having("section")) == 3 and all(f"step {i}" in text for i in (1, 2, 3))     # steps listed
+    assert len(dom.having("traj")) == 8                                   # step 1's trajectories
+    assert len(dom.having("turn")) == 5 and "Tool call failure" in text    # the open one's turns
+    assert "print(0 + 0" in text and dom.having("kw")                      # its code, highlighted
+    assert "RoC kept (positive)" in text and "RoC dropped (negative)" in text and "lowest p_err" in text   # + rule
+    dropped = Dom(chromium("--dump-dom", page.as_uri() + "#section=0&traj=0.1"))   # open another one
+    assert "random negatives" in dropped.all_text and "Tool call failure" not in dropped.all_text
+    assert "<script>alert(1)</script>" in dropped.all_text                 # model output shown as text ...
+    assert sum(tag == "script" for tag, _, _ in dropped.elements) == 2     # ... never run as markup
+
+    filtered = Dom(chromium("--dump-dom", page.as_uri() + "#filter=tool_error_positive"))
+    assert len(filtered.having("traj")) == 1                              # the filter narrows the list
+    assert "1 matching of 8" in filtered.all_text
+    boxes = {a["data-filter"]: "checked" in a for _, a, _ in filtered.elements if "data-filter" in a}
+    assert boxes["tool_error_positive"] and not boxes["fault"]
+    faults = Dom(chromium("--dump-dom", page.as_uri() + "#filter=fault"))
+    assert len(faults.having("traj")) == 1 and "fault: sandbox_timeout" in faults.all_text
+    assert "RoC excluded" in faults.all_text
+
+    shot = run / "inspect.png"
+    chromium(f"--screenshot={shot}", "--window-size=1400,1000", page.as_uri() + "#filter=tool_error_positive")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_a_2000_trajectory_run_takes_under_10_seconds(tmp_path):
+    run = write_big_run(tmp_path / "big", steps=20, per_step=100)
+    page, seconds = inspect(str(run))
+    assert seconds < 10, f"rstar2 inspect took {seconds:.1f} s on 20 steps x 100 trajectories"
+    html = page.read_text()
+    assert '"total":2000' in html and '"shown":2000' in html
+    capped, _ = inspect(str(run), "--max-trajectories", "500", "--out", str(tmp_path / "capped.html"))
+    assert '"shown":500' in capped.read_text()
+    if CHROMIUM:
+        dom = Dom(chromium("--dump-dom", capped.as_uri()))
+        assert "showing 500 of 2000 trajectories from 20 steps" in dom.all_text
