@@ -1,7 +1,11 @@
 """The shortened quickstart, end to end through the CLI: RL must lift held-out accuracy over SFT."""
 from __future__ import annotations
 
+import gzip
 import json
+import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -24,3 +28,24 @@ def test_smoke_quickstart_improves_heldout_accuracy(tmp_path):
     curve = json.loads((out / "rl_roc" / "heldout_curve.json").read_text())
     assert curve[0][0] == 0 and curve[0][1]["accuracy"] == report["sft_accuracy"]
     assert curve[-1][1]["accuracy"] == report["final_accuracy"]
+    # every RL step left its rollouts, and `rstar2 inspect` makes a page of the run a browser shows
+    rl_run = out / "rl_roc"
+    steps = [row["step"] for row in map(json.loads, (rl_run / "metrics.jsonl").read_text().splitlines())
+             if row.get("step", 0) >= 1]
+    logged = sorted((rl_run / "rollouts").glob("step_*.jsonl.gz"))
+    assert [int(p.name[5:11]) for p in logged] == sorted(set(steps)), logged
+    first = [json.loads(line) for line in gzip.open(logged[0], "rt")]
+    assert first and {"turns", "reward", "roc", "advantage"} <= set(first[0])
+    shown = CliRunner().invoke(app, ["inspect", str(rl_run)])
+    assert shown.exit_code == 0, shown.output
+    page = rl_run / "inspect.html"
+    assert page.is_file() and str(page) in shown.output
+    chromium = shutil.which("chromium")
+    if chromium:                      # Debian's chromium, as root only without its sandbox
+        flags = ["--headless", "--disable-gpu"] + (["--no-sandbox"] if os.geteuid() == 0 else [])
+        dom = subprocess.run([chromium, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                             timeout=120).stdout
+        assert f"from {len(set(steps))} steps" in dom and "RoC kept" in dom
+        subprocess.run([chromium, *flags, f"--screenshot={rl_run / 'inspect.png'}", "--window-size=1400,1000",
+                        page.as_uri()], capture_output=True, timeout=120, check=True)
+        assert (rl_run / "inspect.png").stat().st_size > 10_000
