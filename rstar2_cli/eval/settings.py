@@ -10,14 +10,13 @@ fields of the RL recipe a checkpoint was trained with (config.PROTOCOL_FIELDS), 
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rstar2_cli.config import PROTOCOL_FIELDS, RolloutConfig
 from rstar2_cli.eval.benchmarks import BENCHMARKS
+from rstar2_cli.models.checkpoint_config import checkpoint_config
 
 
 # vLLM (config/model.py, _get_and_verify_max_len) leaves max_position_embeddings as it is for
@@ -29,22 +28,9 @@ def model_context_limit(model: str) -> int | None:
     """The longest context a checkpoint accepts, as vLLM derives it from config.json:
     `max_position_embeddings` (or the text config's), times the RoPE scaling factor where vLLM
     applies one; None when the folder (or cached Hub repo) has no such config."""
-    path = Path(model).expanduser() / "config.json"
-    if not path.is_file():
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(model, "config.json")
-        except Exception:      # not a repo id
-            return None
-        if not isinstance(cached, str):
-            return None
-        path = Path(cached)
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    cfg = checkpoint_config(model)
+    if cfg is None:
         return None
-    cfg = cfg.get("text_config") or cfg if isinstance(cfg, dict) else {}
     limit = cfg.get("max_position_embeddings")
     if not isinstance(limit, int):
         return None

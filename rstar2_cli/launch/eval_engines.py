@@ -17,12 +17,11 @@ default device, as before.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from rstar2_cli.launch import memory_plan as mp
 from rstar2_cli.launch.model_shape import Qwen3Shape
+from rstar2_cli.models.checkpoint_config import checkpoint_config
 from rstar2_cli.rollout.engine_args import GPU_BATCH_TOKENS, UNPLANNED_MAX_NUM_SEQS, planned_utilization
 
 # Assumed, not measured: a replica whose KV cache holds fewer full contexts than this runs too few
@@ -95,21 +94,12 @@ def _placed(tp: int, gpus: int, reason: str) -> EvalEngines:
 def checkpoint_shape(model: str) -> Qwen3Shape | None:
     """The decoder sizes in `model`'s config.json (a folder, or a Hub id in the local cache);
     None when there is none or it lacks a size."""
-    path = Path(model).expanduser() / "config.json"
-    if not path.is_file():
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(model, "config.json")
-        except Exception:       # not a repo id
-            return None
-        if not isinstance(cached, str):
-            return None
-        path = Path(cached)
+    config = checkpoint_config(model)
+    if config is None:
+        return None
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-        return Qwen3Shape.from_hf_config(config.get("text_config") or config)
-    except (OSError, ValueError, KeyError, TypeError):
+        return Qwen3Shape.from_hf_config(config)
+    except (ValueError, KeyError, TypeError):      # a config without the decoder's sizes
         return None
 
 
