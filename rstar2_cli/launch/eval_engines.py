@@ -103,7 +103,7 @@ def checkpoint_shape(model: str) -> Qwen3Shape | None:
         return None
 
 
-def visible_gpus() -> tuple[int, float | None]:
+def local_gpus() -> tuple[int, float | None]:
     """(GPUs this process sees, GiB of the first) — (0, None) without one."""
     from rstar2_cli.hosts.gpu_visibility import local_gpu_memory
 
@@ -117,5 +117,5 @@ def visible_gpus() -> tuple[int, float | None]:
 
 def eval_engines_for(model: str, max_model_len: int, tp: int | None = None) -> EvalEngines:
     """`plan_eval_engines` for the checkpoint `model` on this machine's visible GPUs."""
-    gpus, gib = visible_gpus()
+    gpus, gib = local_gpus()
     return plan_eval_engines(checkpoint_shape(model), gpus=gpus, gpu_gib=gib, max_model_len=max_model_len, tp=tp)

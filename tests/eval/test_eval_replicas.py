@@ -167,7 +167,7 @@ def test_settings_refuse_groups_that_do_not_match_the_tp():
 
 @pytest.fixture
 def eight_gpus(monkeypatch):
-    """This process "sees" 8 H100s (launch/eval_engines.visible_gpus), and run_eval records the
+    """This process "sees" 8 H100s (launch/eval_engines.local_gpus), and run_eval records the
     settings it is given instead of starting engines."""
     from rstar2_cli.eval import runner
     from rstar2_cli.launch import eval_engines
@@ -180,7 +180,7 @@ def eight_gpus(monkeypatch):
                 "metrics": {"problems": 0, "samples_per_problem": s.samples, f"avg@{s.samples}": 0.0,
                             f"avg@{s.samples}_std": 0.0, "response_tokens": {"mean": 0.0}, "tool_call_rate": 0.0}}
 
-    monkeypatch.setattr(eval_engines, "visible_gpus", lambda: (8, H100_GIB))
+    monkeypatch.setattr(eval_engines, "local_gpus", lambda: (8, H100_GIB))
     monkeypatch.setattr(runner, "run_eval", recorded)
     monkeypatch.setattr(runner.EngineReuse, "get", lambda self, s: None)
     return seen
