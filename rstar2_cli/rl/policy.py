@@ -61,7 +61,7 @@ from rstar2_cli.rl.packing import LAYOUTS, PackedRow, micro_batches
 from rstar2_cli.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:  # only for annotations: benchmarks/gpu/gpu_smoke.py runs this without pydantic
-    from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
+    from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig, RecipeConfig
 
 
 def compute_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -371,3 +371,14 @@ class PolicyTrainer:
             if keep:
                 kept.append((name, full.detach().to("cpu")))
         return kept
+
+
+def policy_for(cfg: RecipeConfig, info: rl_dist.DistInfo) -> PolicyTrainer:
+    """The RL run's policy as its recipe sets it: the model, AdamW and its
+    schedule, the loss, the micro-batch and mini-batch plan, the attention kernel, and log-probs at
+    the rollout's sampling temperature."""
+    t = cfg.train
+    return PolicyTrainer(cfg.model, cfg.optim, cfg.loss, micro_batch_tokens=t.micro_batch_tokens,
+                         ppo_mini_batches=t.ppo_mini_batches, dual_clip=cfg.loss.dual_clip, info=info,
+                         logprob_chunk_tokens=t.logprob_chunk_tokens, max_staleness=t.max_staleness,
+                         attn_implementation=t.attn_implementation, temperature=cfg.rollout.temperature)

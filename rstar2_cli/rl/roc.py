@@ -369,6 +369,12 @@ def _finish_metrics(result: RocResult, groups: Sequence[Sequence[Trajectory]]) -
         result.metrics[f"roc/dropped_{reason}"] = float(count)
 
 
+def group_rng(seed: int, step: int) -> GroupRng:
+    """RoC's generator for each group of step `step` (0-based): seeded by (seed, step, the group's
+    prompt position), so the selection is the same whichever host makes it: N nodes reproduce one."""
+    return lambda group: np.random.default_rng([seed, step, group[0].group_index])
+
+
 def select_for_training(trajectories: Iterable[Trajectory], cfg: RocConfig, group_size: int,
                         rng: GroupRng) -> RocResult:
     """The trainer's entry point: leave out what is not the model's doing (`admission.py`), group
