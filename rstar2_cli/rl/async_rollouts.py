@@ -55,8 +55,9 @@ one before them, and the one after them is kept with them. `--resume` with as ma
 puts them back in flight as they were, so the resumed run trains exactly the batches and versions
 the interrupted run would have. With another number of hosts, or resumed at k = 0 (which reads
 only the sampler position), they are drawn again and rolled out by the resumed weights.
-Metrics (a k = 0 step logs no async/ column): `async/staleness_<j>`, `_mean`, `_max`, dropped groups and trajectories, mixed-version trajectories, the trainer's wait
-and idle fraction, the engines' idle fraction, the weight-update pause and the step interval.
+Metrics (a k = 0 step logs no async/ column): `async/staleness_<j>`, `_mean`, `_max`, dropped
+groups and trajectories, mixed-version trajectories, the trainer's wait and idle fraction, the
+engines' idle fraction, the weight-update pause and the step interval.
 Measurements and the overlap simulator: docs/async-rl.md.
 """
 from __future__ import annotations

@@ -42,22 +42,23 @@ def train(cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = Tru
     return trainer_for(cfg, resume=resume, progress=progress, on_step=on_step, parts=parts).train()
 
 
-def run(cfg, *, resume: bool | str) -> Path:
+def run(cfg, *, resume: bool | str, parts: Collaborators = Collaborators()) -> Path:
     """What every trainer process runs: start torch.distributed (`rl/dist.py`; a no-op without
     torchrun), check the recipe's placement for the device this process got (`config.py`: a
     ConfigError; an "auto" micro-batch becomes CPU_MICRO_BATCH_TOKENS on CPU), then train.
     Returns the final checkpoint folder."""
     info = setup_distributed()
     cfg = check_placement(cfg, on_gpu=info.device.type == "cuda")
-    return train(cfg, resume=resume)
+    return train(cfg, resume=resume, parts=parts)
 
 
-def run_for_exit_code(cfg, *, resume: bool | str, quiet: bool = False) -> tuple[int, Path | None]:
+def run_for_exit_code(cfg, *, resume: bool | str, quiet: bool = False,
+                      parts: Collaborators = Collaborators()) -> tuple[int, Path | None]:
     """`run`, its outcome as (exit code, final checkpoint or None); the reason of a non-zero
     code is printed as one line on stderr (unless `quiet`: ranks other than 0 say nothing)."""
     code, why = 0, None
     try:
-        return 0, run(cfg, resume=resume)
+        return 0, run(cfg, resume=resume, parts=parts)
     except ConfigError as e:
         code, why = 2, f"error: {e}"
     except Preempted as e:

@@ -66,7 +66,7 @@ def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(
 
     # the checkpoint after step 2 holds batch 2 (in flight then), as the synchronous data order has it
     state = read_trainer_state(out / "step_000002")
-    pending = state["extra"]["async_pending"]
+    pending = state["extra"]["pending_rollouts"]
     order = DataSampler(7, 2, seed=3)
     expected = [order.next_batch() for _ in range(3)][2]
     assert pending["batches"] == [(2, expected)] and pending["next_index"] == 3

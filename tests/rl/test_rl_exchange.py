@@ -38,7 +38,8 @@ def _trajectory(pos: int, sample: int, max_len: int = 200) -> Trajectory:
     rng = random.Random(pos * 1000 + sample)
     n = rng.randint(5, max_len)
     calls = rng.randint(0, 3)
-    return Trajectory(prompt_id=f"q{pos % 5}", sample_index=sample, group_index=pos, prompt_ids=[rng.randrange(1000) for _ in range(7)],
+    return Trajectory(prompt_id=f"q{pos % 5}", sample_index=sample, group_index=pos,
+                      prompt_ids=[rng.randrange(1000) for _ in range(7)],
                       response_ids=[rng.randrange(150_000) for _ in range(n)],
                       loss_mask=[int(i % 9 != 3) for i in range(n)],
                       logprobs=[] if sample == 1 else [-rng.random() for _ in range(n)],
@@ -140,7 +141,8 @@ def test_n_nodes_select_and_train_exactly_what_one_node_does(nodes, per_node, mo
     expected = _columns(one)
     for s in shards:
         got = step_columns(4, s.summaries, {}, StepTimer())
-        assert sum(v for k, v in got.items() if k.startswith("rollout/trajectories_node")) == prompts * cfg.rollouts_per_prompt
+        per_node = [v for k, v in got.items() if k.startswith("rollout/trajectories_node")]
+        assert sum(per_node) == prompts * cfg.rollouts_per_prompt
         slowest = ("time/rollout", "throughput/rollout_tokens_per_s")
         assert {k: v for k, v in _columns(s).items() if k not in slowest} == pytest.approx(
             {k: v for k, v in expected.items() if k not in slowest})

@@ -38,7 +38,7 @@ def test_partial_rollouts_train_within_the_bound_and_resume_with_per_token_versi
     assert rows[0]["async/tokens_staleness_1"] == 0                      # batch 0: the start weights only
 
     state = read_trainer_state(out / "step_000002")
-    saved = state["extra"]["async_pending"]["hosts"][0][0]["piece"][1]
+    saved = state["extra"]["pending_rollouts"]["hosts"][0][0]["piece"][1]
     assert saved and all(t["version_spans"] and t["version_spans"][0][0] == 0 for t in saved)
     assert all(1 <= v <= 2 for t in saved for _, v in t["version_spans"])
 
