@@ -107,17 +107,14 @@ class AsyncRLTrainer(RLTrainer):
         shard = exchange(mine, side.host_ranks, self.info.rank, self.info.world_size, cfg.train.ppo_mini_batches)
         reports = rl_dist.broadcast_from_each(report, side.host_ranks)
         update = self._update_and_push(shard, timer) if shard.kept else self._keep_weights(shard)
-        if host.is_host:
-            with timer("rollout_log"):
-                self.rollout_log.write(self.step + 1, host.node_index, len(side.host_ranks), records)
+        self.pipeline.after_update(self.step + 1)      # the new version admits batches at once
+        self._write_rollouts(records, timer)
         timer.stop()
         self.step += 1
-        self.pipeline.after_update(self.step)      # the new version admits batches at once
         metrics = step_columns(self.step, shard.summaries, update, timer)
         metrics.update(self.pipeline.overlap_metrics(reports, timer.seconds.get("sync", 0.0)))
         metrics = self._log(metrics, shard, update)
-        if self.step % cfg.train.save_every == 0 and self.step < cfg.train.steps:
-            self.save()
+        self._save_if_due()
         return metrics
 
     # ------------------------------------------------------------------ around the steps

@@ -159,17 +159,24 @@ class RLTrainer:
         shard = exchange(mine, side.host_ranks, self.info.rank, self.info.world_size, cfg.train.ppo_mini_batches)
         # 7. update the policy, 8. push its weights into the engines (nothing to learn: neither)
         update = self._update_and_push(shard, timer) if shard.kept else self._keep_weights(shard)
-        if host.is_host:
-            with timer("rollout_log"):
-                self.rollout_log.write(self.step + 1, host.node_index, len(side.host_ranks), records)
+        self._write_rollouts(records, timer)
         timer.stop()
         self.step += 1
         # 9. log
         metrics = self._log(step_columns(self.step, shard.summaries, update, timer), shard, update)
         # 10. checkpoint
-        if self.step % cfg.train.save_every == 0 and self.step < cfg.train.steps:
-            self.save()
+        self._save_if_due()
         return metrics
+
+    def _write_rollouts(self, records: list, timer: StepTimer) -> None:
+        """A rollout host's sample of the step on disk (`rollout_log.py`), after the update."""
+        if self.host.is_host:
+            with timer("rollout_log"):
+                self.rollout_log.write(self.step + 1, self.host.node_index, len(self.side.host_ranks), records)
+
+    def _save_if_due(self) -> None:
+        if self.step % self.cfg.train.save_every == 0 and self.step < self.cfg.train.steps:
+            self.save()
 
     def _update_and_push(self, shard: StepShard, timer: StepTimer) -> dict[str, float]:
         """7-8: the update on this rank's shard (colocated on GPU: the engines sleep meanwhile), then
