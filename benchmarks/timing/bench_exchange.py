@@ -1,5 +1,5 @@
 """Bytes each rank receives per step when the rolled-out trajectories reach the trainer ranks:
-the old exchange against `rstar2_cli/rl/shards.py`, in one invocation, on synthetic trajectories
+the old exchange against `rstar2_cli/rl/exchange.py`, in one invocation, on synthetic trajectories
 (no model, no process group: the sizes are those of the pickles the collectives send).
 
   old  every rollout host broadcast its piece (a pickled list of Trajectory objects) to every
