@@ -119,7 +119,7 @@ def _done(s, heldout: list[dict], stop_at_target: bool, clock: Clock, budget_s: 
 def run_rstar2(s, prepared: dict, opts: dict, row: str = "rstar2") -> dict[str, Any]:
     from rstar2_cli.config import load_recipe_dict
     from rstar2_cli.quickstart.settings import toy_rl_recipe
-    from rstar2_cli.rl.trainer import RLTrainer
+    from rstar2_cli.rl.launch_entry import trainer_for
 
     if row == "rstar2_k1":
         s = s.model_copy(update={"max_staleness": 1})
@@ -127,13 +127,13 @@ def run_rstar2(s, prepared: dict, opts: dict, row: str = "rstar2") -> dict[str, 
     recipe["optim"]["weight_decay"] = opts["weight_decay"]
     cfg = load_recipe_dict(recipe, source=f"bench_vs_trl {row} recipe")
     clock = Clock()
-    trainer = RLTrainer(cfg, progress=opts["progress"])
+    trainer = trainer_for(cfg, progress=opts["progress"])
     setup = clock.now()
     steps, heldout = [], []
 
     def point(step: int) -> None:
-        res = clock.pause_for(_heldout, s, prepared, row, step, trainer.rollouts.engines[0],
-                               trainer.rollouts.tools)
+        res = clock.pause_for(_heldout, s, prepared, row, step, trainer.side.fleet.engines[0],
+                               trainer.side.tools)
         heldout.append({"step": step, "seconds": clock.now(), **res})
 
     try:

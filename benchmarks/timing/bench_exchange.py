@@ -1,5 +1,5 @@
 """Bytes each rank receives per step when the rolled-out trajectories reach the trainer ranks:
-the old exchange against `rstar2_cli/rl/shards.py`, in one invocation, on synthetic trajectories
+the old exchange against `rstar2_cli/rl/exchange.py`, in one invocation, on synthetic trajectories
 (no model, no process group: the sizes are those of the pickles the collectives send).
 
   old  every rollout host broadcast its piece (a pickled list of Trajectory objects) to every
@@ -36,7 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rstar2_cli.config import load_recipe_dict  # noqa: E402
 from rstar2_cli.rl.rollout_hosts import node_shard  # noqa: E402
-from rstar2_cli.rl.shards import Plan, select_on_host  # noqa: E402
+from rstar2_cli.rl.exchange import Plan  # noqa: E402
+from rstar2_cli.rl.loss import advantages_for_groups  # noqa: E402
+from rstar2_cli.rl.roc import group_rng, select_for_training  # noqa: E402
+from rstar2_cli.rl.step_summary import summarise  # noqa: E402
 from rstar2_cli.rollout.trajectory import Trajectory  # noqa: E402
 
 VOCAB = 151_936          # Qwen3's vocabulary (token ids up to it)
@@ -53,7 +56,7 @@ def trajectory(pos: int, sample: int, min_len: int, max_len: int) -> Trajectory:
     logprobs = np.where(mask == 1, -rng.random(n), 0.0)
     calls = int(rng.integers(0, 4))
     p_correct = np.random.default_rng(pos).uniform(0.1, 0.9)    # per prompt: most groups have both
-    return Trajectory(prompt_id=f"q{pos}", sample_index=sample,
+    return Trajectory(prompt_id=f"q{pos}", sample_index=sample, group_index=pos,
                       prompt_ids=rng.integers(0, VOCAB, PROMPT_TOKENS).tolist(),
                       response_ids=rng.integers(0, VOCAB, n).tolist(), loss_mask=mask.tolist(),
                       logprobs=logprobs.tolist(), text="abc " * n + "<answer>1</answer>",
@@ -68,6 +71,14 @@ def host_piece(node: int, args) -> tuple[list[int], list[Trajectory], dict[str, 
     return positions, trajs, {"time/rollout": 1.0, "time/reward": 1.0}
 
 
+def select(piece, node: int, cfg) -> tuple[list[Trajectory], list[float], object]:
+    """A rollout host's steps 4-5 (RoC, advantages) and its summary, as `RLTrainer.train_step` runs them."""
+    _, trajs, seconds = piece
+    roc = select_for_training(trajs, cfg.roc, cfg.train.group_size, group_rng(cfg.train.seed, 0))
+    return (roc.trajectories, advantages_for_groups(roc.groups),
+            summarise(node, len(trajs), trajs, roc, seconds, cfg.rollout.max_response_tokens))
+
+
 def measure(args) -> dict:
     """The bytes a rank receives per step, old and new (see the module docstring)."""
     cfg = load_recipe_dict({"model": {"path": "m"}, "data": {"train": "t.jsonl"},
@@ -80,13 +91,13 @@ def measure(args) -> dict:
         piece = host_piece(node, args)
         tokens += sum(len(t.prompt_ids) + len(t.response_ids) for t in piece[1])
         old_pieces.append(len(pickle.dumps(piece, protocol=pickle.HIGHEST_PROTOCOL)))
-        summaries.append(select_on_host(piece, node=node, cfg=cfg, step=0, keep=None)[2])
+        summaries.append(select(piece, node, cfg)[2])
     plan = Plan(summaries, args.ranks, 1)
     per_node = args.ranks // args.nodes
     summary_bytes = [len(pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL)) for s in summaries]
     new = [0] * args.ranks
     for node in range(args.nodes):                 # pass 2: each host's scatter, padded to its largest part
-        kept, advantages, _, _ = select_on_host(host_piece(node, args), node=node, cfg=cfg, step=0, keep=None)
+        kept, advantages, _ = select(host_piece(node, args), node, cfg)
         parts = [len(pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)) for p in plan.payloads(node, kept, advantages)]
         for r in range(args.ranks):
             if r != node * per_node:               # a host receives nothing from itself

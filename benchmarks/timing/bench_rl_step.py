@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from rstar2_cli.config import load_recipe_dict
     from rstar2_cli.models.tiny import build_tiny_model
-    from rstar2_cli.rl.trainer import train
+    from rstar2_cli.rl.launch_entry import train
 
     work = Path(tempfile.mkdtemp(prefix="bench_rl_"))
     heads = {} if args.hidden <= 128 else {"num_heads": args.hidden // 64, "num_kv_heads": max(1, args.hidden // 256),

@@ -99,6 +99,7 @@ def heldout_eval(s: QuickstartSettings, prep: PreparedToy, model: str, out_dir: 
 def rl_stage(s: QuickstartSettings, prep: PreparedToy, sft_model: str, *, roc: bool, progress: bool) -> RlRun:
     """One RL run through `RLTrainer.train()`, with held-out points taken from its `on_step` hook."""
     from rstar2_cli.config import load_recipe_dict
+    from rstar2_cli.rl.launch_entry import trainer_for
     from rstar2_cli.rl.trainer import RLTrainer
 
     label = "roc" if roc else "grpo"
@@ -112,7 +113,7 @@ def rl_stage(s: QuickstartSettings, prep: PreparedToy, sft_model: str, *, roc: b
     def point(step: int) -> None:
         assert trainer is not None
         res = heldout_eval(s, prep, f"{label}@step{step}", out / "heldout" / f"step_{step:04d}",
-                           tokenizer=sft_model, engine=trainer.rollouts.engines[0], tools=trainer.rollouts.tools)
+                           tokenizer=sft_model, engine=trainer.side.fleet.engines[0], tools=trainer.side.tools)
         run.heldout.append((step, res))
         (out / "heldout_curve.json").write_text(json.dumps(run.heldout, indent=1))
 
@@ -122,7 +123,7 @@ def rl_stage(s: QuickstartSettings, prep: PreparedToy, sft_model: str, *, roc: b
             point(step)
 
     started = time.perf_counter()
-    trainer = RLTrainer(cfg, progress=progress, on_step=on_step)
+    trainer = trainer_for(cfg, progress=progress, on_step=on_step)
     try:
         point(0)                               # the SFT start, on the same engine
     except BaseException:

@@ -1,9 +1,10 @@
-"""Asynchronous GRPO-RoC (experimental), rollouts up to k steps ahead: the one place that says how it runs.
+"""Asynchronous GRPO-RoC (experimental), rollouts up to k steps ahead: the pipeline of batches in
+flight and their staleness; `async_trainer.py` is the step that trains them.
 
-`train.max_staleness` = k >= 1 rolls out the batches of steps s+1 .. s+k while step s trains; the
-trainer takes them through the rollout-source interface (`rollout_source.py`), as it takes the
-synchronous step's (k = 0, the paper's and the release's step, a direct call without anything
-from this module). rStar2-Agent trains synchronously; this mode is an opt-in beyond the paper.
+`train.max_staleness` = k >= 1 rolls out the batches of steps s+1 .. s+k while step s trains
+(`async_trainer.AsyncRLTrainer`); k = 0, the paper's and the release's step, is the synchronous
+trainer (`trainer.py`), which uses nothing of this module. rStar2-Agent trains synchronously; this
+mode is an opt-in beyond the paper.
 
 The rule, in order: batch b, the sampler's b-th batch, may be rolled out once the engines hold
 version >= b - k; step b trains exactly batch b, once every group of it is complete. A batch is
@@ -43,19 +44,20 @@ Placement: colocated engines sleep on GPU while the trainer runs, so nothing cou
 `config.py` refuses k >= 1 with `engine.colocate: true` on GPUs (the launch validates the recipe
 for its device), and asks for `engine.colocate: false` and `--engine-gpus N`. On CPU, vLLM's
 engine core runs in its own process beside the trainer. The rollouts of every k run on the
-rollout service's event loop in a thread of its own (`rollout_service.py`); each host drops its
+rollout loop (`rollout_side.py`) in a thread of its own (`rstar2-rollouts`); each host drops its
 stale groups and selects over its own groups on the trainer's thread at the step that trains them
-(`shards.py`; collectives never run from the rollout thread), and the hosts' staleness reports
-are merged into the step's columns.
+(collectives never run from the rollout thread), and the hosts' staleness reports are merged into
+the step's columns.
 
 Checkpoints (k >= 1): the batches in flight are finished first (a short stall), then saved with
-their trajectories and versions (every host's shard) and the sampler position before them;
-`--resume` with as many rollout hosts puts them back in flight as they were, so the resumed run
-trains exactly the batches and versions the interrupted run would have. With another number of
-hosts, or resumed at k = 0, the sampler is moved back and they are rolled out again by the
-resumed weights. Metrics (a k = 0 step logs no async/ column): `async/staleness_<j>`,
-`_mean`, `_max`, dropped groups and trajectories, mixed-version trajectories, the trainer's wait
-and idle fraction, the engines' idle fraction, the weight-update pause and the step interval.
+their trajectories and versions (every host's shard); the checkpoint's sampler position is the
+one before them, and the one after them is kept with them. `--resume` with as many rollout hosts
+puts them back in flight as they were, so the resumed run trains exactly the batches and versions
+the interrupted run would have. With another number of hosts, or resumed at k = 0 (which reads
+only the sampler position), they are drawn again and rolled out by the resumed weights.
+Metrics (a k = 0 step logs no async/ column): `async/staleness_<j>`, `_mean`, `_max`, dropped
+groups and trajectories, mixed-version trajectories, the trainer's wait and idle fraction, the
+engines' idle fraction, the weight-update pause and the step interval.
 Measurements and the overlap simulator: docs/async-rl.md.
 """
 from __future__ import annotations
@@ -64,14 +66,21 @@ import concurrent.futures
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, NamedTuple
 
 from rstar2_cli.rl.metrics import StepTimer
-from rstar2_cli.rl.shards import Piece, Rolled, StepShard
 from rstar2_cli.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
+
+
+class Piece(NamedTuple):
+    """A rollout host's part of a batch: the prompt positions it rolled out, their trajectories
+    (graded), and {"time/rollout": s, "time/reward": s}."""
+    positions: list[int]
+    trajectories: list[Trajectory]
+    seconds: dict[str, float]
 
 
 @dataclass
@@ -91,14 +100,15 @@ class RolloutPipeline:
     keeps of them.
 
     `sampler` is the run's DataSampler (drawn on every rank in the same order); `rollouts` is the
-    rollout side (`RolloutService`): `start(index, problems)` starts this host's rollout of batch
-    `index` and returns its future (None on ranks that roll nothing out), `settle(fn)` turns a
-    host's failure into the line every rank raises, `busy_seconds()` is per engine."""
+    asynchronous trainer (`async_trainer.py`): `start(index, problems)` starts this host's rollout
+    of batch `index` on the rollout thread and returns its future (None on ranks that roll nothing
+    out), `settle(fn)` gives its piece or its failure (`exchange.HostFailure`, raised on every rank),
+    `busy_seconds()` is per engine."""
 
     def __init__(self, max_staleness: int, total_steps: int, sampler: Any, rollouts: Any, *, first_index: int = 0,
                  partial: bool = False):
         if max_staleness < 1:
-            raise ValueError(f"RolloutPipeline needs max_staleness >= 1 (0 is rollout_source.SyncRollouts), "
+            raise ValueError(f"RolloutPipeline needs max_staleness >= 1 (0 is the synchronous trainer), "
                              f"got {max_staleness}")
         self.k, self.total_steps, self.sampler, self.rollouts = max_staleness, total_steps, sampler, rollouts
         self.partial = partial                           # train.partial_rollout: the per-token metrics too
@@ -126,9 +136,9 @@ class RolloutPipeline:
             raise RuntimeError(f"step {index} expects batch {index} first in flight, have {have}")
         return self.pending.popleft()
 
-    def next_batch(self, step: int) -> Rolled:
-        """Step `step`'s batch, this host's piece of it, rolled out up to k steps ago; its groups
-        staler than k are dropped on the host (the filter) before RoC."""
+    def next_batch(self, step: int) -> Any:
+        """Step `step`'s batch: this host's piece of it, rolled out up to k steps ago (or its
+        failure; None off-host)."""
         if self._since is None:
             self._since = (StepTimer(), self.rollouts.busy_seconds())
         self.fill(step)
@@ -136,9 +146,10 @@ class RolloutPipeline:
         pending = self.take(step)
         piece = self.rollouts.settle(pending.wait)
         self._waited = wait.elapsed()
-        return Rolled(piece, keep=lambda trajs: self._drop_stale(trajs, step))
+        return piece
 
-    def _drop_stale(self, trajs: list[Trajectory], step: int) -> tuple[list[Trajectory], "HostReport"]:
+    def drop_stale(self, trajs: list[Trajectory], step: int) -> tuple[list[Trajectory], "HostReport"]:
+        """The groups of `trajs` RoC may see at step `step` (none staler than k), and this host's report."""
         report = drop_stale_groups(trajs, step, self.k)
         counts = partial_counts(report.kept, step) if self.partial else None
         return report.kept, HostReport(replace(report, kept=[]), counts)
@@ -149,11 +160,11 @@ class RolloutPipeline:
         if self.next_index > version:
             self.fill(version)
 
-    def overlap_metrics(self, shard: StepShard, weight_pause_s: float) -> dict[str, float]:
-        """The async/ columns of the step that trained `shard`: staleness (the hosts' reports
-        merged), and the idle fractions over the wall time since the previous step ended (so the
-        held-out evals and checkpoints between steps, which rollouts overlap too, are counted)."""
-        hosts = [r for r in shard.reports if r is not None]
+    def overlap_metrics(self, reports: Sequence["HostReport | None"], weight_pause_s: float) -> dict[str, float]:
+        """The async/ columns of a trained step: staleness (the hosts' `reports` merged), and the
+        idle fractions over the wall time since the previous step ended (so the held-out evals and
+        checkpoints between steps, which rollouts overlap too, are counted)."""
+        hosts = [r for r in reports if r is not None]
         report = merge_reports([r.staleness for r in hosts])
         if report.dropped_groups:
             log.warning("step %d: %d group(s) staler than train.max_staleness=%d dropped", report.step + 1,
@@ -203,14 +214,14 @@ class RolloutPipeline:
         first = snap[0][0] if snap else self.next_index
         return {"batches": [(i, p) for i, p, _ in snap], "hosts": per_host, "next_index": self.next_index,
                 "sampler_before": self._sampler_before.get(first, self.sampler.state_dict()),
-                "dropped_groups_total": self.dropped_groups_total}
+                "sampler_after": self.sampler.state_dict(), "dropped_groups_total": self.dropped_groups_total}
 
     def load_checkpoint_state(self, saved: dict[str, Any], step: int, host_ordinal: int | None,
                               num_hosts: int) -> str | None:
         """Put a checkpoint's rollouts back in flight (`host_ordinal`: this rank's place among
-        the rollout hosts, None if it is not one). If they cannot be used as saved (this run is
-        has another number of rollout hosts, or the batches do not start at `step`), rewind the
-        sampler to draw them again and return why."""
+        the rollout hosts, None if it is not one) and the sampler after them. The checkpoint's own
+        sampler position is before them, so if they cannot be used as saved (this run has another
+        number of rollout hosts, or the batches do not start at `step`) they are drawn again: say why."""
         batches, hosts = saved["batches"], saved["hosts"]
         self.dropped_groups_total = int(saved.get("dropped_groups_total", 0))
         if not batches:
@@ -223,8 +234,8 @@ class RolloutPipeline:
             mine = (pending_from_state(hosts[host_ordinal]) if host_ordinal is not None
                     else [(i, list(p), None) for i, p in batches])
             self.restore(mine, int(saved["next_index"]))
+            self.sampler.load_state_dict(saved["sampler_after"])
             return None
-        rewind_for_regeneration(self.sampler, saved)
         self.next_index = step
         return why
 
@@ -244,12 +255,6 @@ class RolloutPipeline:
             if batch.future is not None:
                 batch.future.cancel()
         self.pending.clear()
-
-
-def rewind_for_regeneration(sampler: Any, saved: dict[str, Any]) -> None:
-    """Move `sampler` back to where the saved rollouts-ahead were drawn, so they are drawn again
-    (and rolled out again by the resumed weights)."""
-    sampler.load_state_dict(saved["sampler_before"])
 
 
 @dataclass
@@ -356,8 +361,6 @@ def idle_metrics(step_s: float, trainer_wait_s: float, engine_busy_s: Sequence[f
 
 def pending_to_state(batches: list[tuple[int, list[int], Piece | None]]) -> list[dict[str, Any]]:
     """Pending batches as plain data for the checkpoint (trajectories as dicts)."""
-    from dataclasses import asdict
-
     out = []
     for index, problems, piece in batches:
         stored = None if piece is None else (list(piece[0]), [asdict(t) for t in piece[1]], dict(piece[2]))
@@ -370,6 +373,6 @@ def pending_from_state(state: list[dict[str, Any]]) -> list[tuple[int, list[int]
     for entry in state:
         piece = entry["piece"]
         if piece is not None:
-            piece = (list(piece[0]), [Trajectory(**t) for t in piece[1]], dict(piece[2]))
+            piece = Piece(list(piece[0]), [Trajectory(**t) for t in piece[1]], dict(piece[2]))
         out.append((int(entry["index"]), list(entry["problems"]), piece))
     return out

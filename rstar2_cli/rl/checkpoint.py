@@ -187,9 +187,9 @@ def _write_hf_config(policy: PolicyTrainer, folder: Path, tokenizer) -> None:
         tokenizer.save_pretrained(folder)
 
 
-def _trainer_state(policy, sampler, step, rng, final, extra, has_optimizer_state) -> dict[str, Any]:
+def _trainer_state(policy, sampler_state, step, rng, final, extra, has_optimizer_state) -> dict[str, Any]:
     return {"step": step, "final": final, "scheduler": policy.scheduler.state_dict(),
-            "sampler": sampler.state_dict() if sampler is not None else None,
+            "sampler": sampler_state,
             "roc_rng": rng.bit_generator.state if rng is not None else None,
             "rng": rng_state(), "extra": extra or {}, "has_optimizer_state": has_optimizer_state}
 
@@ -206,7 +206,7 @@ def _has_optimizer_state(policy: PolicyTrainer) -> bool:
     return bool(rl_dist.all_reduce_max([float(bool(policy.optimizer.state))], policy.device)[0])
 
 
-def save_checkpoint(target: str | Path, policy: PolicyTrainer, tokenizer=None, sampler: DataSampler | None = None,
+def save_checkpoint(target: str | Path, policy: PolicyTrainer, tokenizer=None, sampler_state: dict | None = None,
                     step: int = 0, rng: np.random.Generator | None = None, *, final: bool = False,
                     extra: dict[str, Any] | None = None, keep: int = 0) -> Path:
     """Write a checkpoint folder `target` (e.g. out_dir/step_000010), point out_dir/latest at it and
@@ -238,7 +238,7 @@ def save_checkpoint(target: str | Path, policy: PolicyTrainer, tokenizer=None, s
             state["optimizer"] = get_optimizer_state_dict(policy.model, policy.optimizer, options=_SHARDED_OPTIONS)
         if main:
             # one opaque entry (DCP would flatten a dict into keys a loader must know in advance)
-            state["trainer"] = _to_bytes(_trainer_state(policy, sampler, step, rng, final, extra, has_optim))
+            state["trainer"] = _to_bytes(_trainer_state(policy, sampler_state, step, rng, final, extra, has_optim))
         state_writer = (_FullDiskWriter if fault else dcp.FileSystemWriter)(str(tmp / STATE_DIR))
         _collective(f"checkpoint {target}: writing optimizer and trainer state",
                     lambda: _dcp(dcp.save, state, storage_writer=state_writer))

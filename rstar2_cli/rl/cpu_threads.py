@@ -34,12 +34,12 @@ from rstar2_cli.rollout.engine_cpus import reserved_cpus
 class TrainerThreads:
     """The trainer process's torch threads beside engines on the same CPUs (module docstring)."""
 
-    def __init__(self, plan: str, device: torch.device, *, engines_here: bool, max_staleness: int,
+    def __init__(self, plan: str, device: torch.device, *, engines_here: bool, overlapped: bool = False,
                  tensor_parallel_size: int = 1, env: Mapping[str, str] = os.environ):
         self.all = torch.get_num_threads()
         self.active = plan == "auto" and device.type == "cpu" and engines_here
         self.beside = min(self.all, reserved_cpus(tensor_parallel_size, env)) if self.active else self.all
-        self.overlapped = max_staleness > 0
+        self.overlapped = overlapped     # rollouts run during the update (asynchronous RL)
         if self.active:
             torch.set_num_threads(self.beside)
 

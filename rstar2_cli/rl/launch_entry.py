@@ -14,35 +14,51 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from rstar2_cli.config import ConfigError, RecipeConfig, check_placement, load_recipe
+from rstar2_cli.launch.plan_view import command_lines
+from rstar2_cli.rl.async_trainer import AsyncRLTrainer
+from rstar2_cli.rl.dist import setup_distributed
+from rstar2_cli.rl.faults import RunAborted
+from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, RESUME_MODES, Preempted
+from rstar2_cli.rl.rollout_side import Collaborators
+from rstar2_cli.rl.trainer import RLTrainer
 
-def run(cfg, *, resume: bool | str) -> Path:
+
+def trainer_for(cfg: RecipeConfig, **kwargs) -> RLTrainer:
+    """The one switch: `train.max_staleness` = 0 is the synchronous trainer (the paper's step,
+    `trainer.py`), >= 1 the asynchronous one (experimental, `async_trainer.py`)."""
+    return (AsyncRLTrainer if cfg.train.max_staleness else RLTrainer)(cfg, **kwargs)
+
+
+def train(cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = True,
+          on_step: Callable[[int, dict], None] | None = None, parts: Collaborators = Collaborators()) -> Path:
+    """Run one RL stage; returns the final checkpoint folder (a plain HF model inside)."""
+    return trainer_for(cfg, resume=resume, progress=progress, on_step=on_step, parts=parts).train()
+
+
+def run(cfg, *, resume: bool | str, parts: Collaborators = Collaborators()) -> Path:
     """What every trainer process runs: start torch.distributed (`rl/dist.py`; a no-op without
     torchrun), check the recipe's placement for the device this process got (`config.py`: a
     ConfigError; an "auto" micro-batch becomes CPU_MICRO_BATCH_TOKENS on CPU), then train.
     Returns the final checkpoint folder."""
-    from rstar2_cli.config import check_placement
-    from rstar2_cli.rl.dist import setup_distributed
-    from rstar2_cli.rl.trainer import train
-
     info = setup_distributed()
     cfg = check_placement(cfg, on_gpu=info.device.type == "cuda")
-    return train(cfg, resume=resume)
+    return train(cfg, resume=resume, parts=parts)
 
 
-def run_for_exit_code(cfg, *, resume: bool | str, quiet: bool = False) -> tuple[int, Path | None]:
+def run_for_exit_code(cfg, *, resume: bool | str, quiet: bool = False,
+                      parts: Collaborators = Collaborators()) -> tuple[int, Path | None]:
     """`run`, its outcome as (exit code, final checkpoint or None); the reason of a non-zero
     code is printed as one line on stderr (unless `quiet`: ranks other than 0 say nothing)."""
-    from rstar2_cli.config import ConfigError
-    from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, Preempted
-    from rstar2_cli.rl.trainer import RunAborted
-
     code, why = 0, None
     try:
-        return 0, run(cfg, resume=resume)
+        return 0, run(cfg, resume=resume, parts=parts)
     except ConfigError as e:
         code, why = 2, f"error: {e}"
     except Preempted as e:
@@ -58,10 +74,6 @@ def call_forwarding_signals(argv: list[str], env: dict[str, str]) -> int:
     """Run `argv` (torchrun) and wait for it, passing SIGTERM and SIGUSR1 on to it; if one came,
     the exit code is PREEMPTED_EXIT_CODE unless it succeeded (torchrun itself exits non-zero
     when it is signalled, whatever its workers did)."""
-    import signal
-
-    from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS
-
     proc = subprocess.Popen(argv, env=env)
     got: list[int] = []
 
@@ -83,8 +95,6 @@ def launch(plan, cfg, *, resume: bool | str, console, node_rank: int | None = No
     """Run the plan: in-process for one device; torchrun on one node, or on node `node_rank` of
     several (given, or SLURM_NODEID); else print every node's command. Returns the exit code
     (module docstring)."""
-    from rstar2_cli.launch.plan_view import command_lines
-
     if plan.launch_mode == "direct":
         code, final = run_for_exit_code(cfg, resume=resume)
         if final is not None:
@@ -101,15 +111,11 @@ def launch(plan, cfg, *, resume: bool | str, console, node_rank: int | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rstar2_cli.rl.preemption import RESUME_MODES
-
     ap = argparse.ArgumentParser(prog="python -m rstar2_cli.rl.launch_entry")
     ap.add_argument("--config", required=True, help="a resolved recipe YAML")
     ap.add_argument("--resume", nargs="?", const="latest", default=None, choices=RESUME_MODES,
                     help="latest (the default value): the latest checkpoint; auto: it if there is one, else fresh")
     args = ap.parse_args(argv)
-    from rstar2_cli.config import ConfigError, load_recipe
-
     try:
         cfg = load_recipe(args.config)
     except ConfigError as e:

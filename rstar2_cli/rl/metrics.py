@@ -61,7 +61,7 @@ class StepTimer:
 @dataclass
 class Tally:
     """The additive form of metrics over a set of trajectories: sums, maxima and minima. Why:
-    each rollout host selects and tallies its own trajectories (`rl/shards.py`), and the hosts'
+    each rollout host selects and tallies its own trajectories (`rl/step_summary.py`), and the hosts'
     tallies merge into exactly the tally of the whole batch, so the logged means and ratios are
     those of one host holding every trajectory."""
     sums: dict[str, float] = field(default_factory=dict)

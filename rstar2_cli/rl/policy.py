@@ -8,7 +8,7 @@ Parallelism: under torchrun (WORLD_SIZE > 1, the process group joined by the cal
 `rl_dist.setup_distributed`) each decoder layer and then the root are wrapped
 with FSDP2 `fully_shard` (gloo on CPU, nccl on GPU); the model is built on the meta device and
 each rank reads only its own shards from the checkpoint (rl/model_load.py). Every rank receives its own shard of
-trajectories with the global mini-batch of each (rl/shards.py); the global loss-token count of each mini-batch
+trajectories with the global mini-batch of each (rl/exchange.py); the global loss-token count of each mini-batch
 is all-reduced, so N ranks take the 1-rank optimizer steps.
 FSDP2 averages gradients over ranks, so the loss is multiplied by world_size before backward to
 turn that mean into the sum the global token normalisation expects. All ranks must run the same
@@ -61,7 +61,7 @@ from rstar2_cli.rl.packing import LAYOUTS, PackedRow, micro_batches
 from rstar2_cli.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:  # only for annotations: benchmarks/gpu/gpu_smoke.py runs this without pydantic
-    from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
+    from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig, RecipeConfig
 
 
 def compute_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -259,7 +259,7 @@ class PolicyTrainer:
     def update(self, batch: Sequence[Trajectory], advantages: Sequence[float],
                mini_batches: Sequence[int] | None = None) -> dict[str, float]:
         """One RL step on this rank's shard: ppo_mini_batches optimizer steps, then LR step.
-        `mini_batches`: the global mini-batch of each trajectory (`rl/shards.py`'s plan, which
+        `mini_batches`: the global mini-batch of each trajectory (`rl/exchange.py`'s plan, which
         makes N ranks take the 1-rank optimizer steps); default: the local list split in order."""
         if len(batch) != len(advantages):
             raise ValueError(f"{len(batch)} trajectories but {len(advantages)} advantages")
@@ -371,3 +371,14 @@ class PolicyTrainer:
             if keep:
                 kept.append((name, full.detach().to("cpu")))
         return kept
+
+
+def policy_for(cfg: RecipeConfig, info: rl_dist.DistInfo) -> PolicyTrainer:
+    """The RL run's policy as its recipe sets it: the model, AdamW and its
+    schedule, the loss, the micro-batch and mini-batch plan, the attention kernel, and log-probs at
+    the rollout's sampling temperature."""
+    t = cfg.train
+    return PolicyTrainer(cfg.model, cfg.optim, cfg.loss, micro_batch_tokens=t.micro_batch_tokens,
+                         ppo_mini_batches=t.ppo_mini_batches, dual_clip=cfg.loss.dual_clip, info=info,
+                         logprob_chunk_tokens=t.logprob_chunk_tokens, max_staleness=t.max_staleness,
+                         attn_implementation=t.attn_implementation, temperature=cfg.rollout.temperature)

@@ -247,7 +247,7 @@ def all_rewards_equal(group: Sequence[Trajectory]) -> bool:
 
 
 def population_tally(ts: Sequence[Trajectory], prefix: str) -> Tally:
-    """The additive form of `population_metrics` (hosts' tallies merge: `rl/shards.py`)."""
+    """The additive form of `population_metrics` (hosts' tallies merge: `rl/step_summary.py`)."""
     pos = [t for t in ts if is_positive(t)]
     answers = [answer_count(t.text) for t in ts]
     n = {"n": len(ts), "positives": len(pos), "calls": sum(t.num_tool_calls for t in ts),
@@ -295,7 +295,7 @@ def downsample_groups(groups: Sequence[Sequence[Trajectory]], group_size: int,
                       reject_equal_reward: bool = True) -> RocResult:
     """Select up to `group_size` trajectories from each oversampled group. `rng` as a function
     of the group: the trainer seeds each group by the run's seed, the step and the group's
-    position in the batch (`rl/shards.py`), so the choice does not depend on which rollout host
+    position in the batch (`rollout/roll_out.py`), so the choice does not depend on which rollout host
     selects the group or on how many hosts there are.
 
     Drop reasons: ``equal_reward`` (all rewards equal before selection),
@@ -367,6 +367,12 @@ def _finish_metrics(result: RocResult, groups: Sequence[Sequence[Trajectory]]) -
     result.metrics["roc/groups_dropped"] = float(sum(result.dropped.values()))
     for reason, count in result.dropped.items():
         result.metrics[f"roc/dropped_{reason}"] = float(count)
+
+
+def group_rng(seed: int, step: int) -> GroupRng:
+    """RoC's generator for each group of step `step` (0-based): seeded by (seed, step, the group's
+    prompt position), so the selection is the same whichever host makes it: N nodes reproduce one."""
+    return lambda group: np.random.default_rng([seed, step, group[0].group_index])
 
 
 def select_for_training(trajectories: Iterable[Trajectory], cfg: RocConfig, group_size: int,

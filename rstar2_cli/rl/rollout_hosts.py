@@ -5,7 +5,7 @@ that load-balances over all of the node's replicas), and the engines of every no
 once, or a 64-GPU run generates with one node's GPUs while the other seven wait. So the local
 rank 0 of every node is that node's rollout host: it starts the node's vLLM replicas and its
 sandbox (pool or cluster client), rolls out its shard of the step's prompts, and selects the
-trajectories to train among them (`shards.py`).
+trajectories to train among them (`trainer.py`, `exchange.py`).
 
 Where the engines go comes from the launch plan (`rstar2_cli/launch/topology.py`), which sets
 per node `RSTAR2_ENGINE_GPU_IDS` (GPU ids on that node; consecutive groups of the TP size form

@@ -2,7 +2,7 @@
 
 Where: `<train.out_dir>/rollouts/step_NNNNNN.jsonl.gz` (the step number after the step, as
 checkpoints are named), `step_NNNNNN.node<k>.jsonl.gz` per rollout host when there are several.
-RoC and the advantages run on each rollout host over its own groups (`shards.select_on_host`), so
+RoC and the advantages run on each rollout host over its own groups (`trainer.RLTrainer.train_step`), so
 each host picks and renders its records there (`RolloutLog.pick`, right after its selection: only
 the picked groups outlive the exchange) and writes its own file after the step (`write`): written
 to `<name>.tmp`, then renamed, so a reader never sees half a file.

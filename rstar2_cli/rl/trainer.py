@@ -1,52 +1,32 @@
-"""The GRPO-RoC step loop: rollouts -> reward -> RoC -> advantages -> update -> sync -> log.
+"""The synchronous GRPO-RoC step (the paper's and the release's) and the run around it.
 
-One step (`RLTrainer.train_step`), in the paper's order:
-  1. sample `prompts_per_step` prompts (a resumable seeded sampler);
-  2. roll out oversample*G trajectories per prompt through the agent loop (vLLM + sandbox);
-  3. grade every trajectory with the isolated binary outcome grader;
-  4. downsample each group to G with RoC (or keep the first G: plain GRPO);
-  5. group-normalised advantages over the kept G;
-  6. the policy update (FSDP2 when launched under torchrun);
-  7. push the new weights into the engines;
-  8. log metrics (JSONL, live table, optional TensorBoard/wandb; curves.png at the end) and a
-     sample of the rollouts (each host its own, `rollout_log.py`); every `train.eval_every` steps
-     (and before the first) the held-out sets are evaluated on the trainer's own engines and
-     sandboxes, a share on each rollout host (`validation.py`), and logged with the step.
-A step whose groups are all filtered out (equal rewards, infrastructure failures) is skipped:
-no optimizer step, no LR step, no weight sync; it is logged with `train/skipped_empty` = 1.
+One step, `RLTrainer.train_step`, in the paper's order, one call each:
+  1. next batch: `train.prompts_per_step` prompts from the seeded, resumable sampler (`sampler.py`);
+  2. roll out: oversample x G trajectories per prompt of this node's shard, through the agent loop
+     on the fleet's vLLM engines and the sandbox (`rollout/roll_out.py`, `rollout/fleet.py`);
+  3. grade: the binary outcome reward of each (`rollout/roll_out.grade`, `reward/`);
+  4. RoC: each group down to G (`roc.select_for_training`; plain GRPO keeps the first G);
+  5. advantages: group-normalised over the kept G (`loss.advantages_for_groups`);
+  6. exchange: each rank receives exactly the trajectories it trains (`exchange.py`);
+  7. update: the policy on this rank's shard (`policy.py`; FSDP2 under torchrun);
+  8. push: the new weights into the engines (`rollout_side.push_weights`, `rollout/weight_sync/`);
+  9. log: the step's row (`step_summary.py`, `metrics.py`) and a sample of its rollouts
+     (`rollout_log.py`); every `train.eval_every` steps the held-out sets (`validation.py`);
+ 10. checkpoint every `train.save_every` steps (`checkpoint.py`).
+Steps 2-5 run on each node's rollout host over its own shard of the prompts (`rollout_hosts.py`);
+metrics stay on rank 0; every rank writes its own shards of a checkpoint. A step whose groups are
+all filtered out (equal rewards, infrastructure failures) trains nothing: no optimizer, LR or
+weight step (`train/skipped_empty` = 1). Nothing runs ahead of the step: the roll-out is a plain
+call on the trainer's thread. Rolling out ahead of the trainer (`train.max_staleness` >= 1) is
+another trainer, `async_trainer.py`.
 
-Steps 1-3 come from the rollout source (`rollout_source.py`): at k = `train.max_staleness` = 0 a
-direct call in the step itself, in this order; at k >= 1 (experimental, `async_rollouts.py`) they
-ran up to k steps ahead, while earlier steps trained. Steps 4-5 run on each rollout host over its
-own groups, and each rank receives only the trajectories it trains (`shards.py`). The engines, the
-sandbox and the weight pusher are the rollout service's (`rollout_service.py`). Metrics stay on
-rank 0; every rank writes its own shards of a checkpoint (`checkpoint.py`).
-GPU memory: the policy load and a continued or resumed AdamW state (one optimizer step, its
-temporaries freed into torch's caching allocator) leave cached blocks that vLLM counts as used, so
-every rank releases them (`release`, injected: `torch.cuda.empty_cache()` and a barrier) before
-the hosts start their engines, before every colocated wake and before an engine restart.
-
-Faults: SIGTERM or SIGUSR1 ends the run at the next step boundary with a checkpoint and exit code
-75 (`preemption.py`); `--resume auto` continues from `latest` if there is one, else starts fresh.
-A step whose loss or gradient norm is NaN or inf takes no optimizer step (the same on every rank:
-both are global values, `PolicyTrainer.update`) and is counted (`faults/nonfinite_steps`);
-`train.max_nonfinite_steps` of them in a row checkpoint and abort (`RunAborted`). The checkpoint
-comes first because a skipped step changes neither the weights nor the optimizer state: it holds
-the last finite weights and the data position, so nothing since the last periodic save is lost
-and the run can be resumed with a changed recipe (a lower `optim.lr`, say).
-A remote sandbox (`sandbox.url`) rides out short outages in its client (retries with backoff;
-calls that fail anyway are `internal_error` results, infrastructure failures that RoC leaves out);
-one where every call has failed for longer than `sandbox.outage_s` checkpoints and aborts too.
-A checkpoint that cannot be written (a full disk: `checkpoint.CheckpointWriteError`) aborts the run
-(`RunAborted`), the previous checkpoint and `latest` intact.
-A vLLM engine that dies or hangs mid-rollout is restarted with the current weights and the
-trajectories it interrupted are rolled out again with their own seeds (`rollout/engine_health.py`,
-`faults/engine_restarts`); one death more than `engine.max_restarts` checkpoints the last
-completed step and aborts (`RunAborted`), the step's batch drawn again on resume.
-Fault injection for tests and benchmarks/compare/chaos_rl.py: `RSTAR2_FAULT_NONFINITE_STEPS=3,4` gives
-those (1-based) steps NaN advantages, so their loss and gradients are NaN (read once, at start);
-`RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` fails that step's checkpoint write (`checkpoint.py`).
-A tool-loop alarm (`tool_loop.py`) with `train.stop_on_tool_loop` checkpoints and aborts too.
+Faults (`faults.py`): SIGTERM or SIGUSR1 ends the run at the next step boundary with a
+checkpoint and exit code 75 (`preemption.py`); `--resume auto` continues from `latest`
+(`resume.py`). A NaN/inf step takes no optimizer step; `train.max_nonfinite_steps` in a row, a
+remote sandbox down for longer than `sandbox.outage_s`, a checkpoint that cannot be written, an
+engine death past `engine.max_restarts` (`rollout/engine_health.py`: a dead engine is restarted with
+the current weights and its trajectories rolled out again) or the tool-loop alarm with
+`train.stop_on_tool_loop` (`tool_loop.py`) checkpoint and abort (`RunAborted`).
 """
 from __future__ import annotations
 
@@ -58,220 +38,181 @@ from typing import Callable
 
 import numpy as np
 import torch
+from transformers import AutoTokenizer
 
 from rstar2_cli.config import RecipeConfig, dump_recipe
+from rstar2_cli.data.problems import load_problems
+from rstar2_cli.rl import checkpoint
 from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.preemption import RESUME_MODES
+from rstar2_cli.rl.cpu_threads import TrainerThreads
+from rstar2_cli.rl.exchange import HostFailure, HostFailures, HostSelection, StepShard, exchange
+from rstar2_cli.rl.faults import NonfiniteSteps, RunAborted, fault_steps
+from rstar2_cli.rl.loss import advantages_for_groups
+from rstar2_cli.rl.metrics import MetricsWriter, StepTimer
+from rstar2_cli.rl.policy import policy_for
+from rstar2_cli.rl.preemption import Preempted, PreemptionWatch
+from rstar2_cli.rl.resume import resume_mode, start_run
+from rstar2_cli.rl.roc import group_rng, select_for_training
 from rstar2_cli.rl.rollout_hosts import plan_rollout_host
-from rstar2_cli.rollout.weight_sync.colocated import release_trainer_cache
+from rstar2_cli.rl.rollout_log import RolloutLog
+from rstar2_cli.rl.rollout_side import (Collaborators, RolloutSide, push_weights, sandbox_down_for,
+                                        start_rollout_side)
+from rstar2_cli.rl.sampler import DataSampler
+from rstar2_cli.rl.step_summary import step_columns, summarise
+from rstar2_cli.rl.tool_loop import ToolLoopAlarm
+from rstar2_cli.rl.validation import check_eval_sets, merge_validation, validate_share, validation_due
+from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
+from rstar2_cli.rollout.roll_out import roll_out
+
+__all__ = ["RLTrainer", "RunAborted", "resume_mode"]
 
 log = logging.getLogger(__name__)
 
-FAULT_NONFINITE_ENV = "RSTAR2_FAULT_NONFINITE_STEPS"
-
-
-class RunAborted(RuntimeError):
-    """A fault the run cannot continue past; the message is one line saying why and what was saved."""
-
-
-def fault_steps(env: dict) -> frozenset[int]:
-    """The 1-based steps `RSTAR2_FAULT_NONFINITE_STEPS` (comma-separated) names; empty if unset."""
-    raw = env.get(FAULT_NONFINITE_ENV, "").strip()
-    try:
-        return frozenset(int(x) for x in raw.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"{FAULT_NONFINITE_ENV}={raw!r}: expected comma-separated step numbers") from None
-
-
-def resume_mode(resume: bool | str | None) -> str | None:
-    """`--resume` as given: True or "latest" (the latest checkpoint, which must exist), "auto"
-    (the latest if there is one, else a fresh start), False/None (a fresh start)."""
-    if resume is True or resume == "latest":
-        return "latest"
-    if resume is False or resume is None:
-        return None
-    if resume == "auto":
-        return "auto"
-    raise ValueError(f"--resume {resume!r}: expected one of {', '.join(RESUME_MODES)}")
-
 
 class RLTrainer:
-    """Owns the policy, the rollout side, the data order and the metrics of one RL run."""
+    """Owns the policy, the rollout side, the data order and the metrics of one RL run.
+    `parts`: what the run is built from besides the recipe (`rollout_side.Collaborators`)."""
 
     def __init__(self, cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = True,
-                 on_step: Callable[[int, dict], None] | None = None,
-                 release: Callable[[], None] = release_trainer_cache):
-        from transformers import AutoTokenizer
-
-        from rstar2_cli.data.problems import load_problems
-        from rstar2_cli.rl import checkpoint
-        from rstar2_cli.rl.cpu_threads import TrainerThreads
-        from rstar2_cli.rl.metrics import MetricsWriter
-        from rstar2_cli.rl.policy import PolicyTrainer
-        from rstar2_cli.rl.rollout_log import RolloutLog
-        from rstar2_cli.rl.rollout_service import RolloutService
-        from rstar2_cli.rl.rollout_source import rollout_source
-        from rstar2_cli.rl.sampler import DataSampler
-        from rstar2_cli.rl.tool_loop import ToolLoopAlarm
-
-        self.cfg, self.progress, self.on_step = cfg, progress, on_step
+                 on_step: Callable[[int, dict], None] | None = None, parts: Collaborators = Collaborators()):
+        self.cfg, self.progress, self.on_step, self.parts = cfg, progress, on_step, parts
         self.out_dir = Path(cfg.train.out_dir)
         self.info = rl_dist.setup_distributed()     # torchrun: this rank joins the process group
-        # Bad data fails here, before any model is loaded.
+        # bad data (the training set, a held-out set) fails here, before any model is loaded
         self.problems = load_problems(cfg.data.train, data_dir=cfg.data.data_dir)
-        if cfg.train.eval_every > 0:
-            from rstar2_cli.rl.validation import eval_set_source
-
-            for entry in cfg.train.eval_sets:      # a missing held-out set fails now, not at step 5
-                name, data = eval_set_source(entry)
-                load_problems(data or name, data_dir=cfg.data.data_dir)
+        check_eval_sets(cfg)
         random.seed(cfg.train.seed)
         np.random.seed(cfg.train.seed)
         torch.manual_seed(cfg.train.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.host = plan_rollout_host(cfg.engine, os.environ)    # a bad launch env fails here too
-        # before the rollout service's thread starts: it takes the process default (rl/cpu_threads.py)
-        self.threads = TrainerThreads(cfg.train.cpu_threads, self.info.device, engines_here=bool(self.host.engines),
-                                      max_staleness=cfg.train.max_staleness, tensor_parallel_size=self.host.tp_size)
-        self.policy = PolicyTrainer(cfg.model, cfg.optim, cfg.loss, micro_batch_tokens=cfg.train.micro_batch_tokens,
-                                    ppo_mini_batches=cfg.train.ppo_mini_batches, dual_clip=cfg.loss.dual_clip,
-                                    info=self.info, logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
-                                    max_staleness=cfg.train.max_staleness,
-                                    attn_implementation=cfg.train.attn_implementation,
-                                    temperature=cfg.rollout.temperature)
+        self.threads = self._threads()
+        self.policy = policy_for(cfg, self.info)
         if self.info.is_main:
             log.info("attention: %s", self.policy.attention.reason)
         self.sampler = DataSampler(len(self.problems), min(cfg.train.prompts_per_step, len(self.problems)),
                                    seed=cfg.train.seed, shuffle=cfg.data.shuffle)
-        self.step = 0
-        self.nonfinite = {"total": 0, "streak": 0}   # steps with a skipped optimizer step: all, in a row
-        self._engine_restarts_seen = 0                # the rollout side's restarts already logged
-        self._fault_nonfinite = fault_steps(os.environ)
+        self.nonfinite = NonfiniteSteps(cfg.train.max_nonfinite_steps, fault_steps(os.environ))
         self.tool_loop = ToolLoopAlarm(cfg.train.tool_loop_baseline_steps, cfg.train.tool_loop_factor)
         self.tool_loop_alarm: str | None = None           # this step's alarm line (rl/tool_loop.py)
         self.rollout_log = (RolloutLog(self.out_dir, self.problems, self.tokenizer, count=cfg.train.log_rollouts,
                                        seed=cfg.train.seed, roc_mode=cfg.roc.mode) if self.host.is_host else None)
-        saved_pending = None
-        engine_weights = cfg.model.path
-        mode = resume_mode(resume)
-        ckpt = checkpoint.latest_checkpoint(self.out_dir) if mode else None
-        self.last_checkpoint: Path | None = ckpt   # what is on disk now: the start model's state
-        self.saved_step = self.step                # (step 0) or the checkpoint resumed
-        if mode == "latest" and ckpt is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {self.out_dir}")
-        if ckpt is not None:
-            state = checkpoint.load_checkpoint(ckpt, self.policy, self.sampler, reset_optimizer=False)
-            self.step = state.step
-            engine_weights = str(ckpt)   # a checkpoint folder is a plain HF model folder
-            saved_pending = state.extra.get("async_pending")
-            self.nonfinite.update(state.extra.get("nonfinite", {}))
-            self.tool_loop.load_state_dict(state.extra.get("tool_loop", {}))
-        else:
-            if mode == "auto":
-                log.info("--resume auto: no checkpoint under %s, starting fresh", self.out_dir)
-            self._continue_stage()
+        start = start_run(cfg, resume, self.policy, self.sampler, is_main=self.info.is_main)
+        self.step, self.resumed = start.step, start.extra
+        self.last_checkpoint, self.saved_step = start.checkpoint, start.step   # what is on disk now
+        self.nonfinite.load_state_dict(start.extra.get("nonfinite", {}))
+        self.tool_loop.load_state_dict(start.extra.get("tool_loop", {}))
+        self._sampler_before = self.sampler.state_dict()    # before the batch of the step running
         self.writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, wandb=cfg.train.wandb,
                                     enabled=self.info.is_main, live=progress)
-        if mode:   # rows a stopped run wrote after its last checkpoint are written again by this one
-            self.writer.keep_through(self.step if ckpt is not None else None)
+        if resume_mode(resume):   # rows a stopped run wrote after its last checkpoint are written again
+            self.writer.keep_through(self.step if start.checkpoint is not None else None)
         if self.info.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "resolved_recipe.yaml").write_text(dump_recipe(cfg))
-        self.rollouts = RolloutService(cfg, self.problems, self.tokenizer, self.host, self.info,
-                                       model=self.policy.model, weights=engine_weights, version=self.step,
-                                       progress=progress, release=release)
-        self.source = rollout_source(cfg.train.max_staleness, cfg.train.steps, self.sampler, self.rollouts,
-                                     first_index=self.step, partial=cfg.train.partial_rollout)
-        if saved_pending is not None:
-            ordinal = self.rollouts.host_ranks.index(self.info.rank) if self.host.is_host else None
-            why = self.source.load_checkpoint_state(saved_pending, self.step, ordinal,
-                                                      len(self.rollouts.host_ranks))
-            if why:
-                log.warning("resume: the %d saved rollout batch(es) are drawn again and rolled out by the "
-                            "resumed weights (%s)", len(saved_pending["batches"]), why)
+        self.side: RolloutSide = self._start_rollout_side(start.engine_weights)
+        self._restarts_seen = 0                           # the fleet's restarts already logged
 
-    def _continue_stage(self) -> None:
-        """A fresh run of a stage with `init_from` continues the previous stage's AdamW state and
-        LR-schedule position unless `optim.reset` (rl/stages.py); a `model.path` that is not an
-        rstar2 checkpoint has none to continue (an SFT or HF model): AdamW starts fresh."""
-        from rstar2_cli.rl import checkpoint
-        from rstar2_cli.rl.stages import continues_optimizer
+    def _threads(self) -> TrainerThreads:
+        """Before the engines start (rl/cpu_threads.py): the update takes every CPU, engines idle."""
+        return TrainerThreads(self.cfg.train.cpu_threads, self.info.device, engines_here=bool(self.host.engines),
+                              tensor_parallel_size=self.host.tp_size)
 
-        if not continues_optimizer(self.cfg):
-            return
-        if not checkpoint.is_checkpoint(Path(self.cfg.model.path)):
-            log.warning("init_from %s: %s is no RL checkpoint (no optimizer state); AdamW starts fresh",
-                        self.cfg.init_from, self.cfg.model.path)
-            return
-        position = checkpoint.continue_optimizer(self.cfg.model.path, self.policy)
-        if self.info.is_main:
-            log.info("init_from %s: AdamW state and LR schedule continue from %s (%d LR steps taken)",
-                     self.cfg.init_from, self.cfg.model.path, position)
+    def _start_rollout_side(self, weights: str) -> RolloutSide:
+        return start_rollout_side(self.cfg, self.host, self.info, model=self.policy.model, weights=weights,
+                                  version=self.step, parts=self.parts)
 
     def close(self) -> None:
-        self.source.cancel()
-        self.rollouts.close()
+        self.side.close()
         self.writer.close()
         self.threads.restore()
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, float]:
-        """One GRPO-RoC step, top to bottom in the paper's order (module docstring)."""
-        from rstar2_cli.rl.metrics import StepTimer, step_metrics
-        from rstar2_cli.rl.shards import share_step
-        from rstar2_cli.rl.validation import validation_due
-        from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
-
-        cfg, rollouts = self.cfg, self.rollouts
-        timer = StepTimer()
-        # 1-3. this step's prompts, rolled out and graded by every rollout host (its node-shard)
-        rolled = self.source.next_batch(self.step)
-        # 4. RoC: each group of oversample*G downsampled to G; 5. advantages over the kept G; both
-        # on the host that rolled the group out; this rank receives the trajectories it trains
-        shard = share_step(rolled.piece, rollouts, cfg, self.step, rolled.keep, log=self.rollout_log)
-        for name, seconds in shard.seconds.items():
-            timer.add(name, seconds)
-        advantages = shard.advantages
-        if self.step + 1 in self._fault_nonfinite:     # fault injection (module docstring)
-            advantages = [float("nan")] * len(advantages)
-        update: dict[str, float] = {}
-        if shard.kept:
-            with rollouts.weights_changing():   # no engine restart reads the weights meanwhile
-                # 6. the update on this rank's shard (colocated on GPU: the engines sleep meanwhile)
-                with timer("train"):
-                    rollouts.sleep()
-                    with self.threads.alone():
-                        update = self.policy.update(shard.trajectories, advantages, shard.mini_batches)
-                # 7. the new weights into the engines (colocated: woken for it)
-                with timer("sync"):
-                    try:
-                        rollouts.push_weights(self.policy)
-                    except EngineRestartsExhausted:   # the update stands: the checkpoint `train` writes
-                        self.step += 1                # now is this step's, and its batch is not drawn again
-                        raise
-        else:   # every group filtered out: nothing to learn, so no optimizer, LR or weight step
-            dropped = {k[len("roc/dropped_"):]: int(v) for k, v in shard.roc.items() if k.startswith("roc/dropped_")}
-            log.warning("step %d: no group left after filtering (%s): skipped, no optimizer or LR step",
-                        self.step + 1, ", ".join(f"{k} {v}" for k, v in dropped.items() if v) or "no groups")
-            rollouts.keep_weights()
-        if shard.records is not None:     # rollout hosts: the step's sample on disk (rl/rollout_log.py)
-            with timer("rollout_log"):
-                self.rollout_log.write(self.step + 1, self.host.node_index, len(rollouts.host_ranks), shard.records)
-            timer.add("rollout_log", shard.log_seconds)
+        """One GRPO-RoC step, in the paper's order (module docstring)."""
+        cfg, side, host, timer = self.cfg, self.side, self.host, StepTimer()
+        # 1. next batch: the step's prompts, drawn alike on every rank
+        self._sampler_before = self.sampler.state_dict()
+        batch = [self.problems[i] for i in self.sampler.next_batch()]
+        mine: HostSelection | HostFailure | None = None
+        if host.is_host:
+            with HostFailures(host.node_index) as caught:   # distributed: raised on every rank in 6.
+                # 2. roll out this node's shard of the prompts
+                with timer("rollout"):
+                    trajs = side.run(roll_out(batch, host.prompt_positions(len(batch)), side.fleet, side.tools,
+                                              self.tokenizer, cfg, index=self.step, node=host.node_index,
+                                              progress=self.progress))
+                # 3. grade
+                with timer("reward"):
+                    self.parts.grade(trajs, cfg.reward)
+                # 4. RoC: each group of oversample x G down to G
+                roc = select_for_training(trajs, cfg.roc, cfg.train.group_size, group_rng(cfg.train.seed, self.step))
+                # 5. advantages over the kept G
+                advantages = advantages_for_groups(roc.groups)
+                mine = HostSelection(roc.trajectories, advantages, summarise(
+                    host.node_index, len(trajs), trajs, roc, timer.sections(), cfg.rollout.max_response_tokens))
+                with timer("rollout_log"):
+                    records = self.rollout_log.pick(trajs, roc.trajectories, advantages, step=self.step + 1,
+                                                    node=host.node_index)
+            mine = caught.failure or mine
+        # 6. exchange: every rank receives the trajectories it trains
+        shard = exchange(mine, side.host_ranks, self.info.rank, self.info.world_size, cfg.train.ppo_mini_batches)
+        # 7. update the policy, 8. push its weights into the engines (nothing to learn: neither)
+        update = self._update_and_push(shard, timer) if shard.kept else self._keep_weights(shard)
+        self._write_rollouts(records, timer)
         timer.stop()
         self.step += 1
-        self.source.after_update(self.step)      # k >= 1: the new version admits batches at once
-        # 8. log
-        metrics = step_metrics(self.step, shard.tally, shard.roc, update, timer)
+        # 9. log
+        metrics = self._log(step_columns(self.step, shard.summaries, update, timer), shard, update)
+        # 10. checkpoint
+        self._save_if_due()
+        return metrics
+
+    def _write_rollouts(self, records: list, timer: StepTimer) -> None:
+        """A rollout host's sample of the step on disk (`rollout_log.py`), after the update."""
+        if self.host.is_host:
+            with timer("rollout_log"):
+                self.rollout_log.write(self.step + 1, self.host.node_index, len(self.side.host_ranks), records)
+
+    def _save_if_due(self) -> None:
+        if self.step % self.cfg.train.save_every == 0 and self.step < self.cfg.train.steps:
+            self.save()
+
+    def _update_and_push(self, shard: StepShard, timer: StepTimer) -> dict[str, float]:
+        """7-8: the update on this rank's shard (colocated on GPU: the engines sleep meanwhile), then
+        the push (colocated: the engines woken for it); no engine restart reads the weights between."""
+        advantages = self.nonfinite.advantages(self.step + 1, shard.advantages)
+        with self.side.fleet.lock:
+            with timer("train"):
+                self.side.fleet.sleep()
+                with self.threads.alone():
+                    update = self.policy.update(shard.trajectories, advantages, shard.mini_batches)
+            with timer("sync"):
+                try:
+                    push_weights(self.side.fleet, self.policy, self.host.is_host)
+                except EngineRestartsExhausted:   # the update stands: the abandoning checkpoint is this
+                    self.step += 1                # step's, and its batch is not drawn again on resume
+                    self._sampler_before = self.sampler.state_dict()
+                    raise
+        return update
+
+    def _keep_weights(self, shard: StepShard) -> dict[str, float]:
+        """Every group filtered out: no optimizer, LR or weight step; the weights are the next version."""
+        dropped = {k[len("roc/dropped_"):]: int(v) for s in shard.summaries for k, v in s.roc.items()
+                   if k.startswith("roc/dropped_") and v}
+        log.warning("step %d: no group left after filtering (%s): skipped, no optimizer or LR step",
+                    self.step + 1, ", ".join(f"{k} {v}" for k, v in dropped.items()) or "no groups")
+        self.side.fleet.keep_weights()
+        return {}
+
+    def _log(self, metrics: dict[str, float], shard: StepShard, update: dict[str, float]) -> dict[str, float]:
+        """The step's row: its columns, faults, held-out evaluation and the tool-loop alarm."""
         metrics["train/skipped_empty"] = float(not shard.kept)
-        metrics.update(self._count_nonfinite(update))
-        # restarts during this step (the supervisor counts per process; a resumed run starts at 0)
-        seen_before, self._engine_restarts_seen = self._engine_restarts_seen, rollouts.engine_restarts
-        restarts = rollouts.engine_restarts - seen_before
-        metrics["faults/engine_restarts"] = float(restarts)
-        metrics.update(shard.per_node)
-        metrics.update(self.source.overlap_metrics(shard, timer.seconds.get("sync", 0.0)))
-        if validation_due(cfg, self.step):
+        metrics.update(self.nonfinite.count(self.step, update))
+        restarts = self.side.fleet.restarts     # per process: a resumed run counts from 0
+        metrics["faults/engine_restarts"] = float(restarts - self._restarts_seen)
+        self._restarts_seen = restarts
+        if validation_due(self.cfg, self.step):
             metrics.update(self.validate())
         self.tool_loop_alarm = self.tool_loop.observe(self.step, metrics)
         metrics["tools/loop_alarm"] = float(self.tool_loop.above)
@@ -282,106 +223,87 @@ class RLTrainer:
             self.on_step(self.step, metrics)
         return metrics
 
-    def _count_nonfinite(self, update: dict[str, float]) -> dict[str, float]:
-        """The streak of steps in a row whose optimizer step was skipped for a NaN/inf loss or
-        gradient norm (a step that trained nothing neither extends nor ends it)."""
-        if update.get("nonfinite_skipped", 0.0) > 0:
-            self.nonfinite["total"] += 1
-            self.nonfinite["streak"] += 1
-            log.warning("step %d: non-finite loss (%s) or gradient norm (%s): optimizer step skipped "
-                        "(%d in a row, train.max_nonfinite_steps=%d)", self.step, update.get("loss"),
-                        update.get("grad_norm"), self.nonfinite["streak"], self.cfg.train.max_nonfinite_steps)
-        elif update.get("optimizer_steps", 0.0) > 0:
-            self.nonfinite["streak"] = 0
-        return {"faults/nonfinite_steps": float(self.nonfinite["total"])}
-
-    def _abort_if_sandbox_down(self) -> None:
-        """Checkpoint and raise `RunAborted` once every call to the remote sandbox has failed for
-        longer than `sandbox.outage_s` (`RolloutService.sandbox_down_for`; the same on every rank)."""
-        down = self.rollouts.sandbox_down_for()
-        if down > self.cfg.sandbox.outage_s:
-            saved = self.save() if self.step != self.saved_step else self.last_checkpoint
-            raise RunAborted(f"step {self.step}: sandbox {self.cfg.sandbox.url} down for {down:.0f}s, every call "
-                             f"failing (sandbox.outage_s={self.cfg.sandbox.outage_s:g}); {saved} holds step "
-                             f"{self.saved_step}")
-
+    # ------------------------------------------------------------------ around the steps
     def validate(self) -> dict[str, float]:
         """Held-out eval of the current policy (`validation.py`): each rollout host evaluates its share
         of every set on its own engines and sandbox; every rank waits for the hosts (heartbeats:
         `rl_dist.gather_from`), rank 0 merges and returns the metrics, the other ranks {}."""
-        from rstar2_cli.rl.metrics import StepTimer
-        from rstar2_cli.rl.validation import merge_validation, validate_share
-
-        timer = StepTimer()
-        hosts, rollouts = self.rollouts.host_ranks, self.rollouts
+        timer, side = StepTimer(), self.side
         with timer("eval"):
             part = None
             if self.host.is_host:
-                part = validate_share(self.cfg, rollouts.engines, rollouts.tools, self.step, self.out_dir,
-                                      host=hosts.index(self.info.rank), hosts=len(hosts), progress=self.progress)
-            parts = rollouts.gather_to_main(part)
+                part = validate_share(self.cfg, side.fleet.engines, side.tools, self.step, self.out_dir,
+                                      host=side.host_ranks.index(self.info.rank), hosts=len(side.host_ranks),
+                                      progress=self.progress)
+            parts = rl_dist.gather_from(part, side.host_ranks, dst=0)
             if parts is None:
                 return {}
-            metrics = merge_validation(self.cfg, parts, rollouts.engines, rollouts.tools, self.step, self.out_dir)
+            metrics = merge_validation(self.cfg, parts, side.fleet.engines, side.tools, self.step, self.out_dir)
         metrics.update(timer.sections())
         return metrics
 
-    def save(self, final: bool = False) -> Path:
-        from rstar2_cli.rl import checkpoint
+    def _checkpoint_extra(self) -> tuple[dict, dict]:
+        """(the sampler's state, the trainer's extras) a checkpoint of this step holds."""
+        return self.sampler.state_dict(), {"nonfinite": self.nonfinite.state_dict(),
+                                           "tool_loop": self.tool_loop.state_dict()}
 
+    def save(self, final: bool = False) -> Path:
         target = self.out_dir / ("final" if final else f"step_{self.step:06d}")
-        pending = self.source.checkpoint_state(self.rollouts.gather_from_hosts, self.host.is_host)
-        extra = {"nonfinite": dict(self.nonfinite), "tool_loop": self.tool_loop.state_dict()}
-        if pending is not None:
-            extra["async_pending"] = pending
+        sampler_state, extra = self._checkpoint_extra()
         try:
-            checkpoint.save_checkpoint(target, self.policy, self.tokenizer, self.sampler, self.step,
+            checkpoint.save_checkpoint(target, self.policy, self.tokenizer, sampler_state, self.step,
                                        final=final, extra=extra, keep=self.cfg.train.keep_checkpoints)
         except checkpoint.CheckpointWriteError as e:   # a full disk: the previous checkpoint is intact
             raise RunAborted(f"step {self.step}: {e}") from None
         self.last_checkpoint, self.saved_step = target, self.step
         return target
 
+    def _saved(self) -> Path | None:
+        """A checkpoint of the current step: written now unless it is on disk already."""
+        return self.save() if self.step != self.saved_step else self.last_checkpoint
+
+    def _abandon_batch(self) -> None:
+        """An engine death the run cannot recover from: the step's batch is drawn again on resume."""
+        self.sampler.load_state_dict(self._sampler_before)
+
+    def _abort_if_needed(self) -> None:
+        """`RunAborted` (after a checkpoint) for the faults the run cannot continue past (`faults.py`)."""
+        cfg = self.cfg
+        if self.nonfinite.exhausted:
+            raise RunAborted(f"step {self.step}: {self.nonfinite.streak} steps in a row with a non-finite loss or "
+                             f"gradient norm (train.max_nonfinite_steps={cfg.train.max_nonfinite_steps}); "
+                             f"{self._saved()} holds the last finite weights")
+        if self.tool_loop_alarm and cfg.train.stop_on_tool_loop:
+            raise RunAborted(f"{self.tool_loop_alarm} (train.stop_on_tool_loop); {self._saved()} holds step "
+                             f"{self.step}")
+        down = sandbox_down_for(cfg, self.side.tools)
+        if down > cfg.sandbox.outage_s:
+            raise RunAborted(f"step {self.step}: sandbox {cfg.sandbox.url} down for {down:.0f}s, every call failing "
+                             f"(sandbox.outage_s={cfg.sandbox.outage_s:g}); {self._saved()} holds step "
+                             f"{self.saved_step}")
+
     def train(self) -> Path:
         """Run until train.steps; checkpoint every save_every steps and at the end. Raises
-        `preemption.Preempted` after the checkpoint a preemption signal asks for, and
-        `RunAborted` after `train.max_nonfinite_steps` non-finite steps in a row, after a sandbox outage
-        past `sandbox.outage_s`, and when an engine dies once more than `engine.max_restarts` allows
-        (`rollout/engine_health.py`)."""
-        from rstar2_cli.rl.preemption import PreemptionWatch, Preempted
-        from rstar2_cli.rl.validation import validation_due
-        from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
-
+        `preemption.Preempted` after the checkpoint a preemption signal asks for, and `RunAborted`
+        (module docstring)."""
         watch = PreemptionWatch(self.cfg.train.preempt_grace_s).install()
         try:
             if self.step == 0 and validation_due(self.cfg, 0):
                 self.writer.write(0, {"step": 0.0, **self.validate()})
             while self.step < self.cfg.train.steps:
                 if watch.agreed():   # every rank, every step boundary: all stop at the same step
-                    raise Preempted(self.step, self.save() if self.step != self.saved_step else self.last_checkpoint,
-                                    watch.signal_name)
+                    raise Preempted(self.step, self._saved(), watch.signal_name)
                 failing = self.step + 1
                 try:
                     self.train_step()
                 except EngineRestartsExhausted as e:   # the step's rollout is abandoned, drawn again on resume
-                    self.source.abandon(self.step)
-                    saved = self.save() if self.step != self.saved_step else self.last_checkpoint
+                    self._abandon_batch()
+                    saved = self._saved()
                     if watch.signalled is not None:   # SIGTERM to every process of a preempted job
                         raise Preempted(self.step, saved, watch.signal_name) from None
                     raise RunAborted(f"step {failing}: {e}; {saved or 'no checkpoint (no step ran)'} "
                                      f"holds step {self.step}") from None
-                if self.nonfinite["streak"] >= self.cfg.train.max_nonfinite_steps:
-                    saved = self.save()
-                    raise RunAborted(
-                        f"step {self.step}: {self.nonfinite['streak']} steps in a row with a non-finite loss or "
-                        f"gradient norm (train.max_nonfinite_steps={self.cfg.train.max_nonfinite_steps}); "
-                        f"{saved} holds the last finite weights")
-                if self.tool_loop_alarm and self.cfg.train.stop_on_tool_loop:
-                    raise RunAborted(f"{self.tool_loop_alarm} (train.stop_on_tool_loop); {self.save()} holds step "
-                                     f"{self.step}")
-                self._abort_if_sandbox_down()
-                if self.step % self.cfg.train.save_every == 0 and self.step < self.cfg.train.steps:
-                    self.save()
+                self._abort_if_needed()
             return self.save(final=True)
         finally:
             try:
@@ -392,9 +314,3 @@ class RLTrainer:
                 self.close()
             finally:                 # after close: a shutdown that hangs past the grace still exits 75
                 watch.uninstall()
-
-
-def train(cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = True,
-          on_step: Callable[[int, dict], None] | None = None) -> Path:
-    """Run one RL stage; returns the final checkpoint folder (a plain HF model inside)."""
-    return RLTrainer(cfg, resume=resume, progress=progress, on_step=on_step).train()

@@ -30,7 +30,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from rstar2_cli.config import RecipeConfig
+from rstar2_cli.data.problems import load_problems
+from rstar2_cli.eval.runner import RESULTS_FILE, TRAJ_FILE, load_done, run_eval
+from rstar2_cli.eval.settings import EvalSettings, protocol_of_rollout
 
 
 def validation_due(cfg: RecipeConfig, step: int) -> bool:
@@ -50,6 +55,16 @@ def eval_set_source(name: str) -> tuple[str, str | None]:
     return name, None
 
 
+def check_eval_sets(cfg: RecipeConfig) -> None:
+    """Load every held-out set the run will evaluate (`train.eval_every` > 0), so a missing or bad
+    one fails at start, not at the first evaluation."""
+    if cfg.train.eval_every <= 0:
+        return
+    for entry in cfg.train.eval_sets:
+        name, data = eval_set_source(entry)
+        load_problems(data or name, data_dir=cfg.data.data_dir)
+
+
 def _summary(name: str, results: dict[str, Any]) -> dict[str, float]:
     m = results["metrics"]
     k = m["samples_per_problem"]
@@ -63,7 +78,6 @@ def _summary(name: str, results: dict[str, Any]) -> dict[str, float]:
 
 
 def _settings(cfg: RecipeConfig, name: str, data: str | None, out: Path, step: int, progress: bool):
-    from rstar2_cli.eval.settings import EvalSettings, protocol_of_rollout
 
     return EvalSettings(benchmark=name, data=data, data_dir=cfg.data.data_dir, model=f"{cfg.name}@step{step}",
                         tokenizer=cfg.model.path, out_dir=str(out), samples=cfg.train.eval_samples,
@@ -73,10 +87,6 @@ def _settings(cfg: RecipeConfig, name: str, data: str | None, out: Path, step: i
 
 
 def _eval(settings, engines: list, tools) -> dict[str, Any]:
-    from rich.console import Console
-
-    from rstar2_cli.eval.runner import run_eval
-
     return run_eval(settings, engine=list(engines), tools=tools, console=Console(file=io.StringIO()))
 
 
@@ -87,9 +97,6 @@ def _set_dir(out_dir: Path, step: int, name: str) -> Path:
 def _share(cfg: RecipeConfig, name: str, data: str | None, folder: Path, host: int, hosts: int, engines: list,
            tools, step: int, progress: bool) -> dict[str, Any]:
     """Host `host` of `hosts`: its interleaved share of the set, evaluated under `folder`; its samples."""
-    from rstar2_cli.data.problems import load_problems
-    from rstar2_cli.eval.runner import TRAJ_FILE, load_done
-
     share = load_problems(data or name, data_dir=cfg.data.data_dir)[host::hosts]
     if not share:
         return {"rows": [], "generation_seconds": 0.0, "resumed_problems": 0}
@@ -126,9 +133,6 @@ def _merged(cfg: RecipeConfig, name: str, data: str | None, folder: Path, shares
     """Rank 0: the hosts' samples of one set, in the set's order, into its folder, and its results
     computed there (`run_eval` finds every sample done; a sample missing would be drawn on
     `engines`). results.json says how long the slowest host generated and what the hosts resumed."""
-    from rstar2_cli.data.problems import load_problems
-    from rstar2_cli.eval.runner import RESULTS_FILE, TRAJ_FILE
-
     order = {p.id: i for i, p in enumerate(load_problems(data or name, data_dir=cfg.data.data_dir))}
     rows = sorted((r for share in shares for r in share["rows"]),
                   key=lambda r: (order.get(r["problem_id"], len(order)), int(r["sample_index"])))

@@ -16,7 +16,7 @@ from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # noqa: E402
 from rstar2_cli.rl.dist import setup_distributed  # noqa: E402
 from rstar2_cli.rl.loss import group_advantages  # noqa: E402
 from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
-from rstar2_cli.rl.shards import plan_shards  # noqa: E402
+from rstar2_cli.rl.exchange import plan_shards  # noqa: E402
 
 
 def main(model_dir: str, out_dir: str) -> None:

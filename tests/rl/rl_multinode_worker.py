@@ -20,33 +20,31 @@ def digest(trajs) -> str:
 
 
 def main(recipe_path: str, out_dir: str) -> None:
-    import rstar2_cli.reward as reward
-    import rstar2_cli.rl.roc as roc
+    from rl_synthetic import alternating_grades
+
     from rstar2_cli.config import load_recipe_dict
-    from rstar2_cli.reward import GradeResult
-    from rstar2_cli.rl.trainer import RLTrainer
+    from rstar2_cli.rl.launch_entry import trainer_for
+    from rstar2_cli.rl.rollout_side import Collaborators
     from rstar2_cli.rollout.engines import GenRequest
 
     # A random tiny model never answers right: grade every other sample correct so the update
-    # has a signal (and the engines' weights visibly move).
-    reward.grade_batch = lambda pairs, **kw: [GradeResult.of("correct" if i % 2 == 0 else "wrong", "x")
-                                              for i in range(len(pairs))]
+    # has a signal (and the engines' weights visibly move). What this host graded is what its RoC
+    # selects over next (no group is staler than k here).
     seen: list[dict] = []
-    select = roc.select_for_training
 
-    def recording_select(trajs, *args, **kwargs):
+    def recording_grades(trajs, reward):
+        alternating_grades(trajs, reward)
         seen.append({"digest": digest(trajs), "nodes": [t.extra["node"] for t in trajs],
                      "order": [[t.prompt_id, t.sample_index, t.group_index] for t in trajs]})
-        return select(trajs, *args, **kwargs)
 
-    roc.select_for_training = recording_select
-    trainer = RLTrainer(load_recipe_dict(json.loads(Path(recipe_path).read_text())), progress=False)
+    trainer = trainer_for(load_recipe_dict(json.loads(Path(recipe_path).read_text())), progress=False,
+                          parts=Collaborators(grade=recording_grades))
     probe_ids = trainer.tokenizer("Count: one two three", add_special_tokens=False)["input_ids"]
 
     def probe() -> dict | None:
-        if not trainer.rollouts.engines:
+        if not trainer.side.fleet.engines:
             return None
-        res = trainer.rollouts.engines[0].generate_batch(
+        res = trainer.side.fleet.engines[0].generate_batch(
             [GenRequest(prompt_ids=probe_ids, max_tokens=8, temperature=0.0)]
         )[0]
         return {"tokens": res.token_ids, "logprobs": res.logprobs}
@@ -61,10 +59,10 @@ def main(recipe_path: str, out_dir: str) -> None:
         trainer.save()
     streamed = trainer.policy.full_state_for_engines(keep=trainer.host.is_host)
     full = dict(trainer.policy.full_state_dict())
-    rank = trainer.info.rank
-    result = {"rank": rank, "is_host": trainer.host.is_host, "node": trainer.host.node_index, "steps": seen,
+    rank, fleet = trainer.info.rank, trainer.side.fleet
+    result = {"rank": rank, "is_host": trainer.host.is_host, "node": trainer.host.node_index, "steps": seen[:2],
               "probe_before": before, "probe_after": after, "validation": validation,
-              "dispatched": trainer.rollouts.scheduler.stats()["dispatched"] if trainer.rollouts.scheduler else None}
+              "dispatched": fleet.scheduler.stats()["dispatched"] if fleet.scheduler else None}
     if rank == 0:
         result["streamed_matches_full"] = ([k for k, _ in streamed] == list(full) and
                                            all(torch.equal(v, full[k]) for k, v in streamed))

@@ -83,3 +83,18 @@ def saved_optimizer_state(step_dir, scratch) -> dict:
 
     dcp_to_torch_save(str(step_dir / STATE_DIR), str(scratch))
     return torch.load(scratch, weights_only=False)["optimizer"]
+
+
+def alternating_grades(trajs, reward) -> None:
+    """A grader for `Collaborators(grade=...)`: every other trajectory of a batch correct (a random
+    tiny model never answers right, so the update would have no signal). As `roll_out.grade`."""
+    for i, t in enumerate(trajs):
+        ok = i % 2 == 0
+        t.reward, t.extracted, t.grade_reason = float(ok), "x", "correct" if ok else "wrong"
+
+
+def alternating():
+    """The run's collaborators with `alternating_grades` for the grader."""
+    from rstar2_cli.rl.rollout_side import Collaborators
+
+    return Collaborators(grade=alternating_grades)

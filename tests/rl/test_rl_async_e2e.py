@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rl_synthetic import tiny_rl_recipe, write_times_seven
+from rl_synthetic import alternating, tiny_rl_recipe, write_times_seven
 from rstar2_cli.config import load_recipe_dict
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -16,16 +16,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 # digit (threaded float sums); the tokens, rewards, losses and gradients do not
 NOISY = ("time/", "throughput/", "async/trainer_", "async/engine_", "async/weight_pause", "async/step_interval",
          "train/logprob_abs_diff_vllm")
-
-
-def _alternate(monkeypatch):
-    import rstar2_cli.reward as reward
-    from rstar2_cli.reward import GradeResult
-
-    def alternate(pairs, **kw):   # a random tiny model never answers right: give the update a signal
-        return [GradeResult.of("correct" if i % 2 == 0 else "wrong", "x") for i in range(len(pairs))]
-
-    monkeypatch.setattr(reward, "grade_batch", alternate)
 
 
 def _data(tmp_path):
@@ -41,12 +31,12 @@ def _stable(row):
 
 
 def test_synchronous_steps_are_identical_for_a_seed(tiny_model, tmp_path, monkeypatch):
-    from rstar2_cli.rl.trainer import train
+    from rstar2_cli.rl.launch_entry import train
 
-    _alternate(monkeypatch)
     data = _data(tmp_path)
     for run in ("a", "b"):
-        train(load_recipe_dict(tiny_rl_recipe(tiny_model, data, tmp_path / run, steps=2)), progress=False)
+        train(load_recipe_dict(tiny_rl_recipe(tiny_model, data, tmp_path / run, steps=2)), progress=False,
+              parts=alternating())
     a, b = _rows(tmp_path / "a"), _rows(tmp_path / "b")
     assert [_stable(r) for r in a] == [_stable(r) for r in b]
     assert not any(k.startswith("async/") for k in a[0])        # k = 0 is the synchronous step
@@ -55,9 +45,8 @@ def test_synchronous_steps_are_identical_for_a_seed(tiny_model, tmp_path, monkey
 def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(tiny_model, tmp_path, monkeypatch):
     from rstar2_cli.rl.checkpoint import read_trainer_state
     from rstar2_cli.rl.sampler import DataSampler
-    from rstar2_cli.rl.trainer import RLTrainer, train
+    from rstar2_cli.rl.launch_entry import train, trainer_for
 
-    _alternate(monkeypatch)
     data, out = _data(tmp_path), tmp_path / "async"
 
     def recipe(steps):
@@ -66,7 +55,7 @@ def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(
         raw["loss"] = {"tis": True, "tis_cap": 2.0}
         return load_recipe_dict(raw)
 
-    train(recipe(3), progress=False)
+    train(recipe(3), progress=False, parts=alternating())
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1.0, 2.0, 3.0]
     assert rows[0]["async/staleness_0"] == rows[0]["rollout/trajectories"]   # batch 0: the start weights
@@ -77,7 +66,7 @@ def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(
 
     # the checkpoint after step 2 holds batch 2 (in flight then), as the synchronous data order has it
     state = read_trainer_state(out / "step_000002")
-    pending = state["extra"]["async_pending"]
+    pending = state["extra"]["pending_rollouts"]
     order = DataSampler(7, 2, seed=3)
     expected = [order.next_batch() for _ in range(3)][2]
     assert pending["batches"] == [(2, expected)] and pending["next_index"] == 3
@@ -86,11 +75,11 @@ def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(
 
     # resume from step 2 (one more step than before): batch 2 comes back as it was rolled out
     (out / "latest").write_text("step_000002\n")
-    trainer = RLTrainer(recipe(4), resume=True, progress=False)
-    assert trainer.step == 2 and [b.index for b in trainer.source.pending] == [2]
-    restored = trainer.source.pending[0].wait()[1]
+    trainer = trainer_for(recipe(4), resume=True, progress=False, parts=alternating())
+    assert trainer.step == 2 and [b.index for b in trainer.pipeline.pending] == [2]
+    restored = trainer.pipeline.pending[0].wait()[1]
     assert [t.policy_versions for t in restored] == [t["policy_versions"] for t in saved]
-    assert all(e.weights_version == 2 for e in trainer.rollouts.engines)    # not 0 (AReaL #1342)
+    assert all(e.weights_version == 2 for e in trainer.side.fleet.engines)    # not 0 (AReaL #1342)
     trainer.train()
     rows = _rows(out)
     assert [r["step"] for r in rows][-2:] == [3.0, 4.0]

@@ -3,19 +3,18 @@ what a checkpoint keeps of the rollouts in flight, and the config's guard rails.
 from __future__ import annotations
 
 import concurrent.futures
-from types import SimpleNamespace
 
 import pytest
 
 from rstar2_cli.config import ConfigError, load_recipe_dict
 from rstar2_cli.rl.async_rollouts import (
+    Piece,
     RolloutPipeline,
     drop_stale_groups,
     idle_metrics,
     pending_from_state,
     pending_to_state,
 )
-from rstar2_cli.rl.rollout_source import SyncRollouts, rollout_source
 from rstar2_cli.rl.sampler import DataSampler
 from rstar2_cli.rollout.trajectory import Trajectory
 
@@ -34,11 +33,8 @@ class FakeRollouts:
         if self.done:
             traj = Trajectory(prompt_id=f"b{index}", policy_versions=[self.versions.get(index, index)],
                               num_tool_calls=2, num_infra_tool_calls=1)
-            f.set_result(([0], [traj], {"time/rollout": 1.0, "time/reward": 0.5}))
+            f.set_result(Piece([0], [traj], {"time/rollout": 1.0, "time/reward": 0.5}))
         return f
-
-    def roll_out(self, index, problems):
-        return self.start(index, problems).result()
 
     def settle(self, result):
         return result()
@@ -49,17 +45,16 @@ class FakeRollouts:
 
 def _pipeline(k: int, steps: int = 10, **fake):
     rollouts = FakeRollouts(**fake)
-    source = rollout_source(k, steps, DataSampler(1000, 2, shuffle=False), rollouts, first_index=0, partial=False)
-    return source, rollouts.started
+    pipe = RolloutPipeline(k, steps, DataSampler(1000, 2, shuffle=False), rollouts, first_index=0, partial=False)
+    return pipe, rollouts.started
 
 
-def _train(source, step):
-    """What the trainer does with a step's batch on its (one) host: the source's filter, then the
-    shard whose reports the source turns into the async columns."""
-    rolled = source.next_batch(step)
-    positions, trajs, _ = rolled.piece
-    kept, report = rolled.keep(trajs) if rolled.keep else (trajs, None)
-    return kept, report, SimpleNamespace(reports=[report])
+def _train(pipe, step):
+    """What the asynchronous trainer does with a step's batch on its (one) host: drop its stale
+    groups; the hosts' reports (here one) become the async columns."""
+    piece = pipe.next_batch(step)
+    kept, report = pipe.drop_stale(piece.trajectories, step)
+    return kept, report, [report]
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -141,7 +136,7 @@ def test_snapshot_refuses_rollouts_still_running():
         pipe.snapshot()
 
 
-def test_checkpoint_state_resumes_as_saved_or_rewinds_the_sampler_to_regenerate():
+def test_checkpoint_state_resumes_as_saved_or_draws_the_batches_again():
     pipe, _ = _pipeline(1)
     pipe.fill(0)
     pipe.take(0)
@@ -149,38 +144,23 @@ def test_checkpoint_state_resumes_as_saved_or_rewinds_the_sampler_to_regenerate(
     pipe.dropped_groups_total = 3
     saved = pipe.checkpoint_state(lambda mine: [mine], is_host=True)
     assert saved["batches"] == [(1, [2, 3]), (2, [4, 5])] and saved["next_index"] == 3
+    # the checkpoint's own sampler position is before them: what any resumed run loads first
     resumed, started = _pipeline(1)
+    resumed.sampler.load_state_dict(saved["sampler_before"])
     assert resumed.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=1) is None
     assert [b.index for b in resumed.pending] == [1, 2] and resumed.dropped_groups_total == 3
     assert resumed.take(1).wait()[1][0].policy_versions == [1] and started == []
+    assert resumed.sampler.state_dict() == pipe.sampler.state_dict()     # after them, as saved
     # two rollout hosts now: the batches are drawn again
     other, started = _pipeline(1)
-    other.sampler.next_batch(), other.sampler.next_batch(), other.sampler.next_batch()
+    other.sampler.load_state_dict(saved["sampler_before"])
     assert "1 rollout host(s) saved, 2 now" in other.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=2)
     other.fill(1)
     assert started == [1, 2] and [b.problems for b in other.pending] == [[2, 3], [4, 5]]
-    # a synchronous run draws them again too, one at its own step
-    sync, started = _pipeline(0)
-    sync.sampler.next_batch(), sync.sampler.next_batch(), sync.sampler.next_batch()
-    assert "max_staleness=0" in sync.load_checkpoint_state(saved, step=1, host_ordinal=0, num_hosts=1)
-    before = sync.sampler.state_dict()
-    assert sync.next_batch(1).piece[1][0].prompt_id == "b1" and started == [1]
+    # a synchronous run reads only the sampler position: batch 1's problems are drawn again next
     rewound = DataSampler(1000, 2, shuffle=False)
-    rewound.load_state_dict(before)
-    assert rewound.next_batch() == [2, 3]                   # batch 1's problems, drawn again
-
-
-def test_a_synchronous_step_rolls_its_own_batch_out_by_a_direct_call_and_logs_no_async_columns():
-    source, started = _pipeline(0, steps=3)
-    assert isinstance(source, SyncRollouts)
-    for step in range(3):
-        rolled = source.next_batch(step)
-        assert started == list(range(step + 1))            # drawn and rolled out by the step itself
-        assert rolled.piece[1][0].prompt_id == f"b{step}" and rolled.keep is None
-        source.after_update(step + 1)                       # nothing runs ahead of the next step
-        assert started == list(range(step + 1))
-        assert source.overlap_metrics(SimpleNamespace(reports=[None]), weight_pause_s=0.1) == {}
-    assert source.checkpoint_state(lambda mine: [mine], is_host=True) is None    # nothing in flight to keep
+    rewound.load_state_dict(saved["sampler_before"])
+    assert rewound.next_batch() == [2, 3]
     with pytest.raises(ValueError, match="max_staleness >= 1"):
         RolloutPipeline(0, 3, DataSampler(8, 2), FakeRollouts())
 
@@ -250,18 +230,11 @@ def test_colocated_engines_on_gpus_refuse_staleness_once_the_run_knows_its_devic
     check_placement(load_recipe_dict(_recipe()), on_gpu=True)          # k = 0 colocated: the release's set-up
 
 
-@pytest.mark.parametrize("k", [0, 2])
-def test_an_abandoned_step_is_drawn_again_from_the_same_sampler_position(k):
+def test_an_abandoned_step_is_drawn_again_from_the_same_sampler_position():
     """An engine death past engine.max_restarts: the step's batch (and those ahead) are given up
     and the sampler moved back, so a checkpoint written then resumes by drawing them again."""
-    source, started = _pipeline(k, steps=6)
+    source, started = _pipeline(2, steps=6)
     source.next_batch(0)
-    if not k:
-        before = source.sampler.state_dict()
-        source.next_batch(1)
-        source.abandon(1)
-        assert source.sampler.state_dict() == before and started == [0, 1]
-        return
     source.fill(1)
     drawn = [list(b.problems) for b in source.pending]
     source.abandon(1)

@@ -10,77 +10,22 @@ by default: `torch.cuda.empty_cache()`, then a barrier) and the rollout side cal
 before the host starts its engines, before each colocated wake, and before an engine restart.
 
 The engines are fakes of `VLLMEngine` (signatures checked); everything else is the real trainer:
-the policy, the checkpoint, the rollout service, the weight pusher. The colocated cycle runs on
-GPUs only, so the test turns it on (`rollout_service.engines_sleep_for_training`); the fake
-engines record the sleep and wake calls it makes.
+the policy, the checkpoint, the rollout side, the weight pusher. The colocated cycle runs on
+GPUs only, so the test turns it on (`Collaborators.engines_sleep`); the fake engines record the
+sleep and wake calls it makes.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 from api_contracts import assert_fake_methods_match, assert_same_signature
-from rl_synthetic import tiny_rl_recipe
+from fake_replica import FakeReplica
+from rl_synthetic import alternating_grades, tiny_rl_recipe
 
 from rstar2_cli.config import load_recipe_dict
+from rstar2_cli.rl.rollout_side import Collaborators
 from rstar2_cli.rollout.engine_health import EngineSupervisor, HealthWatch
-from rstar2_cli.rollout.generation import GenResult
-
-
-class FakeReplica:
-    """A replica as the rollout service drives it: answers `\\boxed{seed % 3}` and end of turn, and
-    writes to `log` what a memory check cares about (start, sleep, wake, weight loads)."""
-
-    log: list = []
-    tokenizer = None
-    kv_capacity_tokens = 10_000
-    weight_chunk_bytes = 1 << 20
-    pause_mode = "wait"
-
-    def __init__(self):
-        self.weights_version, self.inflight = 0, 0
-        self.health = HealthWatch(lambda: False, lambda: False, check_s=1.0, timeout_s=60.0)
-        self.log.append(("engine_start",))
-
-    @classmethod
-    def from_config(cls, model_path, cfg, max_model_len, seed=0, *, kv_cache_tokens=None, dtype="auto",
-                    gpu_ids=None, weight_transfer="chunked", scheduling_policy="fcfs", sampling_logprobs=False,
-                    seed_requests="auto"):
-        return cls()
-
-    async def generate(self, req) -> GenResult:
-        ids = self.tokenizer.encode(f"The answer is \\boxed{{{req.seed % 3}}}.", add_special_tokens=False)
-        ids.append(self.tokenizer.eos_token_id)
-        await asyncio.sleep(0)
-        return GenResult(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop",
-                         stop_token_id=self.tokenizer.eos_token_id)
-
-    def kv_free_fraction(self) -> float:
-        return 1.0
-
-    def busy_seconds(self) -> float:
-        return 0.0
-
-    async def collective_rpc(self, method, *args):
-        if method == "rstar2_begin_weight_update":
-            self.log.append(("load_weights",))
-        return [None]
-
-    async def reset_prefix_cache(self):
-        pass
-
-    async def sleep(self, level=2):
-        self.log.append(("sleep", level))
-
-    async def wake_up(self, tags=None):
-        self.log.append(("wake_up", tags[0]))
-
-    async def close(self):
-        pass
-
-    def restart(self, weights, version):
-        self.log.append(("engine_restart",))
 
 
 def test_the_fake_replica_has_the_engines_api():
@@ -89,7 +34,7 @@ def test_the_fake_replica_has_the_engines_api():
     assert_same_signature(FakeReplica.from_config.__func__, VLLMEngine.from_config.__func__)
     assert_fake_methods_match(FakeReplica, VLLMEngine, [
         "generate", "kv_free_fraction", "busy_seconds", "collective_rpc", "reset_prefix_cache", "sleep",
-        "wake_up", "close", "restart"])
+        "wake_up", "close", "restart", "pause_for_update", "resume_after_update"])
 
 
 @pytest.fixture
@@ -97,19 +42,12 @@ def events(tiny_model, monkeypatch):
     """The shared event log: the fake engines, the release, and the two optimizer loads write to it."""
     from transformers import AutoTokenizer
 
-    import rstar2_cli.reward as reward
-    from rstar2_cli.reward import GradeResult
-    from rstar2_cli.rl import checkpoint, rollout_service
-    from rstar2_cli.rollout import engines
+    from rstar2_cli.rl import checkpoint
 
     log: list = []
     monkeypatch.setattr(FakeReplica, "log", log)
     monkeypatch.setattr(FakeReplica, "tokenizer", AutoTokenizer.from_pretrained(tiny_model))
-    monkeypatch.setattr(engines, "VLLMEngine", FakeReplica)
-    monkeypatch.setattr(rollout_service, "engines_sleep_for_training", lambda cfg, device: True)
-    # alternate grades: every group has a signal, so every step updates and pushes
-    monkeypatch.setattr(reward, "grade_batch", lambda pairs, **kw: [
-        GradeResult.of("correct" if i % 2 == 0 else "wrong", "x") for i in range(len(pairs))])
+
     def logged(name):
         real = getattr(checkpoint, name)
 
@@ -159,8 +97,13 @@ def test_release_comes_before_the_engines_start_and_before_every_wake_at_continu
     def release():
         events.append(("release",))
 
+    # fake engines, sleeping through each update as on GPU; alternate grades: every group has a
+    # signal, so every step updates and pushes
+    parts = Collaborators(make_engine=FakeReplica.from_config, grade=alternating_grades, release=release,
+                          engines_sleep=lambda cfg, device: True)
+
     # stage continuation: AdamW continued, then released, then the engines start; one step
-    trainer = RLTrainer(cfg, progress=False, release=release)
+    trainer = RLTrainer(cfg, progress=False, parts=parts)
     trainer.train_step()
     trainer.save()
     trainer.close()
@@ -170,7 +113,7 @@ def test_release_comes_before_the_engines_start_and_before_every_wake_at_continu
 
     # --resume from that step: the checkpoint loaded, released, then the engines start; one step
     events.clear()
-    trainer = RLTrainer(cfg, resume=True, progress=False, release=release)
+    trainer = RLTrainer(cfg, resume=True, progress=False, parts=parts)
     assert trainer.step == 1
     trainer.train_step()
     trainer.close()

@@ -43,7 +43,7 @@ def test_resume_reproduces_the_next_update_and_batch(tmp_path, tiny_model_dir):
     sampler.next_batch()
     a.update(*_step_batch(1))
     roc_rng = np.random.default_rng(11)
-    save_checkpoint(run / "step_000001", a, sampler=sampler, step=1, rng=roc_rng)
+    save_checkpoint(run / "step_000001", a, sampler_state=sampler.state_dict(), step=1, rng=roc_rng)
     expected_batch, expected_rand, expected_roc = sampler.next_batch(), torch.rand(3), roc_rng.random(3)
     expected = a.update(*_step_batch(2))
     expected_params = dict(a.full_state_dict())

@@ -30,7 +30,7 @@ def test_reserved_cpus_follow_vllms_auto_binding():
 
 
 def test_synchronous_update_takes_every_cpu_and_rollouts_keep_to_the_reserved_ones(threads):
-    plan = TrainerThreads("auto", CPU, engines_here=True, max_staleness=0, env={})
+    plan = TrainerThreads("auto", CPU, engines_here=True, env={})
     assert torch.get_num_threads() == 1                                    # rollouts, evals, weight push
     with plan.alone():
         assert torch.get_num_threads() == 4                                # the update: engines idle
@@ -40,7 +40,7 @@ def test_synchronous_update_takes_every_cpu_and_rollouts_keep_to_the_reserved_on
 
 
 def test_overlapped_update_stays_beside_the_engine(threads):
-    plan = TrainerThreads("auto", CPU, engines_here=True, max_staleness=1, tensor_parallel_size=2, env={})
+    plan = TrainerThreads("auto", CPU, engines_here=True, overlapped=True, tensor_parallel_size=2, env={})
     with plan.alone():
         assert torch.get_num_threads() == 2                                # the engine decodes meanwhile
 
@@ -49,7 +49,7 @@ def test_overlapped_update_stays_beside_the_engine(threads):
                                     dict(plan="auto", device=torch.device("cuda"), engines_here=True),
                                     dict(plan="auto", device=CPU, engines_here=False)])
 def test_plan_leaves_torch_alone_off_cpu_without_local_engines_or_when_told(threads, kwargs):
-    plan = TrainerThreads(**kwargs, max_staleness=0, env={})
+    plan = TrainerThreads(**kwargs, env={})
     with plan.alone():
         assert torch.get_num_threads() == 4
     assert torch.get_num_threads() == 4

@@ -7,7 +7,6 @@ import pytest
 from rstar2_cli.config import RolloutConfig
 from rstar2_cli.models.tiny import build_tokenizer, default_corpus
 from rstar2_cli.protocol import format_tool_call
-from rstar2_cli.rl.shards import place
 from rstar2_cli.rollout.agent_loop import instance_key, occurrences, run_agent_loop, trajectory_seed
 from rstar2_cli.rollout.engines import GenResult
 from rstar2_cli.rollout.generation import EngineRequestError
@@ -89,7 +88,6 @@ def test_a_shard_carries_global_positions_and_occurrences(tok):
         pos = list(range(node, len(batch), 2))
         trajs = rollout(tok, [batch[i] for i in pos], Engine(tok), samples=1, group_indices=pos,
                         occurrence=[drawn[i] for i in pos])
-        place(pos, trajs, 1)
         shards.append(trajs)
     merged = sorted((t for s in shards for t in s), key=lambda t: t.group_index)
     assert [(t.prompt_id, t.group_index) for t in merged] == [("a", 0), ("b", 1), ("a", 2), ("c", 3)]

@@ -105,7 +105,7 @@ def test_two_nodes_roll_out_and_select_their_own_shards_and_train_together(tiny_
     assert rows[1]["async/staleness_max"] <= 1 and rows[1]["async/dropped_groups"] == 0
     from rstar2_cli.rl.checkpoint import read_trainer_state
 
-    pending = read_trainer_state(out / "step_000002")["extra"]["async_pending"]
+    pending = read_trainer_state(out / "step_000002")["extra"]["pending_rollouts"]
     assert [i for i, _ in pending["batches"]] == [2]
     shards = [host[0]["piece"] for host in pending["hosts"]]
     assert [s[0] for s in shards] == [[0, 2], [1]] and [len(s[1]) for s in shards] == [8, 4]

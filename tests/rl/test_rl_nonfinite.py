@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from rl_synthetic import make_trajectories, write_times_seven
+from rl_synthetic import alternating, make_trajectories, write_times_seven
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
 from rstar2_cli.rl.loss import group_advantages
@@ -61,21 +61,18 @@ def test_the_run_skips_counts_and_aborts_after_max_in_a_row(tiny_model, tmp_path
     step 4 and aborts; skipped steps leave the checkpointed weights and optimizer as they were."""
     from rl_synthetic import saved_optimizer_state, saved_weights, tiny_rl_recipe
 
-    import rstar2_cli.reward as reward
     from rstar2_cli.config import load_recipe_dict
-    from rstar2_cli.reward import GradeResult
     from rstar2_cli.rl.checkpoint import read_trainer_state
-    from rstar2_cli.rl.trainer import FAULT_NONFINITE_ENV, RunAborted, train
+    from rstar2_cli.rl.faults import FAULT_NONFINITE_ENV, RunAborted
+    from rstar2_cli.rl.launch_entry import train
 
-    monkeypatch.setattr(reward, "grade_batch", lambda pairs, **kw: [
-        GradeResult.of("correct" if i % 2 == 0 else "wrong", "x") for i in range(len(pairs))])
     monkeypatch.setenv(FAULT_NONFINITE_ENV, "1,3,4")
     data = write_times_seven(tmp_path / "train.jsonl", 5)
     out = tmp_path / "run"
     raw = tiny_rl_recipe(tiny_model, data, out, steps=6)
     raw["train"]["max_nonfinite_steps"] = 2
     with pytest.raises(RunAborted, match=r"step 4: 2 steps in a row .*train.max_nonfinite_steps=2.*step_000004"):
-        train(load_recipe_dict(raw), progress=False)
+        train(load_recipe_dict(raw), progress=False, parts=alternating())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["train/nonfinite_skipped"] for r in rows] == [1.0, 0.0, 1.0, 1.0]

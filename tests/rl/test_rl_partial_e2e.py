@@ -5,9 +5,9 @@ per-token versions that sampled them."""
 from __future__ import annotations
 
 import pytest
-from test_rl_async_e2e import _alternate, _data, _rows
+from test_rl_async_e2e import _data, _rows
 
-from rl_synthetic import tiny_rl_recipe
+from rl_synthetic import alternating, tiny_rl_recipe
 from rstar2_cli.config import load_recipe_dict
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -16,9 +16,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 def test_partial_rollouts_train_within_the_bound_and_resume_with_per_token_versions(tiny_model, tmp_path,
                                                                                      monkeypatch):
     from rstar2_cli.rl.checkpoint import read_trainer_state
-    from rstar2_cli.rl.trainer import RLTrainer, train
+    from rstar2_cli.rl.launch_entry import train, trainer_for
 
-    _alternate(monkeypatch)
     data, out = _data(tmp_path), tmp_path / "partial"
 
     def recipe(steps):
@@ -27,7 +26,7 @@ def test_partial_rollouts_train_within_the_bound_and_resume_with_per_token_versi
         raw["loss"] = {"tis": True, "tis_cap": 2.0}
         return load_recipe_dict(raw)
 
-    train(recipe(3), progress=False)
+    train(recipe(3), progress=False, parts=alternating())
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1.0, 2.0, 3.0]
     for r in rows:
@@ -39,16 +38,16 @@ def test_partial_rollouts_train_within_the_bound_and_resume_with_per_token_versi
     assert rows[0]["async/tokens_staleness_1"] == 0                      # batch 0: the start weights only
 
     state = read_trainer_state(out / "step_000002")
-    saved = state["extra"]["async_pending"]["hosts"][0][0]["piece"][1]
+    saved = state["extra"]["pending_rollouts"]["hosts"][0][0]["piece"][1]
     assert saved and all(t["version_spans"] and t["version_spans"][0][0] == 0 for t in saved)
     assert all(1 <= v <= 2 for t in saved for _, v in t["version_spans"])
 
     (out / "latest").write_text("step_000002\n")
-    trainer = RLTrainer(recipe(4), resume=True, progress=False)
-    restored = trainer.source.pending[0].wait()[1]
+    trainer = trainer_for(recipe(4), resume=True, progress=False, parts=alternating())
+    restored = trainer.pipeline.pending[0].wait()[1]
     assert [t.version_spans for t in restored] == [t["version_spans"] for t in saved]
     assert [t.response_ids for t in restored] == [t["response_ids"] for t in saved]
-    assert all(e.weights_version == 2 and e.pause_mode == "keep" for e in trainer.rollouts.engines)
+    assert all(e.weights_version == 2 and e.pause_mode == "keep" for e in trainer.side.fleet.engines)
     trainer.train()
     rows = _rows(out)
     assert [r["step"] for r in rows][-2:] == [3.0, 4.0]

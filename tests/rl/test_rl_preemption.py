@@ -124,7 +124,7 @@ def test_without_a_signal_the_launcher_returns_the_child_code():
 
 def test_resume_values():
     from rstar2_cli.commands.rl import with_resume_default
-    from rstar2_cli.rl.trainer import resume_mode
+    from rstar2_cli.rl.resume import resume_mode
 
     assert with_resume_default(["--resume"]) == ["--resume", "latest"]
     assert with_resume_default(["--resume", "auto", "r.yaml"]) == ["--resume", "auto", "r.yaml"]
@@ -163,7 +163,7 @@ def test_resumed_metrics_drop_the_rows_written_after_the_checkpoint(tmp_path):
 
 
 def test_fault_injection_steps_from_the_environment():
-    from rstar2_cli.rl.trainer import FAULT_NONFINITE_ENV, fault_steps
+    from rstar2_cli.rl.faults import FAULT_NONFINITE_ENV, fault_steps
 
     assert fault_steps({}) == frozenset()
     assert fault_steps({FAULT_NONFINITE_ENV: "2, 5"}) == {2, 5}
@@ -190,7 +190,7 @@ def test_a_trainer_process_exits_with_the_outcome_code_and_one_line(tmp_path, mo
     from rstar2_cli.rl.preemption import Preempted
     from rstar2_cli.rl.trainer import RunAborted
 
-    def fake_run(cfg, *, resume):
+    def fake_run(cfg, *, resume, parts):
         assert resume == "auto"
         if raised == "preempted":
             raise Preempted(3, tmp_path / "step_000003", "SIGUSR1")

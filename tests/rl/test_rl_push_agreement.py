@@ -1,4 +1,4 @@
-"""RolloutService.push_weights: a failure found on one host fails the push on every rank.
+"""rollout_side.push_weights: a failure found on one host fails the push on every rank.
 
 Two ranks are two threads; the weight pusher's gathers are a barrier both must reach (as FSDP's
 collectives), and `rl_dist.agree_max` the max over both threads. Before the agreement, the host
@@ -6,15 +6,15 @@ raised alone and the other rank waited in the gather: here the barrier times out
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 from types import SimpleNamespace
 
 import pytest
 
 from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.rollout_service import RolloutService
+from rstar2_cli.rl.rollout_side import push_weights
 from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
+from rstar2_cli.rollout.fleet import EngineFleet
 
 
 class TwoRanks:
@@ -32,19 +32,16 @@ class TwoRanks:
         return out
 
 
-def _service(world: TwoRanks, rank: int, heal, push_fails: bool = False) -> RolloutService:
-    svc = object.__new__(RolloutService)
-
+def _service(world: TwoRanks, rank: int, heal, push_fails: bool = False) -> EngineFleet:
+    """Rank `rank`'s fleet (no replicas), its pusher's gathers a barrier, its supervisor's heal `heal`."""
     def push(policy):
         world.gather.wait()                       # the gathers: every rank must be there
         if push_fails and rank == 0:
             raise RuntimeError("engine refused the weights")
 
-    svc.host = SimpleNamespace(is_host=rank == 0, node_index=0)
-    svc.supervisor = SimpleNamespace(lock=contextlib.nullcontext(), heal=heal)
-    svc.engines, svc.version, svc._policy = [], 0, None
-    svc.weights_out = SimpleNamespace(push=push)
-    return svc
+    fleet = EngineFleet([], SimpleNamespace(push=push), loop=None, version=0, max_restarts=0)
+    fleet.supervisor.heal = heal
+    return fleet
 
 
 def _both(world: TwoRanks, services) -> list[BaseException | None]:
@@ -53,7 +50,7 @@ def _both(world: TwoRanks, services) -> list[BaseException | None]:
     def run(rank):
         world.local.rank = rank
         try:
-            services[rank].push_weights(policy=object())
+            push_weights(services[rank], object(), is_host=rank == 0)
         except BaseException as e:     # noqa: BLE001 - what each rank raised is the result
             raised[rank] = e
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rl_synthetic import tiny_rl_recipe, write_times_seven
+from rl_synthetic import alternating, tiny_rl_recipe, write_times_seven
 from rstar2_cli.config import load_recipe_dict
 from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE
 
@@ -49,15 +49,11 @@ def _raw(tiny_model, data, out, k, steps=3):
 
 @pytest.mark.parametrize("k", [0, 1])
 def test_a_preempted_and_resumed_run_equals_the_uninterrupted_one(tiny_model, tmp_path, monkeypatch, k):
-    import rstar2_cli.reward as reward
-    from rstar2_cli.reward import GradeResult
     from rstar2_cli.rl.async_rollouts import RolloutPipeline
     from rstar2_cli.rl.preemption import Preempted
-    from rstar2_cli.rl.trainer import train
+    from rstar2_cli.rl.launch_entry import train
 
     # a random tiny model never answers right: alternate the grades so the update has a signal
-    monkeypatch.setattr(reward, "grade_batch", lambda pairs, **kw: [
-        GradeResult.of("correct" if i % 2 == 0 else "wrong", "x") for i in range(len(pairs))])
     if k:
         # Which version samples each turn of a batch rolled out ahead depends on when the next
         # weight update lands, so two k = 1 runs differ anyway. Pin it, to compare the resume
@@ -66,22 +62,23 @@ def test_a_preempted_and_resumed_run_equals_the_uninterrupted_one(tiny_model, tm
         monkeypatch.setattr(RolloutPipeline, "fill", lambda self, version: (fill(self, version), self.drain()))
     data = _data(tmp_path)
     clean, cut = tmp_path / "clean", tmp_path / "cut"
-    train(load_recipe_dict(_raw(tiny_model, data, clean, k)), progress=False)
+    train(load_recipe_dict(_raw(tiny_model, data, clean, k)), progress=False, parts=alternating())
 
     def preempt_after_step_1(step, metrics):
         if step == 1:
             os.kill(os.getpid(), signal.SIGTERM)   # as the cluster would, mid-run; the step finishes
 
     with pytest.raises(Preempted) as stopped:
-        train(load_recipe_dict(_raw(tiny_model, data, cut, k)), progress=False, on_step=preempt_after_step_1)
+        train(load_recipe_dict(_raw(tiny_model, data, cut, k)), progress=False, on_step=preempt_after_step_1,
+              parts=alternating())
     assert stopped.value.step == 1 and stopped.value.checkpoint == cut / "step_000001"
     assert (cut / "latest").read_text().strip() == "step_000001"
     if k:   # the batches in flight were saved with the checkpoint, as a periodic one saves them
         from rstar2_cli.rl.checkpoint import read_trainer_state
 
         state = read_trainer_state(cut / "step_000001")
-        assert [i for i, _ in state["extra"]["async_pending"]["batches"]] == [1, 2]
-    train(load_recipe_dict(_raw(tiny_model, data, cut, k)), resume="auto", progress=False)
+        assert [i for i, _ in state["extra"]["pending_rollouts"]["batches"]] == [1, 2]
+    train(load_recipe_dict(_raw(tiny_model, data, cut, k)), resume="auto", progress=False, parts=alternating())
 
     expected, got = _stable_rows(clean), _stable_rows(cut)
     assert [r["step"] for r in got] == [1, 2, 3]
@@ -109,7 +106,7 @@ def _run_rl(recipe: Path, *extra: str, **kw) -> subprocess.Popen:
 
 
 def test_rstar2_rl_stopped_by_sigterm_exits_75_and_resume_auto_continues_identically(tiny_model, tmp_path):
-    from rstar2_cli.rl.trainer import train
+    from rstar2_cli.rl.launch_entry import train
 
     data = _data(tmp_path)
     clean, cut = tmp_path / "clean", tmp_path / "cut"

@@ -7,12 +7,11 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
-from test_rl_shards import _cfg, _piece
+from test_rl_exchange import _cfg, _piece, _select
 from test_rl_step_flow import make_trainer  # noqa: F401 (fixture)
 
 from rstar2_cli.models.tiny import build_tokenizer, default_corpus
 from rstar2_cli.rl.rollout_log import RolloutLog, mask_runs, pick_groups, read_rollouts, rollout_path
-from rstar2_cli.rl.shards import share_step
 from rstar2_cli.rollout.trajectory import Trajectory
 
 KEYS = {"step", "node", "group", "prompt_id", "sample", "problem", "gold", "turns", "response_tokens", "tool_calls",
@@ -35,9 +34,9 @@ def _host_step(tok, tmp_path, count=2, step=3, faulted=(7, 1)):
     victim = piece[1][pos * cfg.rollouts_per_prompt + sample]
     victim.infra_error = "sandbox_internal_error"
     log = RolloutLog(tmp_path, PROBLEMS, tok, count=count, seed=cfg.train.seed)
-    rollouts = SimpleNamespace(host=SimpleNamespace(is_host=True, node_index=0), host_ranks=[0],
-                               info=SimpleNamespace(rank=0, world_size=1))
-    return log, share_step(piece, rollouts, cfg, step=step, log=log), piece[1]
+    mine = _select(piece, 0, cfg, step)      # as `RLTrainer.train_step` picks them, after RoC
+    records = log.pick(piece[1], mine.kept, mine.advantages, step=step + 1, node=0)
+    return log, SimpleNamespace(records=records, trajectories=mine.kept, advantages=mine.advantages), piece[1]
 
 
 def test_a_host_logs_its_seeded_groups_and_every_faulted_one(tok, tmp_path):
@@ -91,7 +90,7 @@ def test_turns_without_records_split_at_the_loss_mask_runs(tok, tmp_path):
 
 
 def test_every_trainer_step_leaves_its_rollouts_file(make_trainer, tmp_path):
-    """`RLTrainer.train_step` (engines replaced by test_rl_step_flow's recorder): steps 1 and 2 each
+    """`RLTrainer.train_step` (fake engines, test_rl_step_flow.py): steps 1 and 2 each
     write rollouts/step_NNNNNN.jsonl.gz with both groups of 2 prompts x 2G = 4, as one host."""
     trainer, _, _ = make_trainer()
     metrics = [trainer.train_step(), trainer.train_step()]

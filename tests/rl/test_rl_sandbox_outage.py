@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from test_rl_instances import Engine, tok  # noqa: F401  (tok: the scripted engine's tokenizer fixture)
 
 from rstar2_cli.config import ConfigError, RocConfig, RolloutConfig, load_recipe_dict
-from rstar2_cli.rl.dist import process_info
+from rstar2_cli.rl.faults import NonfiniteSteps
 from rstar2_cli.rl.roc import error_penalty, select_for_training
-from rstar2_cli.rl.rollout_service import RolloutService
+from rstar2_cli.rl.rollout_side import Collaborators, sandbox_down_for
 from rstar2_cli.rl.trainer import RLTrainer, RunAborted
+from rstar2_cli.rollout.tool_sandbox import rl_tool_sandbox
 from rstar2_cli.rollout.agent_loop import INFRA_TOOL_REASONS, run_agent_loop
 from sandbox.service.client import RemoteSandbox
 
@@ -57,12 +59,12 @@ def test_outage_s_is_validated_at_load():
 
 
 def _trainer(cfg, tools, step: int, saved_step: int) -> tuple[RLTrainer, list[int]]:
-    """An RLTrainer with only what the outage check touches: the recipe, the rollout service's
-    sandbox, the step counters and a save() that records the step it saved."""
-    service = object.__new__(RolloutService)
-    service.cfg, service.tools, service.info = cfg, tools, process_info()
+    """An RLTrainer with only what the abort checks touch: the recipe, the rollout side's sandbox,
+    the step counters, the fault counters and a save() that records the step it saved."""
     trainer = object.__new__(RLTrainer)
-    trainer.cfg, trainer.rollouts, trainer.step, trainer.saved_step = cfg, service, step, saved_step
+    trainer.cfg, trainer.step, trainer.saved_step = cfg, step, saved_step
+    trainer.side = SimpleNamespace(tools=tools)
+    trainer.nonfinite, trainer.tool_loop_alarm = NonfiniteSteps(cfg.train.max_nonfinite_steps), None
     trainer.last_checkpoint = Path(f"run/step_{saved_step:06d}")
     saves: list[int] = []
 
@@ -86,12 +88,12 @@ def test_an_outage_past_outage_s_checkpoints_and_aborts_with_one_line(free_port)
             for now in (0.0, 30.0):                  # failing for 30 s: under outage_s, the run goes on
                 clock.now = now
                 assert (await sb.run("print(1)")).reason == "internal_error"
-            trainer._abort_if_sandbox_down()
+            trainer._abort_if_needed()
             assert saves == [] and sb.outage.down_for() == 30.0
             clock.now = 61.0
             await sb.run("print(1)")
             with pytest.raises(RunAborted) as aborted:
-                trainer._abort_if_sandbox_down()
+                trainer._abort_if_needed()
             return str(aborted.value), saves
 
     message, saves = asyncio.run(scenario())
@@ -104,8 +106,8 @@ def test_an_outage_past_outage_s_checkpoints_and_aborts_with_one_line(free_port)
 def test_the_embedded_pool_has_no_outage_check():
     cfg = load_recipe_dict({})
     trainer, saves = _trainer(cfg, tools=object(), step=3, saved_step=0)
-    trainer._abort_if_sandbox_down()
-    assert saves == [] and trainer.rollouts.sandbox_down_for() == 0.0
+    trainer._abort_if_needed()
+    assert saves == [] and sandbox_down_for(cfg, trainer.side.tools) == 0.0
 
 
 @pytest.mark.slow
@@ -120,12 +122,17 @@ def test_the_run_checkpoints_and_exits_1_at_the_step_boundary_past_outage_s(tiny
     from rstar2_cli.rl.launch_entry import run_for_exit_code
 
     answers = iter([0.0, 400.0])
-    monkeypatch.setattr(RolloutService, "sandbox_down_for", lambda self: next(answers))
+
+    def tools(cfg):          # the real client, its outage measure answering 0 s, then 400 s
+        sandbox = rl_tool_sandbox(cfg)
+        sandbox.outage.down_for = lambda: next(answers)
+        return sandbox
+
     data = write_times_seven(tmp_path / "train.jsonl", 4)
     out = tmp_path / "run"
     raw = tiny_rl_recipe(tiny_model, data, out, steps=3)
     raw["sandbox"] = {"url": sandbox_server, "outage_s": 300}
-    code, final = run_for_exit_code(load_recipe_dict(raw), resume=False)
+    code, final = run_for_exit_code(load_recipe_dict(raw), resume=False, parts=Collaborators(make_tools=tools))
     assert (code, final) == (1, None)
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (f"error: step 2: sandbox {sandbox_server} down for 400s, every call failing "

@@ -13,7 +13,7 @@ from rstar2_cli.rl.checkpoint import save_checkpoint
 from rstar2_cli.rl.loss import group_advantages
 from rstar2_cli.rl.policy import PolicyTrainer
 from rstar2_cli.rl.stages import start_text
-from rstar2_cli.rl.trainer import RLTrainer
+from rstar2_cli.rl.resume import continue_stage
 
 
 def _policy(model_dir, optim: OptimConfig) -> PolicyTrainer:
@@ -28,9 +28,9 @@ def _update(policy: PolicyTrainer, seed: int) -> None:
 
 def _start(cfg: RecipeConfig) -> PolicyTrainer:
     """A fresh (not resumed) run of `cfg`: the policy built from model.path, then the trainer's
-    stage-start step (RLTrainer's __init__ without the engines)."""
+    stage-start step (`resume.continue_stage`, as `RLTrainer.__init__` calls it)."""
     policy = _policy(cfg.model.path, cfg.optim)
-    RLTrainer._continue_stage(SimpleNamespace(cfg=cfg, policy=policy, info=policy.info))
+    continue_stage(cfg, policy, is_main=True)
     return policy
 
 

@@ -1,168 +1,169 @@
-"""`RLTrainer.train_step` itself, on CPU and without engines: the rollout service is replaced by a
-recorder that hands back synthetic graded trajectories, and everything else in the step (the
-rollout pipeline, RoC, advantages, the policy update, the weight push, the metrics row) is the
-trainer's own code. The engines and the sandbox are covered by test_rl_trainer_e2e.py."""
+"""`RLTrainer.train_step` itself, on CPU: the trainer with its real rollout side (fleet, scheduler,
+agent loop, weight pusher, sandbox client) over engines that answer at once (`fake_replica.py`),
+and a grader the test sets (`Collaborators(grade=...)`): the order of the step's phases, what a
+step with nothing to learn does, that the synchronous step starts no thread, the asynchronous
+step's order, and an engine lost at the push. The real engines and sandbox are covered by
+test_rl_trainer_e2e.py."""
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import json
+import threading
 
 import pytest
 import torch
+from fake_replica import FakeReplica
 from rl_synthetic import build_tiny_model, make_trajectories, tiny_rl_recipe
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig, load_recipe_dict
 from rstar2_cli.rl.metrics import read_metrics
 from rstar2_cli.rl.policy import PolicyTrainer
-from rstar2_cli.rl.rollout_source import SyncRollouts
+from rstar2_cli.rl.rollout_side import Collaborators
 from rstar2_cli.rl.sampler import DataSampler
-from rstar2_cli.rollout.weight_sync.colocated import release_trainer_cache
 
 
-class RecordingRollouts:
-    """The public surface of `RolloutService`, recording each call. Every trajectory is stamped
-    with the version the "engines" hold when its batch starts (pushes and skipped steps add one,
-    as on the real engines); `grade(i)` is the reward of the i-th trajectory of a batch."""
+class Recorder:
+    """The step's events in order: the engines' (start, sleep, wake, weight loads), the grader's
+    (which prompts it graded) and the release; `reward(i)` is the i-th trajectory's of a batch."""
 
-    grade = staticmethod(lambda i: float(i % 2))
+    def __init__(self):
+        self.events: list[tuple] = []
+        self.reward = lambda i: float(i % 2)
+        self.threads: list[set[str]] = []     # the live threads' names, each time the grader ran
 
-    def __init__(self, cfg, problems, tokenizer, host, info, *, model, weights, version, progress,
-                 release=release_trainer_cache):
-        self.cfg, self.problems, self.version, self.host, self.info = cfg, problems, version, host, info
-        self.calls: list[tuple] = []
-        self.engines, self.tools, self.host_ranks = [], None, [0]
-        RecordingRollouts.last = self
-
-    def roll_out(self, index, problem_indices):
-        n = self.cfg.rollouts_per_prompt
-        trajs = make_trajectories(n * len(problem_indices), seed=index)
+    def grade(self, trajs, reward):
+        self.threads.append({t.name for t in threading.enumerate()})
+        self.events.append(("grade", [t.prompt_id for t in trajs]))
         for i, t in enumerate(trajs):
-            p = self.problems[problem_indices[i // n]]
-            t.prompt_id, t.sample_index, t.group_index = p.id, i % n, i // n
-            t.reward, t.policy_versions = self.grade(i), [self.version]
-        self.calls.append(("start", index, list(problem_indices)))
-        return list(range(len(problem_indices))), trajs, {"time/rollout": 0.5, "time/reward": 0.25}
+            t.reward, t.extracted, t.grade_reason = self.reward(i), "x", "correct" if self.reward(i) else "wrong"
 
-    def start(self, index, problem_indices):
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        future.set_result(self.roll_out(index, problem_indices))
-        return future
+    def parts(self, *, colocated: bool) -> Collaborators:
+        return Collaborators(make_engine=FakeReplica.from_config, grade=self.grade,
+                             release=lambda: self.events.append(("release",)),
+                             engines_sleep=lambda cfg, device: colocated)
 
-    def settle(self, result):
-        return result()
-
-    def gather_from_hosts(self, mine):
-        return [mine]
-
-    def busy_seconds(self):
-        return [0.0]
-
-    def sleep(self):
-        self.calls.append(("sleep",))
-
-    engine_restarts = 0
-
-    def weights_changing(self):
-        return contextlib.nullcontext()
-
-
-    def push_weights(self, policy):
-        self.calls.append(("push", {k: v.clone() for k, v in policy.full_state_dict()}))
-        self.version += 1
-
-    def keep_weights(self):
-        self.calls.append(("keep",))
-        self.version += 1
-
-    def close(self):
-        self.calls.append(("close",))
+    def names(self) -> list[str]:
+        return [e[0] if e[0] != "wake_up" else f"wake_{e[1]}" for e in self.events]
 
 
 @pytest.fixture
 def make_trainer(tiny_model, tmp_path, monkeypatch):
-    import rstar2_cli.rl.rollout_service as rollout_service
-    from rstar2_cli.rl.trainer import RLTrainer
+    from transformers import AutoTokenizer
 
-    monkeypatch.setattr(rollout_service, "RolloutService", RecordingRollouts)
+    from rstar2_cli.rl.launch_entry import trainer_for
+
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}*7?", "answer": str(7 * i)}) + "\n"
                             for i in range(7)))
+    recorder = Recorder()
+    monkeypatch.setattr(FakeReplica, "log", recorder.events)
+    monkeypatch.setattr(FakeReplica, "tokenizer", AutoTokenizer.from_pretrained(tiny_model))
 
-    def make(**train):
+    def make(colocated: bool = True, **train):
         raw = tiny_rl_recipe(tiny_model, data, tmp_path / "run", steps=3)
         raw["train"].update(train)
         raw["roc"]["reject_equal_reward"] = True
+        raw["sandbox"] = {"url": "http://127.0.0.1:9"}      # a client only: the fake engines call no tool
         if train.get("max_staleness"):
             raw["loss"] = {"tis": True, "tis_cap": 2.0}
         seen: list[tuple[int, dict]] = []
-        trainer = RLTrainer(load_recipe_dict(raw), progress=False, on_step=lambda s, m: seen.append((s, m)))
-        return trainer, RecordingRollouts.last, seen
+        trainer = trainer_for(load_recipe_dict(raw), progress=False, on_step=lambda s, m: seen.append((s, m)),
+                              parts=recorder.parts(colocated=colocated))
+        recorder.events.clear()
+        return trainer, recorder, seen
 
     return make
 
 
-def test_the_recorder_is_built_as_the_rollout_service_is():
-    from api_contracts import assert_same_signature
-
-    from rstar2_cli.rl.rollout_service import RolloutService
-
-    assert_same_signature(RecordingRollouts.__init__, RolloutService.__init__)
+def _ids(trainer, batch):
+    return [trainer.problems[i].id for i in batch for _ in range(4)]    # oversample x G = 4 per prompt
 
 
-def test_a_step_draws_rolls_out_selects_updates_pushes_and_logs_in_that_order(make_trainer, tmp_path):
-    trainer, rollouts, seen = make_trainer()
-    rollouts.start = lambda *args: pytest.fail("k = 0 started a rollout future")   # a direct call only
+def test_a_step_draws_rolls_out_grades_selects_updates_pushes_and_logs_in_that_order(make_trainer, tmp_path):
+    trainer, recorder, seen = make_trainer()
     before = {k: v.clone() for k, v in trainer.policy.full_state_dict()}
     m = trainer.train_step()
-    # 1-3: exactly the sampler's first batch, rolled out by the step itself (k = 0: nothing ahead)
+    # 1-3: exactly the sampler's first batch, rolled out and graded by the step itself
     order = DataSampler(7, 2, seed=3)
-    assert rollouts.calls[0] == ("start", 0, order.next_batch())
-    assert trainer.sampler.state_dict() == order.state_dict() and isinstance(trainer.source, SyncRollouts)
-    # 4-7: RoC keeps G = 2 of each group of 4, then sleep -> update -> push (which wakes the engines)
-    assert [c[0] for c in rollouts.calls] == ["start", "sleep", "push"]
-    pushed = rollouts.calls[2][1]
+    assert recorder.events[0] == ("grade", _ids(trainer, order.next_batch()))
+    assert trainer.sampler.state_dict() == order.state_dict()
+    # 4-8: RoC keeps G = 2 of each group of 4, then the update (the engines asleep), then the push:
+    # the weights woken and loaded, then the KV cache
+    cycle = ["sleep", "release", "wake_weights", "load_weights", "release", "wake_kv_cache"]
+    assert recorder.names() == ["grade", *cycle]
     after = dict(trainer.policy.full_state_dict())
-    assert all(torch.equal(pushed[k], v) for k, v in after.items())        # the updated weights went out
-    assert any(not torch.equal(before[k], v) for k, v in after.items())
+    (engine,) = trainer.side.fleet.engines
+    assert engine.loaded and all(torch.equal(engine.loaded[k], after[k]) for k in engine.loaded)
+    assert any(not torch.equal(before[k], v) for k, v in after.items())    # the updated weights went out
+    assert engine.weights_version == 1 == trainer.side.fleet.version
     assert m["roc/groups_kept"] == 2 and m["rollout/trajectories"] == 8 and m["train/optimizer_steps"] == 1
     assert m["train/skipped_empty"] == 0.0 and trainer.policy.scheduler.last_epoch == 1
-    assert m["faults/engine_restarts"] == 0.0                              # the rollout side's count
-    # 8: one row, the step's phases timed under the usual keys, no async/ column at k = 0
-    assert (m["time/rollout"], m["time/reward"], m["time/tools"]) == (0.5, 0.25, 0.0)
-    assert {"time/train", "time/sync", "time/step"} <= set(m) and m["time/step"] >= m["time/train"] + m["time/sync"]
+    assert m["faults/engine_restarts"] == 0.0
+    # 9: one row, the step's phases timed under the usual keys, no async/ column
+    assert {"time/rollout", "time/reward", "time/tools", "time/train", "time/sync", "time/step"} <= set(m)
+    assert m["time/step"] >= m["time/rollout"] + m["time/train"] + m["time/sync"]
     assert not any(k.startswith("async/") for k in m)
     (row,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert row == {**m, "step": 1} and seen == [(1, m)] and trainer.step == 1
     trainer.close()
-    assert rollouts.calls[-1] == ("close",)
+
+
+def test_the_synchronous_step_starts_no_thread(make_trainer):
+    """The roll-out runs on the trainer's own thread: no loop thread, no future, and no thread
+    started during a step (the engines' own loop threads are vLLM's, started with them)."""
+    trainer, recorder, _ = make_trainer(colocated=False)
+    alive = {t.name for t in threading.enumerate()}
+    ran_on: list[threading.Thread] = []
+    generate = FakeReplica.generate
+
+    async def recording(self, req):
+        ran_on.append(threading.current_thread())
+        return await generate(self, req)
+
+    FakeReplica.generate = recording
+    try:
+        trainer.train_step()
+        trainer.train_step()
+    finally:
+        FakeReplica.generate = generate
+    assert ran_on and all(t is threading.main_thread() for t in ran_on)
+    assert all(names <= alive for names in recorder.threads)
+    assert {t.name for t in threading.enumerate()} <= alive and "rstar2-rollouts" not in alive
+    trainer.close()
 
 
 def test_a_step_with_nothing_to_learn_moves_no_weights_and_keeps_the_version(make_trainer):
-    trainer, rollouts, _ = make_trainer()
-    rollouts.grade = lambda i: 1.0                     # equal rewards: every group filtered out
+    trainer, recorder, _ = make_trainer()
+    recorder.reward = lambda i: 1.0                     # equal rewards: every group filtered out
     before = {k: v.clone() for k, v in trainer.policy.full_state_dict()}
     m = trainer.train_step()
-    assert [c[0] for c in rollouts.calls] == ["start", "keep"] and rollouts.version == 1
+    assert recorder.names() == ["grade"] and trainer.side.fleet.version == 1
+    assert trainer.side.fleet.engines[0].weights_version == 1
     assert m["train/skipped_empty"] == 1.0 and m["roc/groups_kept"] == 0 and "train/loss" not in m
     assert trainer.policy.scheduler.last_epoch == 0
     assert all(torch.equal(before[k], v) for k, v in trainer.policy.full_state_dict())
-    rollouts.grade = staticmethod(lambda i: float(i % 2))
+    recorder.reward = lambda i: float(i % 2)
     order = DataSampler(7, 2, seed=3)
     order.next_batch()
     m = trainer.train_step()                           # the next batch in the data order, not stale
-    assert rollouts.calls[2] == ("start", 1, order.next_batch()) and m["train/skipped_empty"] == 0.0
+    assert recorder.events[1] == ("grade", _ids(trainer, order.next_batch())) and m["train/skipped_empty"] == 0.0
+    trainer.close()
 
 
 def test_an_asynchronous_step_starts_the_next_batch_right_after_its_update(make_trainer):
-    trainer, rollouts, _ = make_trainer(max_staleness=1)
+    trainer, recorder, _ = make_trainer(colocated=False, max_staleness=1)
     m = trainer.train_step()
-    names = [c[:2] if c[0] == "start" else c[:1] for c in rollouts.calls]
-    # batches 0 and 1 start at version 0; batch 2 as soon as version 1 is pushed, before the log
-    assert names == [("start", 0), ("start", 1), ("sleep",), ("push",), ("start", 2)]
+    order = DataSampler(7, 2, seed=3)
+    batches = [order.next_batch() for _ in range(3)]
+    # batches 0 and 1 roll out at version 0; batch 2 as soon as version 1 is loaded, by version 1
+    graded = [e for e in recorder.events if e[0] == "grade"]
+    assert graded[:2] == [("grade", _ids(trainer, b)) for b in batches[:2]]
+    assert recorder.names()[:3] == ["grade", "grade", "load_weights"]
+    assert [b.index for b in trainer.pipeline.pending] == [1, 2]
+    assert {v for t in trainer.pipeline.pending[1].wait().trajectories for v in t.policy_versions} == {1}
     assert m["async/staleness_0"] == 8 and m["async/dropped_groups"] == 0
     m2 = trainer.train_step()            # batch 1 was sampled by version 0, trained at step 1
     assert m2["async/staleness_1"] == 8 and m2["async/staleness_max"] == 1
+    trainer.close()
 
 
 def test_an_engine_lost_at_the_push_checkpoints_the_trained_step(make_trainer, tmp_path):
@@ -170,15 +171,15 @@ def test_an_engine_lost_at_the_push_checkpoints_the_trained_step(make_trainer, t
     updated weights under the step that made them, so a resume neither trains that batch twice
     nor labels new weights with the old step."""
     from rstar2_cli.rl import checkpoint
-    from rstar2_cli.rl.trainer import RunAborted
+    from rstar2_cli.rl.faults import RunAborted
     from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
 
-    trainer, rollouts, _ = make_trainer()
+    trainer, _, _ = make_trainer(colocated=False)
 
     def dead_push(policy):
         raise EngineRestartsExhausted("replica 0 died 4 times (engine.max_restarts=3)")
 
-    rollouts.push_weights = dead_push
+    trainer.side.fleet.pusher.push = dead_push
     with pytest.raises(RunAborted, match="holds step 1"):
         trainer.train()
     saved = checkpoint.latest_checkpoint(tmp_path / "run")

@@ -62,6 +62,7 @@ def test_the_alarm_line_goes_to_the_log_and_the_live_table(tmp_path, caplog, cap
 def test_stop_on_tool_loop_checkpoints_and_raises(tmp_path, stop):
     from rstar2_cli.config import RecipeConfig
     from rstar2_cli.rl import trainer as trainer_mod
+    from rstar2_cli.rl.faults import NonfiniteSteps
 
     calls = []
     t = object.__new__(trainer_mod.RLTrainer)
@@ -69,8 +70,8 @@ def test_stop_on_tool_loop_checkpoints_and_raises(tmp_path, stop):
                                                    "tool_loop_baseline_steps": 3}})
     t.step, t.saved_step, t.last_checkpoint = 0, 0, None
     t.info = SimpleNamespace(device=None)
-    t.nonfinite = {"total": 0, "streak": 0}
-    t.rollouts = SimpleNamespace(sandbox_down_for=lambda: 0.0)
+    t.nonfinite = NonfiniteSteps(t.cfg.train.max_nonfinite_steps)
+    t.side = SimpleNamespace(tools=None)        # the embedded pool: no outage to check
     t.writer = SimpleNamespace(plot=lambda: None)
     t.close = lambda: calls.append(("close",))
     t.tool_loop, t.tool_loop_alarm = ToolLoopAlarm(3, t.cfg.train.tool_loop_factor), None

@@ -7,8 +7,10 @@ import json
 import pytest
 import torch
 
-from rl_synthetic import saved_optimizer_state, tiny_rl_recipe
+from rl_synthetic import alternating, alternating_grades, saved_optimizer_state, tiny_rl_recipe
 from rstar2_cli.config import load_recipe_dict
+from rstar2_cli.rl.rollout_side import Collaborators
+from rstar2_cli.rollout.roll_out import grade
 
 pytestmark = pytest.mark.slow
 
@@ -21,23 +23,19 @@ def _recipe(tiny_model, data, out, steps):
 def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    import rstar2_cli.reward as reward
-    from rstar2_cli.reward import GradeResult
-    from rstar2_cli.rl.trainer import RLTrainer, train
+    from rstar2_cli.rl.launch_entry import train
+    from rstar2_cli.rl.trainer import RLTrainer
 
     # A random tiny model never answers right, so every group would have equal rewards and zero
     # advantage. Grade every other sample correct so the update has a signal to follow.
-    def alternate(pairs, **kw):
-        return [GradeResult.of("correct" if i % 2 == 0 else "wrong", "x") for i in range(len(pairs))]
-
-    monkeypatch.setattr(reward, "grade_batch", alternate)
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}*7?", "answer": str(7 * i)}) + "\n"
                             for i in range(5)))
     out = tmp_path / "run"
     seen: list[dict] = []
-    final = train(_recipe(tiny_model, data, out, steps=2), progress=False, on_step=lambda s, m: seen.append(m))
+    final = train(_recipe(tiny_model, data, out, steps=2), progress=False, on_step=lambda s, m: seen.append(m),
+                  parts=alternating())
     assert final == out / "final"
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1.0, 2.0] and len(seen) == 2
@@ -72,7 +70,14 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
 
     saved_state = read_trainer_state(final)
     saved_optim = saved_optimizer_state(final, tmp_path / "optim.pt")
-    trainer = RLTrainer(_recipe(tiny_model, data, out, steps=3), resume=True, progress=False)
+    graded: list[list[str]] = []
+
+    def recording(trajs, reward):    # which prompts the resumed step rolled out
+        graded.append([t.prompt_id for t in trajs])
+        alternating_grades(trajs, reward)
+
+    trainer = RLTrainer(_recipe(tiny_model, data, out, steps=3), resume=True, progress=False,
+                        parts=Collaborators(grade=recording))
     assert trainer.step == 2
     assert trainer.tool_loop.baseline == [r["rollout/tool_calls_mean"] for r in rows]   # the alarm's, saved
     order = DataSampler(5, 2, seed=3)
@@ -88,11 +93,8 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
             assert torch.equal(restored["state"][name][key], moments[key]), (name, key)
     assert any(m["exp_avg"].abs().max() > 0 for m in saved_optim["state"].values())    # two real updates
     assert trainer.policy.scheduler.last_epoch == 2 == saved_state["scheduler"]["last_epoch"]
-    started = []
-    roll_out = trainer.rollouts.roll_out
-    trainer.rollouts.roll_out = lambda index, problems: started.append((index, problems)) or roll_out(index, problems)
     trainer.train()
-    assert started == [(2, batches[2])]
+    assert graded == [[trainer.problems[i].id for i in batches[2] for _ in range(4)]]   # 2G = 4 samples each
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1.0, 2.0, 3.0]
     assert (out / "rollouts" / "step_000003.jsonl.gz").is_file()
@@ -118,16 +120,14 @@ def test_a_step_graded_by_the_real_grader_pool(tiny_model, tmp_path, monkeypatch
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}+1?", "answer": str(i + 1)}) + "\n"
                             for i in range(2)))
-    trainer = RLTrainer(_recipe(tiny_model, data, tmp_path / "run", steps=1), progress=False)
     seen = []
-    roll_out = trainer.rollouts.roll_out
 
-    def recording_roll_out(index, problems):
-        out = roll_out(index, problems)
-        seen.extend(out[1])
-        return out
+    def recording(trajs, reward):    # the real grader, recording what it graded
+        grade(trajs, reward)
+        seen.extend(trajs)
 
-    trainer.rollouts.roll_out = recording_roll_out
+    trainer = RLTrainer(_recipe(tiny_model, data, tmp_path / "run", steps=1), progress=False,
+                        parts=Collaborators(grade=recording))
     try:
         m = trainer.train_step()
     finally:

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from rl_synthetic import tiny_rl_recipe
+from rl_synthetic import alternating_grades, tiny_rl_recipe
 from rstar2_cli.config import load_recipe_dict
+from rstar2_cli.rl.rollout_side import Collaborators
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -28,19 +29,20 @@ def test_validation_points_and_an_empty_step_in_a_tiny_run(tiny_model, tmp_path,
                                for i in range(2)))
     calls = {"n": 0}
 
-    def graded(pairs, **kw):   # training batch 1: all wrong (every group filtered); later: alternate
+    def training_grades(trajs, reward_cfg):   # batch 1: all wrong (every group filtered); later: alternate
         calls["n"] += 1
-        training_call = len(pairs) == 8
-        if training_call and calls["n"] <= 2:
-            return [GradeResult.of("wrong", "x") for _ in pairs]
-        return [GradeResult.of("correct" if i % 2 == 0 else "wrong", "x") for i in range(len(pairs))]
+        alternating_grades(trajs, reward_cfg)
+        for t in trajs if calls["n"] == 1 else ():
+            t.reward, t.grade_reason = 0.0, "wrong"
 
-    monkeypatch.setattr(reward, "grade_batch", graded)
+    # the held-out sets are graded by eval's grader (eval/family.py): every other sample correct
+    monkeypatch.setattr(reward, "grade_batch", lambda pairs, **kw: [
+        GradeResult.of("correct" if i % 2 == 0 else "wrong", "x") for i in range(len(pairs))])
     raw = tiny_rl_recipe(tiny_model, data, tmp_path / "run", steps=2)
     raw["roc"]["reject_equal_reward"] = True
     raw["train"].update(eval_every=1, eval_sets=[str(heldout)], eval_samples=2, save_every=10)
     cfg = load_recipe_dict(raw)
-    trainer = RLTrainer(cfg, progress=False)
+    trainer = RLTrainer(cfg, progress=False, parts=Collaborators(grade=training_grades))
     seen = []
 
     def on_step(step, metrics):

@@ -268,8 +268,7 @@ def test_max_restarts_checkpoints_and_aborts_with_one_line(tmp_path, monkeypatch
     t.cfg = RecipeConfig()
     t.step, t.saved_step, t.last_checkpoint = 2, 0, None
     t.info = SimpleNamespace(device=None)
-    t.nonfinite = {"total": 0, "streak": 0}
-    t.source = SimpleNamespace(abandon=lambda step: calls.append(("abandon", step)))
+    t._abandon_batch = lambda: calls.append(("abandon", t.step))
     t.writer = SimpleNamespace(plot=lambda: None)
     t.close = lambda: calls.append(("close",))
 

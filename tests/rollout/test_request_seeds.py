@@ -63,7 +63,7 @@ def test_sampling_params_keep_or_drop_the_seed():
 
 @pytest.mark.parametrize("setting,seeded", [("auto", False), (True, True)])
 def test_the_gpu_path_sends_no_seed_unless_the_recipe_asks(monkeypatch, setting, seeded):
-    """The RL path's engine on GPU (rollout_service: the recipe's engine section, the rollout's
+    """The RL path's engine on GPU (rollout/fleet.py `start_engines`: the recipe's engine section, the rollout's
     seed_requests): its SamplingParams carry no seed under auto, so vLLM samples the batch at once."""
     on_gpu(monkeypatch)
     cfg = load_recipe_dict({"rollout": {"seed_requests": setting},

@@ -1,4 +1,6 @@
-"""rl/shards.py: RoC and advantages on the rollout hosts, each rank receiving only its training shard.
+"""rl/exchange.py (with RoC and advantages on the rollout hosts, as `RLTrainer.train_step` runs them,
+and `step_summary.py`'s merge): each rank receives only its training shard, and N nodes select,
+train and log exactly what one node does.
 
 Several nodes and ranks are simulated by threads of one process: `rl_dist`'s two object
 collectives are replaced by a barrier-synchronised exchange that also counts the bytes each rank
@@ -10,16 +12,18 @@ from __future__ import annotations
 import pickle
 import random
 import threading
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from rstar2_cli.config import load_recipe_dict
 from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.metrics import finish_rollout
+from rstar2_cli.rl.exchange import HostFailure, HostSelection, StepFailed, exchange, pack, plan_shards, unpack
+from rstar2_cli.rl.loss import advantages_for_groups
+from rstar2_cli.rl.metrics import StepTimer
+from rstar2_cli.rl.roc import group_rng, select_for_training
 from rstar2_cli.rl.rollout_hosts import node_shard
-from rstar2_cli.rl.shards import pack, plan_shards, share_step, unpack
+from rstar2_cli.rl.step_summary import step_columns, summarise
 from rstar2_cli.rollout.trajectory import Trajectory
 
 
@@ -34,7 +38,8 @@ def _trajectory(pos: int, sample: int, max_len: int = 200) -> Trajectory:
     rng = random.Random(pos * 1000 + sample)
     n = rng.randint(5, max_len)
     calls = rng.randint(0, 3)
-    return Trajectory(prompt_id=f"q{pos % 5}", sample_index=sample, prompt_ids=[rng.randrange(1000) for _ in range(7)],
+    return Trajectory(prompt_id=f"q{pos % 5}", sample_index=sample, group_index=pos,
+                      prompt_ids=[rng.randrange(1000) for _ in range(7)],
                       response_ids=[rng.randrange(150_000) for _ in range(n)],
                       loss_mask=[int(i % 9 != 3) for i in range(n)],
                       logprobs=[] if sample == 1 else [-rng.random() for _ in range(n)],
@@ -46,6 +51,19 @@ def _trajectory(pos: int, sample: int, max_len: int = 200) -> Trajectory:
 def _piece(positions, per_prompt, max_len=200):
     trajs = [_trajectory(p, s, max_len) for p in positions for s in range(per_prompt)]
     return list(positions), trajs, {"time/rollout": 1.0 + len(positions), "time/reward": 0.5}
+
+
+def _select(piece, node, cfg, step=3) -> HostSelection:
+    """Steps 4-5 on a rollout host, as `RLTrainer.train_step` runs them."""
+    _, trajs, seconds = piece
+    roc = select_for_training(trajs, cfg.roc, cfg.train.group_size, group_rng(cfg.train.seed, step))
+    return HostSelection(roc.trajectories, advantages_for_groups(roc.groups),
+                         summarise(node, len(trajs), trajs, roc, seconds, cfg.rollout.max_response_tokens))
+
+
+def _columns(shard):
+    return {k: v for k, v in step_columns(4, shard.summaries, {}, StepTimer()).items()
+            if k != "time/step" and not k.startswith("rollout/trajectories_node")}
 
 
 class ThreadWorld:
@@ -80,7 +98,7 @@ class ThreadWorld:
 
 
 def _run(cfg, prompts: int, nodes: int, per_node: int, monkeypatch, max_len: int = 200):
-    """share_step on nodes x per_node simulated ranks; (each rank's StepShard, bytes each received)."""
+    """Selection and exchange on nodes x per_node simulated ranks; (each rank's StepShard, bytes each received)."""
     world = nodes * per_node
     fake = ThreadWorld(world)
     monkeypatch.setattr(rl_dist, "broadcast_from_each", fake.broadcast_from_each)
@@ -91,10 +109,9 @@ def _run(cfg, prompts: int, nodes: int, per_node: int, monkeypatch, max_len: int
     def rank_main(rank: int):
         fake.local.rank = rank
         node, is_host = rank // per_node, rank % per_node == 0
-        piece = _piece(node_shard(prompts, node, nodes), cfg.rollouts_per_prompt, max_len) if is_host else None
-        rollouts = SimpleNamespace(host=SimpleNamespace(is_host=is_host, node_index=node), host_ranks=host_ranks,
-                                   info=SimpleNamespace(rank=rank, world_size=world))
-        out[rank] = share_step(piece, rollouts, cfg, step=3)
+        mine = (_select(_piece(node_shard(prompts, node, nodes), cfg.rollouts_per_prompt, max_len), node, cfg)
+                if is_host else None)
+        out[rank] = exchange(mine, host_ranks, rank, world, cfg.train.ppo_mini_batches)
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for t in threads:
@@ -113,20 +130,23 @@ def _rows(shard):
 @pytest.mark.parametrize("nodes, per_node", [(2, 2), (3, 1), (2, 3)])
 def test_n_nodes_select_and_train_exactly_what_one_node_does(nodes, per_node, monkeypatch):
     cfg, prompts = _cfg(), 11
-    one = share_step(_piece(range(prompts), cfg.rollouts_per_prompt), SimpleNamespace(
-        host=SimpleNamespace(is_host=True, node_index=0), host_ranks=[0], info=SimpleNamespace(rank=0, world_size=1)),
-        cfg, step=3)
+    one = exchange(_select(_piece(range(prompts), cfg.rollouts_per_prompt), 0, cfg), [0], 0, 1,
+                   cfg.train.ppo_mini_batches)
     assert 0 < one.kept < prompts * cfg.rollouts_per_prompt
     shards, _ = _run(cfg, prompts, nodes, per_node, monkeypatch)
     # the same trajectories, advantages and mini-batches over the ranks (RoC seeded per group)
     assert sorted(r for s in shards for r in _rows(s)) == sorted(_rows(one))
     assert all(s.kept == one.kept for s in shards)
-    # the metrics of the whole batch, on every rank, equal one host's
+    # the metrics of the whole batch, on every rank, equal one host's (but time/rollout: the slowest host's)
+    expected = _columns(one)
     for s in shards:
-        assert finish_rollout(s.tally) == pytest.approx(finish_rollout(one.tally))
-        assert s.roc == pytest.approx(one.roc) and s.seconds["reward"] == 0.5
-        assert s.seconds["tools"] == pytest.approx(one.seconds["tools"])
-        assert sum(v for k, v in s.per_node.items()) == prompts * cfg.rollouts_per_prompt
+        got = step_columns(4, s.summaries, {}, StepTimer())
+        per_node = [v for k, v in got.items() if k.startswith("rollout/trajectories_node")]
+        assert sum(per_node) == prompts * cfg.rollouts_per_prompt
+        slowest = ("time/rollout", "throughput/rollout_tokens_per_s")
+        assert {k: v for k, v in _columns(s).items() if k not in slowest} == pytest.approx(
+            {k: v for k, v in expected.items() if k not in slowest})
+        assert got["time/reward"] == 0.5
 
 
 def test_each_rank_receives_at_most_a_2_world_size_th_of_what_every_rank_received_before(monkeypatch):
@@ -178,8 +198,24 @@ def test_a_shard_travels_as_arrays_and_comes_back_as_the_trajectories_the_update
         assert t.logprobs == pytest.approx(orig.logprobs, rel=1e-6) and len(t.logprobs) == len(orig.logprobs)
 
 
-def test_a_failed_host_fails_the_step_on_every_rank():
-    rollouts = SimpleNamespace(host=SimpleNamespace(is_host=True, node_index=1), host_ranks=[0],
-                               info=SimpleNamespace(rank=0, world_size=1))
-    with pytest.raises(RuntimeError, match="rollout failed on node 1: boom"):
-        share_step("node 1: boom", rollouts, _cfg(), step=0)
+def test_a_failed_host_fails_the_step_on_every_rank(monkeypatch):
+    """A host's failure travels as a `HostFailure` in place of its summary; every rank raises it."""
+    world = ThreadWorld(3)
+    monkeypatch.setattr(rl_dist, "broadcast_from_each", world.broadcast_from_each)
+    monkeypatch.setattr(rl_dist, "scatter_objects", world.scatter_objects)
+    cfg, errors = _cfg(), [None] * 3
+
+    def rank_main(rank):
+        world.local.rank = rank
+        mine = {0: _select(_piece([0], 4), 0, cfg), 1: HostFailure(1, "RuntimeError('boom')"), 2: None}[rank]
+        try:
+            exchange(mine, [0, 1], rank, 3, 1)
+        except StepFailed as e:
+            errors[rank] = str(e)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == ["rollout failed on node 1: RuntimeError('boom')"] * 3
