@@ -22,6 +22,15 @@ from rstar2_cli.recipe_text import ConfigError, apply_overrides, read_yaml_mappi
 
 # train.micro_batch_tokens: what "auto" is on CPU (no memory plan sizes a CPU run), and the least a recipe may give
 CPU_MICRO_BATCH_TOKENS, MIN_MICRO_BATCH_TOKENS = 16384, 1024
+# The bounds of the two sampling settings, written once: every settings model that samples (RolloutConfig here,
+# eval.settings.EvalSettings, quickstart.settings.QuickstartSettings) declares its field with these, so each is
+# checked when it is loaded and nothing downstream checks again. 0 is greedy decoding; an RL recipe needs more
+# (RecipeConfig._consistent: the trainer scores logits / temperature).
+Temperature = Annotated[float, Field(ge=0.0)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+# The recipe an RL run resolved, in its train.out_dir (rl/trainer.py writes it at start): what a command that
+# continues from the run's checkpoints (`rstar2 prepare hard`) reads the run's settings from.
+RESOLVED_RECIPE = "resolved_recipe.yaml"
 
 
 class _Section(BaseModel):
@@ -54,8 +63,8 @@ class RolloutConfig(_Section):
                                                       # (its run script keeps it), which
                                                       # rstar2_cli/recipes/stage{1,2}.yaml set
     max_response_tokens: int = Field(8192, ge=1)      # 8K stage 1, 12K stages 2-3 (paper §4); tool tokens count
-    temperature: float = Field(1.0, ge=0.0)           # release: verl rollout.temperature 1.0
-    top_p: float = Field(1.0, gt=0.0, le=1.0)         # release: verl rollout.top_p 1
+    temperature: Temperature = 1.0                    # release: verl rollout.temperature 1.0
+    top_p: TopP = 1.0                                 # release: verl rollout.top_p 1
     max_calls_per_turn: int = Field(1, ge=1)          # release: verl multi_turn.max_parallel_calls default 1
     tool_response_max_chars: int = Field(256, ge=64)  # release: verl multi_turn.max_tool_response_length default 256
     tool: Literal["python_code_with_standard_io", "python_notebook"] = "python_code_with_standard_io"

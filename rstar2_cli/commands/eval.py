@@ -7,6 +7,9 @@ from typing import Optional
 import typer
 
 from rstar2_cli.commands import checks, fail
+from rstar2_cli.eval.settings import EvalSettings
+
+DEFAULT = EvalSettings.default_of      # each option's default is the evaluation protocol's (eval/settings.py)
 
 
 def replicas_for(settings, tp: Optional[int]) -> dict:
@@ -50,19 +53,23 @@ def register(app: typer.Typer) -> None:
         out: Optional[str] = typer.Option(
             None, "--out", help="output folder (default runs/eval/SET-MODEL); reruns resume"
         ),
-        samples: int = typer.Option(16, "--samples", help="samples per problem (avg@k)"),
-        temperature: float = typer.Option(0.6, "--temperature"),
-        top_p: float = typer.Option(0.95, "--top-p"),
-        max_tokens: int = typer.Option(30000, "--max-tokens", help="response budget, tool tokens included"),
-        max_turns: int = typer.Option(30, "--max-turns"),
+        samples: int = typer.Option(DEFAULT("samples"), "--samples", help="samples per problem (avg@k)"),
+        temperature: float = typer.Option(DEFAULT("temperature"), "--temperature"),
+        top_p: float = typer.Option(DEFAULT("top_p"), "--top-p"),
+        max_tokens: int = typer.Option(
+            DEFAULT("max_tokens"), "--max-tokens", help="response budget, tool tokens included"
+        ),
+        max_turns: int = typer.Option(DEFAULT("max_turns"), "--max-turns"),
         limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = typer.Option(DEFAULT("seed"), "--seed"),
         answer_mode: str = typer.Option(
-            "outcome",
+            DEFAULT("answer_mode"),
             "--answer-mode",
             help="outcome: the last \\boxed{} (as reward.mode); strict_answer_tag: needs <answer>; last_boxed",
         ),
-        engine: str = typer.Option("vllm", "--engine", help="vllm (local) | openai (any OpenAI-compatible server)"),
+        engine: str = typer.Option(
+            DEFAULT("engine"), "--engine", help="vllm (local) | openai (any OpenAI-compatible server)"
+        ),
         base_url: Optional[str] = typer.Option(
             None, "--base-url", help="with --engine openai, e.g. http://127.0.0.1:8000/v1"
         ),
@@ -83,10 +90,12 @@ def register(app: typer.Typer) -> None:
             help="replace the release's system prompt (as the RL recipe's rollout.system_prompt)",
         ),
         tools_in_prompt: bool = typer.Option(
-            True, "--tools-in-prompt/--no-tools-in-prompt", help="list the tool schema in the prompt (release: yes)"
+            DEFAULT("tools_in_prompt"),
+            "--tools-in-prompt/--no-tools-in-prompt",
+            help="list the tool schema in the prompt (release: yes)",
         ),
         use_tools: bool = typer.Option(
-            True, "--tools/--no-tools", help="--no-tools: no tool schema and one turn (reasoning only)"
+            DEFAULT("use_tools"), "--tools/--no-tools", help="--no-tools: no tool schema and one turn (reasoning only)"
         ),
         compare: Optional[str] = typer.Option(
             None,
@@ -107,7 +116,7 @@ def register(app: typer.Typer) -> None:
             "one replica per TP GPUs this process sees (CUDA_VISIBLE_DEVICES)",
         ),
         seed_requests: str = typer.Option(
-            "auto",
+            DEFAULT("seed_requests"),
             "--seed-requests",
             help="a sampling seed on every request: auto (on CPU only) | true | false "
             "(as rollout.seed_requests; docs/eval.md)",
@@ -117,7 +126,7 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from rstar2_cli.config import ConfigError, first_error
-        from rstar2_cli.eval.settings import BENCHMARKS, EvalSettings, protocol_of_recipe
+        from rstar2_cli.eval.settings import BENCHMARKS, protocol_of_recipe
 
         layout = {"system_prompt": system_prompt, "tools_in_prompt": tools_in_prompt}
         if protocol_from:

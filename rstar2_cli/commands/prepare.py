@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from rstar2_cli.commands import checks, fail
+from rstar2_cli.commands import checks, fail, shown
 
 prepare_app = typer.Typer(help="Prepare datasets: the RL math set, SFT conversions, eval sets.", no_args_is_help=True)
 
@@ -119,15 +119,28 @@ def sft_command(
     console.print(f"converted {stats.converted:,}/{stats.rows:,} rows to {out} (skipped {stats.skipped:,})")
 
 
+# `prepare hard`'s rollout flags: the RolloutConfig field each one sets
+ROLLOUT_FLAGS = {"max_turns": "--max-turns", "max_response_tokens": "--max-tokens", "temperature": "--temperature",
+                 "top_p": "--top-p"}
+FROM_RECIPE = "default: the recipe's"
+
+
 @prepare_app.command("hard")
 def hard_command(
     policy: str = typer.Option(..., "--policy", help="The stage-2 checkpoint (HF folder) that rolls out."),
-    data: str = typer.Option("data/math42k.jsonl", "--data", help="The RL problem set to mine (file or named set)."),
-    out: Path = typer.Option(Path("data/math_hard.jsonl"), "--out", "-o", help="The hard subset (.jsonl)."),
+    recipe: Optional[str] = typer.Option(
+        None, "--recipe",
+        help="The RL recipe (file, or a packaged name: stage2) whose settings the rollouts take (default: the "
+             "resolved_recipe.yaml of the run the policy's folder sits in)."),
+    data: Optional[str] = typer.Option(None, "--data", help="The RL problem set to mine (file or named set; "
+                                                            "default: the recipe's data.train)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The hard subset (.jsonl; default: where the "
+                                                                 "stage-3 recipe reads it, its data.train)."),
     samples: int = typer.Option(8, "--samples", min=1, help="Rollouts per problem; kept if not all solved."),
-    temperature: float = typer.Option(1.0, "--temperature"),
-    max_tokens: int = typer.Option(12288, "--max-tokens", min=1),
-    max_turns: int = typer.Option(10, "--max-turns", min=1),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help=f"{FROM_RECIPE} rollout.temperature"),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help=f"{FROM_RECIPE} rollout.top_p"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help=f"{FROM_RECIPE} rollout.max_response_tokens"),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", help=f"{FROM_RECIPE} rollout.max_turns"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N problems."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", envvar="RSTAR2_DATA_DIR"),
     sandbox_url: Optional[str] = typer.Option(
@@ -142,31 +155,53 @@ def hard_command(
         "holds the policy); one replica per TP GPUs this process sees",
     ),
 ) -> None:
-    """Stage-3 hard subset: problems the policy does not solve in all of its samples (with pass rates)."""
-    from rich.console import Console
+    """Stage-3 hard subset: problems the policy does not solve in all of its samples (with pass rates).
 
+    The rollouts take the settings of the RL run that trained the policy (its resolved recipe: turns,
+    tokens, sampling, tool protocol, grader, problems); a flag given replaces the recipe's value."""
+    from pydantic import ValidationError
+
+    from rstar2_cli.config import RESOLVED_RECIPE, ConfigError
     from rstar2_cli.data.problems import DataError
     from rstar2_cli.eval.report import engines_line
-    from rstar2_cli.rl.mine_hard import mine_hard
+    from rstar2_cli.rl.mine_hard import mine_hard, mining_settings, run_recipe_of, stage3_problems
+    from rstar2_cli.rl.stages import find_recipe
 
     checks.model_dir(policy, "--policy")
+    out = out if out is not None else Path(stage3_problems())
     checks.output_file(out, "--out")
-    checks.problem_source(data, "--data", data_dir)
-    if temperature < 0:
-        fail(f"--temperature {temperature}: must be >= 0")
+    if data is not None:
+        checks.problem_source(data, "--data", data_dir)
     if sandbox_url is not None:
         checks.url(sandbox_url, "--sandbox-url")
+    given = {field: (value, ROLLOUT_FLAGS[field]) for field, value in
+             zip(ROLLOUT_FLAGS, (max_turns, max_tokens, temperature, top_p)) if value is not None}
     try:
-        summary = mine_hard(policy, data, out, samples=samples, data_dir=data_dir, temperature=temperature,
-                            max_tokens=max_tokens, max_turns=max_turns, limit=limit, seed=seed,
+        source = find_recipe(recipe) if recipe is not None else run_recipe_of(policy)
+        if source is None and len(given) < len(ROLLOUT_FLAGS):
+            missing = ", ".join(flag for field, flag in ROLLOUT_FLAGS.items() if field not in given)
+            fail(f"--policy {shown(policy)}: no {RESOLVED_RECIPE} in it or any folder above it (the RL run that "
+                 f"trained it writes one in its train.out_dir) to take the rollout settings from; give --recipe "
+                 f"FILE, or {missing}")
+        settings = mining_settings(source, {**given, **({"data": (data, "--data")} if data is not None else {})})
+    except ConfigError as e:
+        fail(str(e))
+    except ValidationError as e:
+        err = e.errors()[0]
+        fail(f"{ROLLOUT_FLAGS[err['loc'][0]]} {shown(err['input'])}: {err['msg']}")
+    if data is None:
+        checks.problem_source(settings.data, f"{source}: data.train", data_dir)
+    typer.echo(settings.line())
+    try:
+        summary = mine_hard(policy, out, settings, samples=samples, data_dir=data_dir, limit=limit, seed=seed,
                             sandbox_url=sandbox_url, tp=tp)
     except DataError as e:
         fail(str(e))
     except ValueError as e:          # the replicas cannot be placed (launch/eval_engines.py)
         fail(f"--policy {policy}: {e}")
-    Console().print(f"{engines_line(summary['engines'])}")
-    Console().print(f"kept {summary['hard']:,} of {summary['problems']:,} problems not solved {samples}/{samples} "
-                    f"-> {out} (pass rates in {out}.pass_rates.json)")
+    typer.echo(engines_line(summary["engines"]))
+    typer.echo(f"kept {summary['hard']:,} of {summary['problems']:,} problems not solved {samples}/{samples} "
+               f"-> {out} (pass rates in {out}.pass_rates.json)")
 
 
 @prepare_app.command("eval-data")

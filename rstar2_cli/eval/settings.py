@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rstar2_cli.config import PROTOCOL_FIELDS, RolloutConfig
+from rstar2_cli.config import PROTOCOL_FIELDS, RolloutConfig, Temperature, TopP
 from rstar2_cli.eval.benchmarks import BENCHMARKS
 from rstar2_cli.models.checkpoint_config import checkpoint_config
 
@@ -64,6 +64,14 @@ def protocol_of_rollout(rollout: RolloutConfig) -> dict[str, Any]:
             "protocol": {f: getattr(rollout, f) for f in PROTOCOL_FIELDS}}
 
 
+def rollout_fields(rollout: RolloutConfig) -> dict[str, Any]:
+    """The EvalSettings fields that roll out as a recipe's rollout section does: its turns, response
+    tokens, sampling and request seeds, and its protocol (`protocol_of_rollout`)."""
+    return {"max_turns": rollout.max_turns, "max_tokens": rollout.max_response_tokens,
+            "temperature": rollout.temperature, "top_p": rollout.top_p, "seed_requests": rollout.seed_requests,
+            **protocol_of_rollout(rollout)}
+
+
 def protocol_of_recipe(path: str) -> dict[str, Any]:
     """`protocol_of_rollout` of the RL recipe at `path` (ConfigError naming the file if it is not
     a valid recipe)."""
@@ -81,8 +89,8 @@ class EvalSettings(BaseModel):
     data_dir: str | None = None                      # local folder laid out like shared/data
     out_dir: str | None = None
     samples: int = Field(16, ge=1)                   # k in avg@k
-    temperature: float = Field(0.6, ge=0.0)
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    temperature: Temperature = 0.6                   # bounds: config.Temperature / TopP, as a recipe's
+    top_p: TopP = 0.95
     max_tokens: int = Field(30000, ge=1)             # response budget, tool tokens included
     max_turns: int = Field(30, ge=1)
     limit: int | None = Field(None, ge=1)            # only the first N problems
@@ -107,6 +115,12 @@ class EvalSettings(BaseModel):
     cpu_kvcache_space_gb: int = Field(1, ge=1)
     grade_timeout: float = Field(5.0, gt=0.0)
     progress: bool = True
+
+    @classmethod
+    def default_of(cls, field: str) -> Any:
+        """The default of `field`: the one place the evaluation protocol's values are written (the
+        `rstar2 eval` options show and use these)."""
+        return cls.model_fields[field].get_default(call_default_factory=True)
 
     def rollout_config(self) -> RolloutConfig:
         """The agent loop's settings for this evaluation."""

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rstar2_cli.config import Temperature
+
 TOY_SYSTEM_PROMPT = "You may call the python tool. Put the final answer in \\boxed{}."
 # The toy's tool protocol (rollout fields; see config.PROTOCOL_FIELDS), shared by its SFT data, RL
 # and held-out eval: rstar2's short error texts and no forced <reason> (the toy model was tuned on
@@ -80,7 +82,7 @@ class QuickstartSettings(BaseModel):
     # held-out evaluation
     eval_every: int = Field(4, ge=1)               # RL steps between held-out curve points
     eval_samples: int = Field(1, ge=1)             # samples per held-out problem (avg@k)
-    eval_temperature: float = Field(0.6, ge=0)
+    eval_temperature: Temperature = 0.6
 
     @model_validator(mode="after")
     def _check(self) -> "QuickstartSettings":

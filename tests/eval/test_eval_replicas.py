@@ -209,12 +209,13 @@ def test_eval_and_eval_all_place_a_replica_per_group_of_visible_gpus(eight_gpus,
 def test_prepare_hard_places_a_replica_per_group_of_visible_gpus(eight_gpus, tiny_model, tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"id": "a", "problem": "2+2?", "answer": "4"}) + "\n")
-    res = _cli("prepare", "hard", "--policy", tiny_model, "--data", data, "--out", tmp_path / "hard.jsonl")
+    res = _cli("prepare", "hard", "--policy", tiny_model, "--recipe", "stage2", "--data", data, "--out",
+               tmp_path / "hard.jsonl")
     assert res.exit_code == 0, res.output
     assert eight_gpus[0].gpu_groups == [[i] for i in range(8)]
     assert "engines: 8 replicas x TP 1" in res.output
-    res = _cli("prepare", "hard", "--policy", tiny_model, "--data", data, "--out", tmp_path / "hard.jsonl",
-               "--tp", "3")
+    res = _cli("prepare", "hard", "--policy", tiny_model, "--recipe", "stage2", "--data", data, "--out",
+               tmp_path / "hard.jsonl", "--tp", "3")
     assert res.exit_code == 2
     assert "error: --policy" in res.output and "--tp 3 does not divide the 8 GPUs" in res.output
 

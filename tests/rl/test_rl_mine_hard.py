@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rstar2_cli.rl.mine_hard import mine_hard
+from rstar2_cli.rl.mine_hard import mine_hard, mining_settings
 
 
 @pytest.mark.slow
@@ -14,8 +14,10 @@ def test_prepare_hard_on_tiny_model(tiny_model, tiny_engine, sandbox_pool, tmp_p
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "hard.jsonl"
-    summary = mine_hard(str(tiny_model), str(data), out, samples=2, max_tokens=32, max_turns=2, progress=False,
-                        engine=tiny_engine, tools=sandbox_pool)
+    given = {"data": str(data), "max_response_tokens": 32, "max_turns": 2, "temperature": 1.0, "top_p": 1.0}
+    settings = mining_settings(None, {name: (value, "test") for name, value in given.items()})
+    summary = mine_hard(str(tiny_model), out, settings, samples=2, progress=False, engine=tiny_engine,
+                        tools=sandbox_pool)
     # a random tiny model solves nothing, so every problem is hard, each with its pass rate
     kept = [json.loads(l) for l in out.read_text().splitlines()]
     assert [r["id"] for r in kept] == ["q0", "q1", "q2"]
@@ -25,6 +27,5 @@ def test_prepare_hard_on_tiny_model(tiny_model, tiny_engine, sandbox_pool, tmp_p
     assert summary["solved_all"] == 0
     # the rollouts are kept for resume: a second run generates nothing new
     n_lines = len((tmp_path / "hard.rollouts" / "trajectories.jsonl").read_text().splitlines())
-    mine_hard(str(tiny_model), str(data), out, samples=2, max_tokens=32, max_turns=2, progress=False,
-                        engine=tiny_engine, tools=sandbox_pool)
+    mine_hard(str(tiny_model), out, settings, samples=2, progress=False, engine=tiny_engine, tools=sandbox_pool)
     assert len((tmp_path / "hard.rollouts" / "trajectories.jsonl").read_text().splitlines()) == n_lines == 6
