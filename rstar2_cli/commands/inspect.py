@@ -18,36 +18,35 @@ def register(app: typer.Typer) -> None:
                                            help="The page to write [default: RUN_DIR/inspect.html]."),
         serve: Optional[int] = typer.Option(
             None, "--serve", min=0, max=65535,
-            help="Serve the page and RUN_DIR read-only on 127.0.0.1:PORT until Ctrl-C (0: any free port)."),
+            help="Serve the page and RUN_DIR read-only on 127.0.0.1:PORT until Ctrl-C (0: any free port), "
+                 "writing no file: the page loads each RL step's trajectories from the server when opened."),
         max_trajectories: int = typer.Option(2000, "--max-trajectories", min=0,
-                                             help="Trajectories embedded in the page, sampled evenly over steps."),
+                                             help="Trajectories embedded in the page, sampled evenly over steps "
+                                                  "(--serve: eval folders only; RL steps load whole)."),
     ) -> None:
         """Write a self-contained HTML page to browse a run's trajectories: curves, steps, groups, turns,
-        RoC decisions, filters. Prints the page's path."""
-        from rstar2_cli.inspect.page import PAGE_FILE, write_page
+        RoC decisions, filters. Prints the page's path (with --serve, the address instead)."""
+        from rstar2_cli.inspect.page import PAGE_FILE, render_page, write_page
         from rstar2_cli.inspect.reader import InspectError, read_folder
 
+        if serve is not None and out is not None:
+            fail(f"--out {out} with --serve: --serve writes no file (its page loads each step from the server); "
+                 f"give one of them")
         try:
-            data = read_folder(run_dir, max_trajectories)
+            data = read_folder(run_dir, max_trajectories, on_demand=serve is not None)
         except InspectError as e:
             fail(str(e))
-        target = out if out is not None else run_dir / PAGE_FILE
-        server = None
-        if serve is not None:                    # the port first: a busy one fails before anything is written
-            from rstar2_cli.inspect.serve import make_server
-
+        if serve is None:
+            target = out if out is not None else run_dir / PAGE_FILE
             try:
-                server = make_server(target, run_dir, serve)
+                typer.echo(str(write_page(data, target)))
             except OSError as e:
-                fail(f"--serve {serve} on 127.0.0.1: {e.strerror or e}")
-        try:
-            page = write_page(data, target)
-        except OSError as e:
-            if server is not None:
-                server.server_close()
-            fail(f"--out {target}: cannot write the page ({e.strerror or e})")
-        typer.echo(str(page))
-        if server is not None:
-            from rstar2_cli.inspect.serve import serve_until_interrupted
+                fail(f"--out {target}: cannot write the page ({e.strerror or e})")
+            return
+        from rstar2_cli.inspect.serve import make_server, serve_until_interrupted
 
-            serve_until_interrupted(server, announce=typer.echo)
+        try:
+            server = make_server(run_dir, serve, render_page(data).encode())
+        except OSError as e:
+            fail(f"--serve {serve} on 127.0.0.1: {e.strerror or e}")
+        serve_until_interrupted(server, announce=typer.echo)

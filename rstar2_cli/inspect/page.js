@@ -1,5 +1,7 @@
 // The trajectory browser: builds the page from the JSON in #rstar2-data (rstar2_cli/inspect/page.py).
 // Model output is untrusted: every text goes into the DOM through textContent / createTextNode.
+// DATA.on_demand (`rstar2 inspect --serve`): a section holds no trajectory until it is opened; then
+// its trajectories come from the server at section.url (rstar2_cli/inspect/serve.py).
 "use strict";
 (function () {
   const DATA = JSON.parse(document.getElementById("rstar2-data").textContent);
@@ -17,11 +19,19 @@
     }
     return n;
   }
+  // a trajectory's mean |trainer - engine| log-prob gap above GAP_FACTOR x its step's
+  // (train/logprob_abs_diff_vllm: the token-weighted mean of every trained trajectory's)
+  const GAP_FACTOR = 2;
+  const STEP_GAP = new Map(DATA.metrics.filter((r) => typeof r["train/logprob_abs_diff_vllm"] === "number")
+    .map((r) => [r.step, r["train/logprob_abs_diff_vllm"]]));
+  const largeGap = (t) => !!t.logprob_gap && STEP_GAP.has(t.step) &&
+    num(t.logprob_gap.mean_abs) > GAP_FACTOR * STEP_GAP.get(t.step);
   const FILTERS = [
     ["tool_error_positive", "tool errors in positives", (t) => num(t.reward) >= 1 && num(t.tool_errors) > 0],
     ["void_turns", "void turns", (t) => num(t.void_turns) > 0],
     ["repeated_tool_calls", "repeated tool calls", (t) => repeatedCalls(t) > 0],
     ["fault", "faults", (t) => !!t.fault],
+    ["large_gap", "log-prob gap > " + GAP_FACTOR + "x its step's", largeGap],
     ["wrong", "wrong answers", (t) => !(num(t.reward) > 0)],
   ];
 
@@ -138,6 +148,7 @@
       const count = el("span", { class: "n" }, "(" + everything.filter(test).length + ")");
       nav.appendChild(el("label", {}, box, " " + label + " ", count));
     }
+    if (DATA.on_demand) nav.appendChild(el("span", { class: "n" }, "(counts over the steps loaded)"));
   }
   function drawSections() {
     const list = document.getElementById("sections");
@@ -145,12 +156,40 @@
     DATA.sections.forEach((s, i) => {
       const hits = s.trajectories.filter(matches).length;
       const acc = s.summary["rollout/accuracy"] ?? s.summary["accuracy"];
-      const sub = hits + (state.filters.length ? " matching of " : " shown of ") + s.total +
+      const sub = (pending(s) ? "not loaded"
+        : hits + (state.filters.length ? " matching of " : " shown of ") + s.total) +
         (acc !== undefined ? ", acc " + fmt(acc) : "");
-      list.appendChild(el("li", { class: "section" + (i === state.section ? " selected" : "") + (hits ? "" : " empty"),
+      const empty = !hits && !pending(s);
+      list.appendChild(el("li", { class: "section" + (i === state.section ? " selected" : "") + (empty ? " empty" : ""),
         "data-section": i, onclick: () => { state.section = i; state.traj = null; writeHash(); render(); } },
         s.name, el("span", { class: "sub" }, sub)));
     });
+  }
+
+  // ---- sections loaded on demand (DATA.on_demand) ---------------------------------------------
+  const pending = (s) => !!s.url && !s.loaded;
+  function load(s) {
+    if (s.loading) return;
+    s.loading = true;
+    fetch(s.url, { cache: "no-store" })
+      .then((r) => r.json().catch(() => ({})).then((body) => {
+        if (!r.ok || !Array.isArray(body.trajectories)) throw new Error(body.error || "HTTP " + r.status);
+        s.trajectories = body.trajectories; s.total = body.total; s.loaded = true; s.error = null;
+        DATA.shown += body.trajectories.length;
+      }))
+      .catch((e) => { s.error = "could not load " + s.url + ": " + e.message +
+        (location.protocol === "file:" ? " (steps load from `rstar2 inspect RUN_DIR --serve PORT`)" : ""); })
+      .finally(() => { s.loading = false; drawCounts(); drawFilters(); render(); });
+  }
+  function drawPending(main, s) {
+    main.appendChild(el("h2", {}, s.name));
+    if (!s.error) {
+      main.appendChild(el("p", { class: "note" }, "loading " + s.name + " from the server ..."));
+      load(s);
+      return;
+    }
+    main.appendChild(el("p", { class: "note load-error" }, s.error, " ",
+      el("button", { onclick: () => { s.error = null; render(); } }, "retry")));
   }
 
   // ---- one section: groups, trajectories, turns -----------------------------------------------
@@ -205,8 +244,10 @@
       ["RoC p_err / p_format", t.roc && (roc.p_err != null || roc.p_format != null)
         ? fmt(roc.p_err) + " / " + fmt(roc.p_format) : null],
       ["advantage", t.advantage != null ? fmt(t.advantage, 4) : null],
-      ["log-prob gap", t.logprob_gap
-        ? "mean |d| " + fmt(t.logprob_gap.mean_abs, 4) + ", max " + fmt(t.logprob_gap.max_abs, 4) : null],
+      ["log-prob gap (trainer vs engine)", t.logprob_gap
+        ? "mean |d| " + fmt(t.logprob_gap.mean_abs, 4) + ", max " + fmt(t.logprob_gap.max_abs, 4) +
+          (t.logprob_gap.tokens != null ? " over " + t.logprob_gap.tokens + " tokens" : "") +
+          (STEP_GAP.has(t.step) ? "; step mean " + fmt(STEP_GAP.get(t.step), 4) : "") : null],
       ["tokens / tool calls / errors / void turns",
         [t.response_tokens, t.tool_calls, t.tool_errors, t.void_turns].map((v) => fmt(v)).join(" / ")]];
     return el("div", { class: "body" },
@@ -237,10 +278,12 @@
     main.replaceChildren();
     const s = DATA.sections[state.section];
     if (!s) { main.appendChild(el("p", { class: "note" }, "no trajectory matches the filters")); return; }
+    if (pending(s)) { drawPending(main, s); return; }
     const shown = s.trajectories.map((t, i) => [t, i]).filter(([t]) => matches(t));
     main.appendChild(el("h2", {}, s.name));
     main.appendChild(el("p", { class: "note" }, shown.length + " trajectories shown here, " + s.trajectories.length +
-      " embedded of " + s.total + " in this " + (DATA.kind === "rl" ? "step" : "benchmark")));
+      (s.url ? " loaded from the server" : " embedded") + " of " + s.total + " in this " +
+      (DATA.kind === "rl" ? "step" : "benchmark")));
     const groups = new Map();
     for (const [t, i] of shown) {
       const key = (t.node ?? "") + "/" + (t.group ?? "");
@@ -266,17 +309,25 @@
 
   function render() {
     const current = DATA.sections[state.section];
-    if (state.section === null || !current || !current.trajectories.some(matches)) {
+    if (DATA.on_demand) {             // a step is opened where asked (loaded if need be), never skipped
+      if (!current) state.section = DATA.sections.length ? 0 : null;
+    } else if (state.section === null || !current || !current.trajectories.some(matches)) {
       const i = DATA.sections.findIndex((s) => s.trajectories.some(matches));
       state.section = i >= 0 ? i : null;
     }
     drawSections();
     drawDetail();
   }
-  const unit = DATA.kind === "rl" ? "steps" : "benchmarks";
-  document.getElementById("counts").textContent = "showing " + DATA.shown + " of " + DATA.total +
-    " trajectories from " +
-    DATA.sections.length + " " + unit + (DATA.skipped ? " (" + DATA.skipped + " unreadable lines skipped)" : "");
+  function drawCounts() {
+    const unit = DATA.kind === "rl" ? "steps" : "benchmarks";
+    const loaded = DATA.sections.filter((s) => s.loaded).length;
+    document.getElementById("counts").textContent = DATA.on_demand
+      ? DATA.sections.length + " " + unit + "; each step's trajectories load from the server when opened: " +
+        DATA.shown + " trajectories of " + loaded + " " + (loaded === 1 ? "step" : unit) + " loaded so far"
+      : "showing " + DATA.shown + " of " + DATA.total + " trajectories from " + DATA.sections.length + " " + unit +
+        (DATA.skipped ? " (" + DATA.skipped + " unreadable lines skipped)" : "");
+  }
+  drawCounts();
   drawCurves();
   drawFilters();
   render();

@@ -8,10 +8,13 @@ An eval folder holds `results.json` and `trajectories.jsonl` (eval/runner.py `RE
 under `A/` (and `B/` with --compare). Eval rows carry the response text only: `eval_rows.py` cuts
 it into turns.
 
-Both become {"kind", "source", "metrics", "recipe", "sections", "total", "shown", "skipped"}: one
-section per RL step or per benchmark, each with its trajectories in the RL rollout schema. At most
-`max_trajectories` are kept, shared evenly over the sections (`allocate`); the page says how many
-of how many it shows. Bad input raises `InspectError` with one line naming the file (and line).
+Both become {"kind", "source", "metrics", "recipe", "sections", "total", "shown", "skipped",
+"on_demand"}: one section per RL step or per benchmark, each with its trajectories in the RL
+rollout schema. At most `max_trajectories` are kept, shared evenly over the sections (`allocate`);
+the page says how many of how many it shows. With `on_demand` (what `--serve` reads for an RL
+run) no rollout file is opened: each step's section holds no trajectory and no count, only the
+`url` its trajectories come from (`step/NNNNNN.json`, answered by serve.py from `read_step`).
+Bad input raises `InspectError` with one line naming the file (and line).
 """
 from __future__ import annotations
 
@@ -34,8 +37,9 @@ class InspectError(ValueError):
     """Input the inspector cannot read: the message is one line naming the file."""
 
 
-def read_folder(path: str | Path, max_trajectories: int = 2000) -> dict[str, Any]:
-    """The page's data for an RL run folder or an eval folder (see the module docstring)."""
+def read_folder(path: str | Path, max_trajectories: int = 2000, on_demand: bool = False) -> dict[str, Any]:
+    """The page's data for an RL run folder or an eval folder (see the module docstring);
+    `on_demand` applies to RL runs (an eval folder is read and sampled either way)."""
     root = Path(path)
     if not root.exists():
         raise InspectError(f"{root}: no such folder")
@@ -44,7 +48,7 @@ def read_folder(path: str | Path, max_trajectories: int = 2000) -> dict[str, Any
     if max_trajectories < 0:
         raise InspectError(f"--max-trajectories {max_trajectories}: must be 0 or more")
     if is_rl_run(root):
-        return read_rl_run(root, max_trajectories)
+        return read_rl_steps(root) if on_demand else read_rl_run(root, max_trajectories)
     if eval_folders(root):
         return read_eval(root, max_trajectories)
     raise InspectError(f"{root}: neither an RL run folder ({METRICS_FILE}, {ROLLOUTS_DIR}/) nor an eval folder "
@@ -145,6 +149,39 @@ def parse_row(line: bytes, where: str) -> dict[str, Any]:
     return row
 
 
+def step_url(step: int) -> str:
+    """Where the served page fetches step `step`'s trajectories (relative to the page)."""
+    return f"step/{step:06d}.json"
+
+
+def step_summary(metrics: list[dict[str, Any]], step: int) -> dict[str, Any]:
+    row = next((r for r in metrics if r.get("step") == step), {})
+    return {k: v for k, v in row.items() if isinstance(v, (int, float))}
+
+
+def run_info(root: Path, metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    recipe = root / RECIPE_FILE
+    return {"kind": "rl", "source": str(root.resolve()), "metrics": metrics,
+            "recipe": read_text(recipe) if recipe.is_file() else None}
+
+
+def read_rl_steps(root: Path) -> dict[str, Any]:
+    """An RL run's page data without a trajectory: its steps from the file names alone."""
+    metrics = read_metrics(root / METRICS_FILE)
+    sections = [{"name": f"step {step}", "step": step, "total": None, "trajectories": [], "url": step_url(step),
+                 "summary": step_summary(metrics, step)} for step in step_files(root)]
+    return {**run_info(root, metrics), "sections": sections, "total": None, "shown": 0, "skipped": 0,
+            "on_demand": True}
+
+
+def read_step(root: Path, step: int) -> list[dict[str, Any]] | None:
+    """Every trajectory of step `step`, node after node; None when the run has no file of that step."""
+    files = step_files(root).get(step)
+    if files is None:
+        return None
+    return [parse_row(line, f"{f}:{n}") for f in files for n, line in gz_lines(f)]
+
+
 def read_rl_run(root: Path, max_trajectories: int) -> dict[str, Any]:
     metrics = read_metrics(root / METRICS_FILE)
     files = step_files(root)
@@ -158,13 +195,10 @@ def read_rl_run(root: Path, max_trajectories: int) -> dict[str, Any]:
                 if len(kept) >= quota[step]:
                     break
                 kept.append(parse_row(line, f"{f}:{n}"))
-        by_step = next((r for r in metrics if r.get("step") == step), {})
         sections.append({"name": f"step {step}", "step": step, "total": counts[step], "trajectories": kept,
-                         "summary": {k: v for k, v in by_step.items() if isinstance(v, (int, float))}})
-    recipe = root / RECIPE_FILE
-    return {"kind": "rl", "source": str(root.resolve()), "metrics": metrics,
-            "recipe": read_text(recipe) if recipe.is_file() else None, "sections": sections,
-            "total": sum(counts.values()), "shown": sum(len(s["trajectories"]) for s in sections), "skipped": 0}
+                         "summary": step_summary(metrics, step)})
+    return {**run_info(root, metrics), "sections": sections, "total": sum(counts.values()),
+            "shown": sum(len(s["trajectories"]) for s in sections), "skipped": 0, "on_demand": False}
 
 
 # ---- eval folders ----------------------------------------------------------------------------
@@ -214,4 +248,4 @@ def read_eval(root: Path, max_trajectories: int) -> dict[str, Any]:
                          "model": results.get("model")})
     return {"kind": "eval", "source": str(root.resolve()), "metrics": [], "recipe": None, "sections": sections,
             "total": sum(len(rows) for _, _, rows, _ in found), "shown": sum(quota),
-            "skipped": sum(s for *_, s in found)}
+            "skipped": sum(s for *_, s in found), "on_demand": False}

@@ -92,7 +92,7 @@ class AsyncRLTrainer(RLTrainer):
         """One asynchronous step (module docstring)."""
         cfg, side, host, timer = self.cfg, self.side, self.host, StepTimer()
         piece = self.pipeline.next_batch(self.step)
-        mine, report, records = piece, None, []
+        mine, report, records = piece, None, None
         if isinstance(piece, Piece):
             with HostFailures(host.node_index) as caught:
                 seen, report = self.pipeline.drop_stale(piece.trajectories, self.step)
@@ -106,9 +106,10 @@ class AsyncRLTrainer(RLTrainer):
             mine = caught.failure or mine
         shard = exchange(mine, side.host_ranks, self.info.rank, self.info.world_size, cfg.train.ppo_mini_batches)
         reports = rl_dist.broadcast_from_each(report, side.host_ranks)
-        update = self._update_and_push(shard, timer) if shard.kept else self._keep_weights(shard)
+        gaps: dict = {}
+        update = self._update_and_push(shard, timer, gaps) if shard.kept else self._keep_weights(shard)
         self.pipeline.after_update(self.step + 1)      # the new version admits batches at once
-        self._write_rollouts(records, timer)
+        self._write_rollouts(records, gaps, shard, timer)
         timer.stop()
         self.step += 1
         metrics = step_columns(self.step, shard.summaries, update, timer)

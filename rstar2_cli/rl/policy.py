@@ -33,6 +33,10 @@ is NaN or inf takes no optimizer step (`nonfinite_skipped` counts them; the trai
 log-probs are the engine's sampling log-probs instead (no pass at all), so at max_staleness >= 1
 the clip bounds each step against the policy that sampled the batch.
 
+Engine gap: `train/logprob_abs_diff_vllm` is the mean |trainer - engine| log-prob over the loss
+tokens of every trajectory that has the engine's log-probs; `update(..., gaps=...)` also returns
+it per trajectory for the rollout log (rl/logprob_gap.py), from the same tensors.
+
 Attention: each trajectory attends only to itself, never across a micro-batch
 (`train.attn_implementation`, models/attention.py): flash-attn's variable-length kernel over packed
 rows on GPU, else SDPA's causal kernel over length-bucketed padded rows (rl/packing.py). The
@@ -54,6 +58,7 @@ import torch
 
 from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.models.attention import LAYOUT_OF, resolve_attention
+from rstar2_cli.rl.logprob_gap import Gap, Label, add_gap, trajectory_gap
 from rstar2_cli.rl.logprobs import final_hidden_states, head_weight, token_logprobs, token_logprobs_with_loss
 from rstar2_cli.rl.model_load import build_policy_model, place_model
 from rstar2_cli.rl.loss import LossStats, clip_higher_loss, loss_stats, tis_weights
@@ -257,10 +262,12 @@ class PolicyTrainer:
                                             token_loss, with_entropy=True)
 
     def update(self, batch: Sequence[Trajectory], advantages: Sequence[float],
-               mini_batches: Sequence[int] | None = None) -> dict[str, float]:
+               mini_batches: Sequence[int] | None = None, gaps: dict[Label, Gap] | None = None) -> dict[str, float]:
         """One RL step on this rank's shard: ppo_mini_batches optimizer steps, then LR step.
         `mini_batches`: the global mini-batch of each trajectory (`rl/exchange.py`'s plan, which
-        makes N ranks take the 1-rank optimizer steps); default: the local list split in order."""
+        makes N ranks take the 1-rank optimizer steps); default: the local list split in order.
+        `gaps`: when given, filled with the engine/trainer log-prob gap of each trajectory trained
+        that has the engine's log-probs, keyed by `logprob_gap.gap_label` (rl/logprob_gap.py)."""
         if len(batch) != len(advantages):
             raise ValueError(f"{len(batch)} trajectories but {len(advantages)} advantages")
         if self.loss_cfg.old_logprobs == "rollout":
@@ -294,10 +301,9 @@ class PolicyTrainer:
                 old_lp = logp if tok.old is None else tok.old
                 stats += loss_stats(logp, old_lp, tok.adv, tok.mask, self.loss_cfg.eps_low, self.loss_cfg.eps_high,
                                     tis=self._tis(old_lp, tok.rollout), entropy=entropy, tis_cap=self.loss_cfg.tis_cap)
-                if tok.rollout is not None:     # trainer vs engine at the update's start (rollout mode: its forward)
-                    ref = logp.detach() if self.loss_cfg.old_logprobs == "rollout" else old_lp
-                    vllm_diff[0] += float(((ref - tok.rollout).abs() * tok.mask).sum())
-                    vllm_diff[1] += float(tok.mask.sum())
+                # trainer vs engine at the update's start (rollout mode: its forward), per member
+                ref = logp.detach() if self.loss_cfg.old_logprobs == "rollout" else old_lp
+                self._engine_gaps([chunk[s.index] for s in rows[r].spans], ref, tensors, batch, vllm_diff, gaps)
             norm = self._clip_grad_norm()
             loss_total = rl_dist.all_reduce_sum([loss_sum], self.device)[0]
             norms.append(norm)
@@ -315,6 +321,24 @@ class PolicyTrainer:
         out = self._summarise(losses, norms, stats, vllm_diff + [tis_off], lr, len(batch))
         out["optimizer_steps"], out["nonfinite_skipped"] = float(taken), float(len(losses) - taken)
         return out
+
+    @staticmethod
+    def _engine_gaps(members: Sequence[int], ref: torch.Tensor, tensors: dict[int, TokenTensors],
+                     batch: Sequence[Trajectory], vllm_diff: list[float], gaps: dict[Label, Gap] | None) -> None:
+        """|trainer - engine| log-probs of a row's members (`members`: their batch indices, in row
+        order; `ref`: the trainer's at the row's loss positions): summed into `vllm_diff` (the step
+        metric), and per trajectory into `gaps`. A member without the engine's log-probs adds nothing."""
+        ref = ref.detach().float().cpu()       # one copy per row; the members' slices are views of it
+        offset = 0
+        for i in members:
+            n = tensors[i].mask.numel()
+            if tensors[i].rollout is not None:
+                abs_sum, tokens, max_abs = trajectory_gap(ref[offset:offset + n], tensors[i].rollout, tensors[i].mask)
+                vllm_diff[0] += abs_sum
+                vllm_diff[1] += tokens
+                if gaps is not None:
+                    add_gap(gaps, batch[i], abs_sum, tokens, max_abs)
+            offset += n
 
     def _clip_grad_norm(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)

@@ -17,9 +17,9 @@ token span decoded once here, with its call code and parse errors or its tool st
 without records is split at its loss-mask runs), its counts and outcome, admission's exclusion
 reason (`fault`), RoC's own decision and rule (`extra["roc"]`, `rl/roc.py`) with p_err and p_format
 as RoC's mode computes them (`roc.penalty_parts`), and its advantage where kept.
-`logprob_gap` (engine against trainer log-probs) is null: the trainer's log-probs exist only on
-the training ranks, after the exchange and after this host has dropped the step's trajectories;
-the step's mean gap is `train/logprob_abs_diff_vllm` in metrics.jsonl (`PolicyTrainer.update`).
+`logprob_gap` (engine against trainer log-probs) is null when picked: the trainer's log-probs
+exist only on the training ranks, after the exchange. `logprob_gap.fill_logprob_gaps`, a
+collective every rank calls after the update, sets it on each host's records before `write`.
 """
 from __future__ import annotations
 

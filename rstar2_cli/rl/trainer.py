@@ -47,6 +47,7 @@ from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.rl.cpu_threads import TrainerThreads
 from rstar2_cli.rl.exchange import HostFailure, HostFailures, HostSelection, StepShard, exchange
 from rstar2_cli.rl.faults import NonfiniteSteps, RunAborted, fault_steps
+from rstar2_cli.rl.logprob_gap import fill_logprob_gaps
 from rstar2_cli.rl.loss import advantages_for_groups
 from rstar2_cli.rl.metrics import MetricsWriter, StepTimer
 from rstar2_cli.rl.policy import policy_for
@@ -135,6 +136,7 @@ class RLTrainer:
         self._sampler_before = self.sampler.state_dict()
         batch = [self.problems[i] for i in self.sampler.next_batch()]
         mine: HostSelection | HostFailure | None = None
+        records = None                                       # this host's rollout-log sample
         if host.is_host:
             with HostFailures(host.node_index) as caught:   # distributed: raised on every rank in 6.
                 # 2. roll out this node's shard of the prompts
@@ -158,8 +160,9 @@ class RLTrainer:
         # 6. exchange: every rank receives the trajectories it trains
         shard = exchange(mine, side.host_ranks, self.info.rank, self.info.world_size, cfg.train.ppo_mini_batches)
         # 7. update the policy, 8. push its weights into the engines (nothing to learn: neither)
-        update = self._update_and_push(shard, timer) if shard.kept else self._keep_weights(shard)
-        self._write_rollouts(records, timer)
+        gaps: dict = {}                                      # per trained trajectory (rl/logprob_gap.py)
+        update = self._update_and_push(shard, timer, gaps) if shard.kept else self._keep_weights(shard)
+        self._write_rollouts(records, gaps, shard, timer)
         timer.stop()
         self.step += 1
         # 9. log
@@ -168,25 +171,29 @@ class RLTrainer:
         self._save_if_due()
         return metrics
 
-    def _write_rollouts(self, records: list, timer: StepTimer) -> None:
-        """A rollout host's sample of the step on disk (`rollout_log.py`), after the update."""
-        if self.host.is_host:
-            with timer("rollout_log"):
+    def _write_rollouts(self, records: list | None, gaps: dict, shard: StepShard, timer: StepTimer) -> None:
+        """After the update, every rank: the trained trajectories' log-prob gaps joined into the hosts'
+        records (`logprob_gap.fill_logprob_gaps`, a collective), then each host's sample on disk."""
+        with timer("rollout_log"):
+            if self.cfg.train.log_rollouts > 0 and shard.kept:
+                records = fill_logprob_gaps(records, gaps, hosts=self.side.host_ranks, rank=self.info.rank)
+            if self.host.is_host:
                 self.rollout_log.write(self.step + 1, self.host.node_index, len(self.side.host_ranks), records)
 
     def _save_if_due(self) -> None:
         if self.step % self.cfg.train.save_every == 0 and self.step < self.cfg.train.steps:
             self.save()
 
-    def _update_and_push(self, shard: StepShard, timer: StepTimer) -> dict[str, float]:
-        """7-8: the update on this rank's shard (colocated on GPU: the engines sleep meanwhile), then
-        the push (colocated: the engines woken for it); no engine restart reads the weights between."""
+    def _update_and_push(self, shard: StepShard, timer: StepTimer, gaps: dict) -> dict[str, float]:
+        """7-8: the update on this rank's shard (colocated on GPU: the engines sleep meanwhile; `gaps`
+        filled per trajectory), then the push (colocated: the engines woken for it); no engine restart
+        reads the weights between."""
         advantages = self.nonfinite.advantages(self.step + 1, shard.advantages)
         with self.side.fleet.lock:
             with timer("train"):
                 self.side.fleet.sleep()
                 with self.threads.alone():
-                    update = self.policy.update(shard.trajectories, advantages, shard.mini_batches)
+                    update = self.policy.update(shard.trajectories, advantages, shard.mini_batches, gaps=gaps)
             with timer("sync"):
                 try:
                     push_weights(self.side.fleet, self.policy, self.host.is_host)

@@ -2,8 +2,13 @@
 rollout schema, eval rows as eval/runner.py `sample_record` writes them)."""
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +35,8 @@ def trajectory(step: int, group: int, sample: int, *, reward: float, turns: list
             "extracted": str(2 * group) if reward else "0", "grade_reason": "match" if reward else "mismatch",
             "fault": fault, "roc": roc or {"decision": "kept", "as": "positive" if reward else "negative",
                                            "rule": "lowest p_err", "p_err": 0.0, "p_format": 0.0},
-            "advantage": advantage, "logprob_gap": {"mean_abs": 0.01, "max_abs": 0.2}}
+            "advantage": advantage,
+            "logprob_gap": {"mean_abs": 0.01, "max_abs": 0.2, "tokens": 60} if advantage is not None else None}
 
 
 def clean_solution(step: int, group: int, sample: int) -> dict[str, Any]:
@@ -50,7 +56,8 @@ def error_positive(step: int, group: int, sample: int) -> dict[str, Any]:
 
 def write_rl_run(root: Path, steps: int = 3, groups: int = 2, samples: int = 4) -> Path:
     """An RL run folder: metrics.jsonl, resolved_recipe.yaml and one rollouts file per step, with a
-    tool error in a positive, a faulted trajectory, a dropped negative and a repeated tool call."""
+    tool error in a positive, a faulted trajectory, a dropped negative, a repeated tool call and,
+    in step 1, a log-prob gap 5x the step's (`train/logprob_abs_diff_vllm` 0.012)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "rollouts").mkdir(exist_ok=True)
     (root / "resolved_recipe.yaml").write_text("rl:\n  group_size: 4\n")
@@ -75,6 +82,8 @@ def write_rl_run(root: Path, steps: int = 3, groups: int = 2, samples: int = 4) 
                         roc={"decision": "excluded", "as": None, "rule": "fault", "p_err": None, "p_format": None})
                 else:
                     t = clean_solution(step, g, s)
+                if (step, g, s) == (1, 1, 3):
+                    t["logprob_gap"] = {"mean_abs": 0.06, "max_abs": 2.5, "tokens": 60}
                 trajs.append(t)
         name = root / "rollouts" / f"step_{step:06d}.jsonl.gz"
         with gzip.open(name, "wt") as f:
@@ -82,7 +91,8 @@ def write_rl_run(root: Path, steps: int = 3, groups: int = 2, samples: int = 4) 
         acc = sum(t["reward"] > 0 for t in trajs) / len(trajs)
         rows.append({"step": step, "rollout/reward_mean": acc, "rollout/accuracy": acc,
                      "rollout/response_length_mean": 80.0 + step, "rollout/tool_calls_mean": 1.5,
-                     "rollout/tool_error_ratio": 0.1, "rollout/tool_error_ratio_positive": 0.05})
+                     "rollout/tool_error_ratio": 0.1, "rollout/tool_error_ratio_positive": 0.05,
+                     "train/logprob_abs_diff_vllm": 0.012})
     rows[-1]["eval/aime24/accuracy"] = 0.3
     (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
@@ -132,3 +142,22 @@ def write_big_run(root: Path, steps: int = 20, per_step: int = 100, group_size: 
                      "rollout/tool_error_ratio": 0.2 - step / 200, "rollout/tool_error_ratio_positive": 0.1})
     (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
+
+
+@contextlib.contextmanager
+def serving(folder: Path, *args: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`rstar2 inspect FOLDER --serve 0` running: (its address, the process); Ctrl-C at the end."""
+    proc = subprocess.Popen([sys.executable, "-m", "rstar2_cli.cli", "inspect", str(folder), "--serve", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("serving http://127.0.0.1:"):
+            proc.kill()
+            raise AssertionError(f"no address from --serve: {line!r} {proc.communicate()[1][-2000:]}")
+        yield line.split()[1], proc
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

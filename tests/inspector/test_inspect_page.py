@@ -1,10 +1,11 @@
 """The page `rstar2 inspect` writes: self-contained (no external URL), every text escaped, and the
-command: path printed, bad input one line with exit status 2, --serve read-only."""
+command: path printed, bad input one line with exit status 2, --serve read-only, writing no file
+and answering each step's trajectories on request."""
 from __future__ import annotations
 
+import gzip
 import json
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from inspect_fixtures import write_eval, write_rl_run
+from inspect_fixtures import serving, write_eval, write_rl_run
 from typer.testing import CliRunner
 
 from rstar2_cli.cli import app
@@ -91,23 +92,36 @@ def test_a_corrupt_gz_is_one_line_and_exit_2(tmp_path):
     assert "step_000001.jsonl.gz: not a readable gzip file" in result.output
 
 
-def test_serve_answers_the_page_and_the_folder_read_only(tmp_path):
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_serve_answers_the_page_each_step_and_the_folder_read_only(tmp_path):
     run = write_rl_run(tmp_path / "run")
-    page = tmp_path / "page.html"
-    page.write_text("<html>page</html>")
-    server = make_server(page, run, 0)
+    (run / "rollouts" / "step_000003.jsonl.gz").write_bytes(b"\x1f\x8b\x08garbage")
+    server = make_server(run, 0, b"<html>page</html>")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        assert urllib.request.urlopen(base + "/").read() == b"<html>page</html>"
-        assert urllib.request.urlopen(base + "/metrics.jsonl").read() == (run / "metrics.jsonl").read_bytes()
+        assert get(base + "/") == (200, b"<html>page</html>")
+        assert get(base + "/metrics.jsonl") == (200, (run / "metrics.jsonl").read_bytes())
+        code, body = get(base + "/step/000002.json")
+        rows = [json.loads(r) for r in gzip.open(run / "rollouts" / "step_000002.jsonl.gz", "rt")]
+        assert code == 200 and json.loads(body) == {"step": 2, "total": 8, "trajectories": rows}
+        code, body = get(base + "/step/000009.json")
+        assert code == 404 and json.loads(body)["error"].startswith("step 9: no rollouts file")
+        code, body = get(base + "/step/000003.json")                # a damaged file: one line naming it
+        error = json.loads(body)["error"]
+        assert code == 500 and "step_000003.jsonl.gz: not a readable gzip file" in error and "\n" not in error
         for method in ("POST", "PUT", "DELETE"):
             with pytest.raises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(urllib.request.Request(base + "/metrics.jsonl", data=b"x", method=method))
             assert e.value.code == 501
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(base + "/../../etc/passwd")
-        assert e.value.code == 404
+        assert get(base + "/../../etc/passwd")[0] == 404
     finally:
         server.shutdown()
         server.server_close()
@@ -130,17 +144,18 @@ def test_a_busy_port_is_one_line_before_anything_is_written(tmp_path):
     assert done.stderr.startswith(f"error: --serve {port} on 127.0.0.1: ") and not (run / "inspect.html").exists()
 
 
-def test_serve_prints_the_page_then_the_address_and_stops_on_ctrl_c(tmp_path):
-    run = write_rl_run(tmp_path / "run", steps=1)
-    proc = subprocess.Popen([sys.executable, "-m", "rstar2_cli.cli", "inspect", str(run), "--serve", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == str(run / "inspect.html")
-        address = proc.stdout.readline().split()[1]
-        page = urllib.request.urlopen(address).read().decode()
-        assert page == (run / "inspect.html").read_text()
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+def test_serve_prints_the_address_serves_steps_on_demand_writes_nothing_and_stops_on_ctrl_c(tmp_path):
+    run = write_rl_run(tmp_path / "run", steps=2)
+    with serving(run) as (address, _):
+        code, page = get(address)
+        data = embedded(page.decode())
+        assert code == 200 and data["on_demand"] and data["shown"] == 0
+        assert [(s["url"], s["trajectories"]) for s in data["sections"]] == [("step/000001.json", []),
+                                                                           ("step/000002.json", [])]
+        assert len(json.loads(get(address + data["sections"][1]["url"])[1])["trajectories"]) == 8
+    assert not (run / "inspect.html").exists()
+
+
+def test_out_with_serve_is_one_line_and_exit_2(tmp_path):
+    done = run_cli(str(write_rl_run(tmp_path / "run", steps=1)), "--serve", "0", "--out", str(tmp_path / "p.html"))
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0 and "with --serve" in done.stderr

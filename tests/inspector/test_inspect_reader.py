@@ -9,7 +9,7 @@ import pytest
 from inspect_fixtures import eval_text, write_eval, write_rl_run
 
 from rstar2_cli.inspect.eval_rows import split_turns, tool_code, tool_status
-from rstar2_cli.inspect.reader import InspectError, allocate, read_folder
+from rstar2_cli.inspect.reader import InspectError, allocate, read_folder, read_step
 
 
 def test_an_rl_run_reads_steps_metrics_recipe_and_every_trajectory(tmp_path):
@@ -41,6 +41,31 @@ def test_the_cap_samples_evenly_over_steps_and_says_the_totals(tmp_path):
     assert data["total"] == 24 and data["shown"] == 7
     assert [len(s["trajectories"]) for s in data["sections"]] == [3, 2, 2]
     assert [s["total"] for s in data["sections"]] == [8, 8, 8]
+
+
+def test_on_demand_lists_the_steps_without_opening_a_rollouts_file(tmp_path):
+    run = write_rl_run(tmp_path / "run")
+    (run / "rollouts" / "step_000003.jsonl.gz").write_bytes(b"\x1f\x8b\x08garbage")    # read only when asked
+    data = read_folder(run, max_trajectories=1, on_demand=True)
+    assert data["on_demand"] and data["shown"] == 0 and data["total"] is None
+    assert [(s["name"], s["url"], s["total"], s["trajectories"]) for s in data["sections"]] == [
+        (f"step {i}", f"step/00000{i}.json", None, []) for i in (1, 2, 3)]
+    assert data["sections"][0]["summary"]["train/logprob_abs_diff_vllm"] == 0.012 and "group_size" in data["recipe"]
+    with pytest.raises(InspectError, match="step_000003.jsonl.gz: not a readable gzip file"):
+        read_step(run, 3)
+    assert read_step(run, 9) is None
+
+
+def test_a_step_is_read_whole_node_after_node(tmp_path):
+    run = write_rl_run(tmp_path / "run", steps=2)
+    one = run / "rollouts" / "step_000002.jsonl.gz"
+    rows = [json.loads(r) for r in gzip.open(one, "rt").read().splitlines()]
+    for k, part in ((1, rows[:3]), (0, rows[3:])):
+        with gzip.open(run / "rollouts" / f"step_000002.node{k}.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps(r) + "\n" for r in part)
+    one.unlink()
+    assert read_step(run, 2) == rows[3:] + rows[:3]
+    assert read_folder(run, max_trajectories=3)["sections"][1]["total"] == 8      # the file page still samples
 
 
 @pytest.mark.parametrize("counts, budget, expected", [

@@ -100,5 +100,8 @@ def test_every_trainer_step_leaves_its_rollouts_file(make_trainer, tmp_path):
         assert len(recs) == 8 and {r["step"] for r in recs} == {step} and all(set(r) == KEYS for r in recs)
         assert sum(r["roc"]["decision"] == "kept" for r in recs) == m["train/trajectories"]
         assert m["time/rollout_log"] >= 0 and m["tools/loop_alarm"] == 0.0
+        kept = [r for r in recs if r["advantage"] is not None]     # the gap of each trained trajectory
+        assert kept and all(r["logprob_gap"] is not None for r in kept)
+        assert all(r["logprob_gap"] is None for r in recs if r["advantage"] is None)
     assert sorted(p.name for p in (tmp_path / "run" / "rollouts").iterdir()) == [
         "step_000001.jsonl.gz", "step_000002.jsonl.gz"]
