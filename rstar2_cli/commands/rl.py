@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.syntax import Syntax
 
-        from rstar2_cli.config import ConfigError, dump_recipe
+        from rstar2_cli.config import RESOLVED_RECIPE, ConfigError, dump_recipe
         from rstar2_cli.launch.cluster_env import resolve_launch
         from rstar2_cli.launch.engine_sizing import memory_spec_for, size_engines, size_micro_batch
         from rstar2_cli.launch.memory_plan import (MemoryPlanError, build_memory_plan, cpu_training_line,
@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
         if note:
             typer.echo(note, err=True)
 
-        resolved_path = Path(cfg.train.out_dir) / "resolved_recipe.yaml"
+        resolved_path = Path(cfg.train.out_dir) / RESOLVED_RECIPE
         entry_args = ["--config", str(resolved_path)] + (["--resume", resume] if resume else [])
         try:
             sizes = resolve_launch(gpus, nodes=nodes, gpus_per_node=gpus_per_node, node_rank=node_rank,

@@ -25,9 +25,10 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
+from rstar2_cli.config import RESOLVED_RECIPE
 from rstar2_cli.inspect.eval_rows import eval_trajectory
 
-METRICS_FILE, RECIPE_FILE, ROLLOUTS_DIR = "metrics.jsonl", "resolved_recipe.yaml", "rollouts"
+METRICS_FILE, RECIPE_FILE, ROLLOUTS_DIR = "metrics.jsonl", RESOLVED_RECIPE, "rollouts"
 RESULTS_FILE, TRAJ_FILE = "results.json", "trajectories.jsonl"     # eval/runner.py's names
 STEP_FILE = re.compile(r"^step_(\d+)(?:\.node(\d+))?\.jsonl\.gz$")
 EVAL_DEPTH = 3               # eval all: OUT/A/<bench>/results.json sits two folders down

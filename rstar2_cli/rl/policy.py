@@ -121,11 +121,10 @@ class PolicyTrainer:
         one that goes with the kernel; `benchmarks/timing/bench_update.py` sets "packed" under SDPA to
         measure the dense-mask baseline. `temperature`: the rollout's sampling temperature; every
         log-prob here is of logits / temperature, the distribution the engine sampled from (verl's
-        dp_actor divides the logits the same way), so ratios and TIS compare like with like.
+        dp_actor divides the logits the same way), so ratios and TIS compare like with like; > 0, as
+        the recipe validates it at load (config.RolloutConfig and its RL check).
         `sharded`: FSDP2 or not; default: when world_size > 1. True at world size 1 (a 1-rank process
         group must exist) runs one rank of the FSDP2 path on one GPU (benchmarks/gpu/gpu_trainer_proof.py)."""
-        if not temperature > 0.0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
         if ppo_mini_batches < 1:
             raise ValueError(f"ppo_mini_batches must be >= 1, got {ppo_mini_batches}")
         self.model_cfg, self.optim_cfg, self.loss_cfg = model_cfg, optim_cfg, loss_cfg

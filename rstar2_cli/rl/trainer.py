@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from rstar2_cli.config import RecipeConfig, dump_recipe
+from rstar2_cli.config import RESOLVED_RECIPE, RecipeConfig, dump_recipe
 from rstar2_cli.data.problems import load_problems
 from rstar2_cli.rl import checkpoint
 from rstar2_cli.rl import dist as rl_dist
@@ -110,7 +110,7 @@ class RLTrainer:
             self.writer.keep_through(self.step if start.checkpoint is not None else None)
         if self.info.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "resolved_recipe.yaml").write_text(dump_recipe(cfg))
+            (self.out_dir / RESOLVED_RECIPE).write_text(dump_recipe(cfg))
         self.side: RolloutSide = self._start_rollout_side(start.engine_weights)
         self._restarts_seen = 0                           # the fleet's restarts already logged
 

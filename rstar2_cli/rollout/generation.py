@@ -72,10 +72,6 @@ class GenRequest:
             raise ValueError("GenRequest.prompt_ids: must not be empty")
         if self.max_tokens < 1:
             raise ValueError(f"GenRequest.max_tokens: must be >= 1 (got {self.max_tokens})")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"GenRequest.top_p: must be in (0, 1] (got {self.top_p})")
-        if self.temperature < 0.0:
-            raise ValueError(f"GenRequest.temperature: must be >= 0 (got {self.temperature})")
 
 
 @dataclass
