@@ -24,6 +24,7 @@ from rstar2_cli.eval.bfcl import CATEGORIES as BFCL_CATEGORIES
 from rstar2_cli.eval.family import how_to_add
 from rstar2_cli.eval.compare import METHOD, paired_difference, per_question
 from rstar2_cli.eval.report import engines_line
+from rstar2_cli.eval.runner import EngineReuse, run_eval
 
 ROWS = (("aime24", "AIME24"), ("aime25", "AIME25"), ("hmmt25", "HMMT25"), ("math500", "MATH-500"),
         ("gpqa_diamond", "GPQA-Diamond"), ("bfcl", "BFCL v3 non-live AST"),
@@ -175,8 +176,6 @@ def evaluate_table(settings_for: Callable[[str, str, str], Any], model: str, out
                    with_left_out: bool = True, no_data: dict[str, str] | None = None) -> dict[str, Any]:
     """`run_table` with `run_eval` on `settings_for(bench, ckpt, out)` (EvalSettings), loading
     each checkpoint's engine once for all its benchmarks."""
-    from rstar2_cli.eval.runner import EngineReuse, run_eval
-
     engines = EngineReuse()
 
     def run_one(bench: str, ckpt: str, out: Path) -> dict[str, Any]:
