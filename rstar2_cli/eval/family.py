@@ -16,10 +16,10 @@ import asyncio
 from pathlib import Path
 from typing import Any, Iterator
 
+from rstar2_cli import reward
 from rstar2_cli.data.problems import (
     HUB_IDS, DataError, Problem, find_named_set_file, iter_rows, load_hub_source, load_problems, resolve_data_dir,
 )
-from rstar2_cli.reward import grade_batch
 from rstar2_cli.rollout.agent_loop import run_agent_loop
 
 
@@ -119,7 +119,7 @@ class MathFamily:
                                     tokenizer, s.rollout_config(), seed=s.seed, progress=s.progress)
 
     def grade(self, trajs: list, problems: dict[str, Problem], s) -> list[dict[str, Any]]:
-        grades = grade_batch([(t.text, t.gold) for t in trajs], timeout=s.grade_timeout, mode=s.answer_mode)
+        grades = reward.grade_batch([(t.text, t.gold) for t in trajs], timeout=s.grade_timeout, mode=s.answer_mode)
         return [{"reward": g.reward, "extracted": g.extracted, "grade_reason": g.reason} for g in grades]
 
     def metrics(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
