@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         checks.output_dir(settings.out, "--out")
         console = Console()
         if seed_list is not None:
-            summary = run_seeds(settings, seed_list)
+            summary = run_seeds(settings, seed_list, run_quickstart)
             console.print(seeds_table(summary))
         else:
             console.print(results_table(run_quickstart(settings)))
