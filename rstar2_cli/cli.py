@@ -11,6 +11,7 @@ import sys
 
 import typer
 
+from rstar2_cli import __version__
 from rstar2_cli.commands import one_line, shown
 
 
@@ -77,8 +78,6 @@ for _name in COMMAND_MODULES:
 @app.command()
 def version() -> None:
     """Print the rstar2 version."""
-    from rstar2_cli import __version__
-
     typer.echo(__version__)
 
 

@@ -24,8 +24,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a self-contained HTML page to browse a run's trajectories: curves, steps, groups, turns,
         RoC decisions, filters. Prints the page's path."""
-        from rstar2_cli.inspect.page import PAGE_FILE, write_page
-        from rstar2_cli.inspect.reader import InspectError, read_folder
+        from rstar2_cli.inspect.page import PAGE_FILE, write_page  # lazy: pydantic, for --help's speed (cli.py)
+        from rstar2_cli.inspect.reader import InspectError, read_folder  # lazy: pydantic, for --help (cli.py)
 
         try:
             data = read_folder(run_dir, max_trajectories)
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         target = out if out is not None else run_dir / PAGE_FILE
         server = None
         if serve is not None:                    # the port first: a busy one fails before anything is written
-            from rstar2_cli.inspect.serve import make_server
+            from rstar2_cli.inspect.serve import make_server, serve_until_interrupted  # lazy: http.server, for --serve
 
             try:
                 server = make_server(target, run_dir, serve)
@@ -48,6 +48,4 @@ def register(app: typer.Typer) -> None:
             fail(f"--out {target}: cannot write the page ({e.strerror or e})")
         typer.echo(str(page))
         if server is not None:
-            from rstar2_cli.inspect.serve import serve_until_interrupted
-
             serve_until_interrupted(server, announce=typer.echo)
