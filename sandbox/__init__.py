@@ -18,15 +18,15 @@ __all__ = ["Sandbox", "RunResult", "Limits", "SandboxUnavailable"]
 
 def __getattr__(name: str):
     if name == "Sandbox":
-        from sandbox.core.pool import Sandbox
+        from sandbox.core.pool import Sandbox  # lazy: the zygote imports `sandbox` (module doc)
         return Sandbox
     if name == "RunResult":
-        from sandbox.core.result import RunResult
+        from sandbox.core.result import RunResult  # lazy: the zygote imports `sandbox` (module doc)
         return RunResult
     if name == "Limits":
-        from sandbox.core.limits import Limits
+        from sandbox.core.limits import Limits  # lazy: the zygote imports `sandbox` (module doc)
         return Limits
     if name == "SandboxUnavailable":
-        from sandbox.jail.backends import SandboxUnavailable
+        from sandbox.jail.backends import SandboxUnavailable  # lazy: the zygote imports `sandbox` (module doc)
         return SandboxUnavailable
     raise AttributeError(f"module 'sandbox' has no attribute {name!r}")

@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             import asyncio
 
+            # lazy: the sandbox mode's clients; the quickstart mode imports no code of this checkout
             from sandbox_ab import print_sandbox, sandbox_ab
 
             result = asyncio.run(sandbox_ab(tree_a, tree_b, args))

@@ -32,6 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from rstar2_cli.quickstart.pipeline import rl_stage, sft_stage  # noqa: E402
+from rstar2_cli.quickstart.prepare import prepare_toy  # noqa: E402
+from rstar2_cli.quickstart.settings import QuickstartSettings  # noqa: E402
+
 PHASES = ("time/rollout", "time/reward", "time/train", "time/sync", "time/step")
 
 
@@ -76,10 +80,6 @@ VARIANTS = {"k0": (0, False), "k1": (1, False), "k1p": (1, True)}
 
 def run_seed(seed: int, out: Path, preset: str, steps: int | None, partial: bool = False, **settings) -> dict:
     """`settings`: further QuickstartSettings overrides for every run of the seed (None = the preset's)."""
-    from rstar2_cli.quickstart.pipeline import rl_stage, sft_stage
-    from rstar2_cli.quickstart.prepare import prepare_toy
-    from rstar2_cli.quickstart.settings import QuickstartSettings
-
     s = QuickstartSettings.for_preset(out / f"seed_{seed}", preset, seed=seed, rl_steps=steps, **settings)
     s.out.mkdir(parents=True, exist_ok=True)
     prep = prepare_toy(s, s.out)

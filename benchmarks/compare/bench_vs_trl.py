@@ -38,6 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # trl_baseline
 
 from vs_trl_report import (ROWS, TARGET, accuracy_at, compare, plot, print_seed_summary,  # noqa: E402
                            print_table, seed_summary)
+from rstar2_cli.config import EngineConfig, load_recipe_dict  # noqa: E402
+from rstar2_cli.quickstart.pipeline import heldout_eval, sft_stage  # noqa: E402
+from rstar2_cli.quickstart.prepare import PreparedToy, prepare_toy  # noqa: E402
+from rstar2_cli.quickstart.settings import QuickstartSettings, TOY_SYSTEM_PROMPT, toy_rl_recipe  # noqa: E402
+from rstar2_cli.rl.launch_entry import trainer_for  # noqa: E402
+from rstar2_cli.rollout.engines import VLLMEngine  # noqa: E402
+from sandbox import Limits, Sandbox  # noqa: E402
+import trl_baseline as tb  # noqa: E402
 
 DEFAULT_ROWS = ("rstar2", "rstar2_k1", "trl_sandbox", "trl_async")
 # both sides' AdamW weight decay: the quickstart's (OptimConfig's default, verl actor.optim.weight_decay)
@@ -52,8 +60,6 @@ SFT_KEYS = ("seed", "n_train", "n_heldout", "vocab_size", "hidden_size", "num_la
 
 
 def make_settings(args: argparse.Namespace):
-    from rstar2_cli.quickstart.settings import QuickstartSettings
-
     over = dict(SMOKE) if args.smoke else {}
     for key in ("seed", "rl_steps", "eval_every", "prompts_per_step", "group_size", "max_response_tokens"):
         if getattr(args, key) is not None:
@@ -63,9 +69,6 @@ def make_settings(args: argparse.Namespace):
 
 def prepare(s, progress: bool) -> dict[str, str]:
     """Toy data and the SFT checkpoint (quickstart code, same seed); reused when the settings match."""
-    from rstar2_cli.quickstart.pipeline import sft_stage
-    from rstar2_cli.quickstart.prepare import prepare_toy
-
     marker = s.out / "prepared.json"
     key = {k: getattr(s, k) for k in SFT_KEYS}
     if marker.is_file():
@@ -101,9 +104,6 @@ class Clock:
 
 
 def _heldout(s, prepared: dict, row: str, step: int, engine, tools) -> dict[str, Any]:
-    from rstar2_cli.quickstart.pipeline import heldout_eval
-    from rstar2_cli.quickstart.prepare import PreparedToy
-
     prep = PreparedToy(Path(prepared["train_file"]), Path(prepared["heldout_file"]), Path(prepared["sft_file"]),
                        Path(prepared["model_dir"]), prepared["behaviours"])
     return heldout_eval(s, prep, f"{row}@step{step}", s.out / row / "heldout" / f"step_{step:04d}",
@@ -117,10 +117,6 @@ def _done(s, heldout: list[dict], stop_at_target: bool, clock: Clock, budget_s: 
 
 
 def run_rstar2(s, prepared: dict, opts: dict, row: str = "rstar2") -> dict[str, Any]:
-    from rstar2_cli.config import load_recipe_dict
-    from rstar2_cli.quickstart.settings import toy_rl_recipe
-    from rstar2_cli.rl.launch_entry import trainer_for
-
     if row == "rstar2_k1":
         s = s.model_copy(update={"max_staleness": 1})
     recipe = toy_rl_recipe(s, prepared["sft_checkpoint"], prepared["train_file"], s.out / row / "rl", roc=True)
@@ -162,13 +158,7 @@ def run_rstar2(s, prepared: dict, opts: dict, row: str = "rstar2") -> dict[str, 
 def run_trl(s, prepared: dict, opts: dict, tool_kind: str) -> dict[str, Any]:
     import asyncio
 
-    from sandbox import Limits, Sandbox
     from transformers import TrainerCallback
-
-    from rstar2_cli.config import EngineConfig
-    from rstar2_cli.quickstart.settings import TOY_SYSTEM_PROMPT
-    from rstar2_cli.rollout.engines import VLLMEngine
-    import trl_baseline as tb
 
     row = f"trl_{tool_kind}"
     sft = prepared["sft_checkpoint"]
@@ -269,15 +259,12 @@ def import_libraries() -> None:
     """Every row's libraries, imported before any row's clock starts: the TRL rows imported vLLM and
     TRL before theirs (their eval engine, the adapter), rstar2 inside its own (the engine start), so
     ~10 s of imports on this box counted for one side only."""
-    import sandbox  # noqa: F401
     import transformers  # noqa: F401
     import trl  # noqa: F401
     from vllm.v1.engine.async_llm import AsyncLLM  # noqa: F401
 
 
 def row_main(row: str, out: Path) -> None:
-    from rstar2_cli.quickstart.settings import QuickstartSettings
-
     job = json.loads((out / "job.json").read_text())
     s = QuickstartSettings.model_validate(job["settings"])
     opts = job["opts"]

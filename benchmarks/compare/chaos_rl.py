@@ -50,6 +50,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from chaos_report import compare_metrics, print_table  # noqa: E402
+from rstar2_cli.config import SandboxConfig, load_recipe  # noqa: E402
+from rstar2_cli.quickstart.pipeline import heldout_eval, sft_stage  # noqa: E402
+from rstar2_cli.quickstart.prepare import prepare_toy  # noqa: E402
+from rstar2_cli.quickstart.settings import QuickstartSettings, toy_rl_recipe  # noqa: E402
+from rstar2_cli.rl import preemption  # noqa: E402
+from rstar2_cli.rl.checkpoint import latest_checkpoint  # noqa: E402
 
 KINDS = ("trainer_kill", "preempt", "engine_kill", "sandbox_kill", "checkpoint_fail")
 CHECKPOINT_FAULT_ENV = "RSTAR2_FAULT_CHECKPOINT_WRITE"
@@ -87,9 +93,6 @@ def _mentions(text: str) -> bool:
 
 def supported() -> dict[str, str]:
     """{kind: ""} if this build has the kind's machinery, else {kind: why not}."""
-    from rstar2_cli.config import SandboxConfig
-    from rstar2_cli.rl import preemption
-
     why = {"trainer_kill": "", "preempt": "" if hasattr(preemption, "PREEMPTED_EXIT_CODE") else "no rl/preemption"}
     why["engine_kill"] = "" if _mentions("faults/engine_restarts") else \
         "not supported by this build: no engine restart (metric faults/engine_restarts)"
@@ -130,8 +133,6 @@ class Run:
         return int(rows[-1]["step"]) if rows else 0
 
     def checkpoint_step(self) -> int:
-        from rstar2_cli.rl.checkpoint import latest_checkpoint
-
         ckpt = latest_checkpoint(self.out)
         return int(ckpt.name.split("_")[-1]) if ckpt is not None and ckpt.name.startswith("step_") else 0
 
@@ -178,8 +179,6 @@ def engine_kill(run: Run, fault: Fault, rng: random.Random) -> None:
 
 
 def sandbox_kill(run: Run, fault: Fault, rng: random.Random) -> None:
-    from rstar2_cli.config import load_recipe
-
     outage = load_recipe(run.recipe).sandbox.outage_s
     run.sandbox.kill()
     run.sandbox.wait()
@@ -287,10 +286,6 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"--faults {args.faults}: must be >= 0")
 
     import yaml
-
-    from rstar2_cli.quickstart.pipeline import heldout_eval, sft_stage
-    from rstar2_cli.quickstart.prepare import prepare_toy
-    from rstar2_cli.quickstart.settings import QuickstartSettings, toy_rl_recipe
 
     why_not = supported()
     unsupported = {k: why_not[k] for k in kinds if why_not[k]}

@@ -26,6 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rstar2_cli.protocol.responses import response_text
+from rstar2_cli.protocol.template import chat_template, problem_messages
+from rstar2_cli.quickstart.settings import TOY_PROTOCOL
+from rstar2_cli.reward import grade_batch
+
 TOOL_NAME = "python_code_with_standard_io"
 _TOOLS_BLOCK = "{%- if tools %}"
 # After an assistant turn our template writes "\n" unless a tool turn follows (the release's RL
@@ -41,9 +46,6 @@ _AFTER_ASSISTANT_TRL = (
 def prompt_template() -> str:
     """Our chat template without the `<tools>` block and with the toy protocol's `force_reason`
     fixed (TRL renders without our template variables): the toy recipe's prompt layout under TRL."""
-    from rstar2_cli.protocol.template import chat_template
-    from rstar2_cli.quickstart.settings import TOY_PROTOCOL
-
     text = chat_template()
     for part in (_TOOLS_BLOCK, _AFTER_ASSISTANT):
         if text.count(part) != 1:
@@ -88,9 +90,6 @@ def as_trl_tool(run: Callable[[str, str], Any], clock: ToolClock, timeout: float
                 max_chars: int) -> Callable[..., str]:
     """The tool as TRL wants it (a typed function with a docstring TRL turns into a schema); `run`
     executes (code, stdin) and returns a RunResult-like object, formatted as the agent loop does."""
-    from rstar2_cli.protocol.responses import response_text
-    from rstar2_cli.quickstart.settings import TOY_PROTOCOL
-
     def python_code_with_standard_io(code: str, input: str = "") -> str:
         """Execute Python code with standard input and capture standard output.
 
@@ -138,8 +137,6 @@ def toy_dataset(train_file: str | Path, system_prompt: str):
 
     from datasets import Dataset
 
-    from rstar2_cli.protocol.template import problem_messages
-
     rows = [json.loads(line) for line in Path(train_file).read_text().splitlines() if line.strip()]
     return Dataset.from_list([{"prompt": problem_messages(r["problem"], system_prompt), "answer": str(r["answer"])}
                               for r in rows])
@@ -147,8 +144,6 @@ def toy_dataset(train_file: str | Path, system_prompt: str):
 
 def outcome_reward(tokenizer, mode: str = "outcome", timeout: float = 5.0) -> Callable[..., list[float]]:
     """A TRL reward function: our binary outcome grader on the decoded completion tokens."""
-    from rstar2_cli.reward import grade_batch
-
     def toy_outcome_reward(prompts, completions, completion_ids, answer, **_: Any) -> list[float]:
         texts = [tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
                  for ids in completion_ids]

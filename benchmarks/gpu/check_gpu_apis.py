@@ -22,6 +22,7 @@ signature of their docstring); a parameter list with **kwargs accepts any keywor
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
 import inspect
@@ -30,6 +31,8 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import rstar2_cli
 
 ROOTS = ("vllm", "torch.distributed")
 
@@ -232,16 +235,12 @@ def check(uses: Iterable[Use]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="*", type=Path, help="source folders to read (default: the installed rstar2_cli)")
     args = ap.parse_args(argv)
     if args.dirs:
         dirs = args.dirs
     else:
-        import rstar2_cli
-
         dirs = [Path(rstar2_cli.__file__).parent]
     uses = source_uses(dirs) + list(INSTANCE_CALLS)
     problems = check(uses)

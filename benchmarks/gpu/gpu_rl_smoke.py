@@ -32,6 +32,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "timing"))     # bench_load_memory's shapes
+
+from bench_load_memory import COMMON, SHAPES  # noqa: E402
+from gpu_shapes_check import qwen3_config  # noqa: E402
+from rstar2_cli.config import EngineConfig, LossConfig, ModelConfig, OptimConfig  # noqa: E402
+from rstar2_cli.rl.loss import group_advantages  # noqa: E402
+from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
+from rstar2_cli.rollout.engines import GenRequest, VLLMEngine  # noqa: E402
+from rstar2_cli.rollout.trajectory import Trajectory  # noqa: E402
+from rstar2_cli.rollout.weight_sync.pusher import WeightPusher  # noqa: E402
 
 EMBED_14B = "14b-embed"
 
@@ -42,15 +52,11 @@ def smoke_config(model: str):
     from transformers import Qwen3Config
 
     if model == EMBED_14B:
-        from gpu_shapes_check import qwen3_config
-
         config = qwen3_config("qwen3-14b")
         config.num_hidden_layers = 2
         config.layer_types = config.layer_types[:2]
         config.max_position_embeddings = 4096
         return config
-    from bench_load_memory import COMMON, SHAPES
-
     return Qwen3Config(**COMMON, **SHAPES[model])
 
 
@@ -68,8 +74,6 @@ def build_smoke_checkpoint(model: str, work: Path) -> tuple[Path, int]:
 
 
 def greedy(engine, prompts: list[list[int]], max_tokens: int) -> list:
-    from rstar2_cli.rollout.engines import GenRequest
-
     return engine.generate_batch([GenRequest(prompt_ids=p, max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
                                   for p in prompts])
 
@@ -94,13 +98,6 @@ def trainer_agreement(policy, prompts, results) -> tuple[float, float]:
 
 def run_backend(backend: str, model_dir: Path, args) -> dict:
     import torch
-
-    from rstar2_cli.config import EngineConfig, LossConfig, ModelConfig, OptimConfig
-    from rstar2_cli.rl.loss import group_advantages
-    from rstar2_cli.rl.policy import PolicyTrainer
-    from rstar2_cli.rollout.engines import VLLMEngine
-    from rstar2_cli.rollout.trajectory import Trajectory
-    from rstar2_cli.rollout.weight_sync.pusher import WeightPusher
 
     colocate = backend != "nccl"
     cfg = EngineConfig(colocate=colocate, gpu_memory_utilization=args.gpu_memory_utilization,

@@ -53,6 +53,12 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from recorders import CountingSource, RecordingClient, RecordingGroup  # noqa: E402
+from rstar2_cli.models.attention import choose_attention  # noqa: E402
+from rstar2_cli.rl.model_load import decoder_layers, shard_model  # noqa: E402
+from rstar2_cli.rl.packing import micro_batches  # noqa: E402
+from rstar2_cli.rollout.weight_sync.nccl import send_to_replicas  # noqa: E402
+from rstar2_cli.rollout.weight_sync.source import (MiB, check_packed_buffer, engine_named_parameters,
+                                                   largest_tensor, packed_buffer_bytes, policy_weight_source)  # noqa: E402
 
 GiB = 1 << 30
 QWEN3 = {   # the released configs' shapes (config.json of Qwen/Qwen3-14B, -8B, -1.7B)
@@ -122,8 +128,6 @@ def check_fsdp(model) -> str:
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
     from torch.distributed.tensor import DTensor, Shard
 
-    from rstar2_cli.rl.model_load import decoder_layers, shard_model
-
     cfg = model.config
     layer = decoder_layers(model)[0]
     x = torch.empty(1, 16, cfg.hidden_size, device="meta", dtype=torch.bfloat16)
@@ -157,9 +161,6 @@ def check_attention(model) -> str:
 
     import torch
     from transformers.masking_utils import create_causal_mask
-
-    from rstar2_cli.models.attention import choose_attention
-    from rstar2_cli.rl.packing import micro_batches
 
     flash = choose_attention("auto", "cuda", torch.bfloat16, flash_available=True)
     plain = choose_attention("auto", "cuda", torch.bfloat16, flash_available=False)
@@ -292,8 +293,6 @@ def vllm_ipc_chunks(source, buffer_bytes: int) -> list[int]:
 
 
 def check_ipc(source, override_mb: int | None) -> str:
-    from rstar2_cli.rollout.weight_sync.source import MiB, check_packed_buffer, largest_tensor, packed_buffer_bytes
-
     meta = source.metadata()
     name, largest = largest_tensor(meta)
     for size in (largest, largest - 1):        # our rule and vLLM's agree at the boundary
@@ -332,9 +331,6 @@ def worker_chunks(update_info: dict, buffer_bytes: int) -> list[int]:
 
 
 def check_nccl(source, model, replicas: int) -> str:
-    from rstar2_cli.rollout.weight_sync.nccl import send_to_replicas
-    from rstar2_cli.rollout.weight_sync.source import engine_named_parameters, packed_buffer_bytes
-
     counting, client = CountingSource(source), RecordingClient()
     groups = [RecordingGroup() for _ in range(replicas)]
     buffer = packed_buffer_bytes(source.metadata())
@@ -352,8 +348,6 @@ def check_nccl(source, model, replicas: int) -> str:
 
 def run_model(name: str, work: Path, args) -> list[tuple[str, bool, str]]:
     import torch
-
-    from rstar2_cli.rollout.weight_sync.source import policy_weight_source
 
     results = []
 

@@ -35,6 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import smoke_model as sm  # noqa: E402
+from rstar2_cli.hosts.ports import master_store  # noqa: E402
+from rstar2_cli.rl.dist import setup_distributed  # noqa: E402
+from rstar2_cli.rl.model_load import DEFAULT_LOAD_METHOD, build_policy_model  # noqa: E402
+from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
+from rstar2_cli.rollout.trajectory import Trajectory  # noqa: E402
 
 
 def plain_step(model, optimizer, batches) -> None:
@@ -49,8 +54,6 @@ def plain_step(model, optimizer, batches) -> None:
 def rollout_batch(lengths: list[int], vocab: int, seed: int = 0):
     """Trajectories of the given total lengths (a 256-token prompt, the rest response), with
     advantages of both signs: what one rank's shard of an RL step looks like."""
-    from rstar2_cli.rollout.trajectory import Trajectory
-
     gen = torch.Generator().manual_seed(seed)
     trajs, advs = [], []
     for i, n in enumerate(lengths):
@@ -90,7 +93,7 @@ def policy_configs() -> tuple:
     """(model, optim, loss) settings for PolicyTrainer: the typed configs when importable, else
     plain namespaces with the same values."""
     try:
-        from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
+        from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # lazy: pydantic, not on a bare node
     except ImportError:
         from types import SimpleNamespace
 
@@ -104,9 +107,6 @@ def measure_policy_update(model, lengths, max_len, vocab, steps, warmup, sync, f
     """The trainer's own update (rstar2_cli/rl/policy.py: PolicyTrainer.update): fp32 master
     weights with bf16 compute, packing by token budget, Clip-Higher loss, AdamW, grad clip. Under
     torchrun it shards with FSDP2 (fully_shard per decoder layer); MFU is then per device."""
-    from rstar2_cli.rl.dist import setup_distributed
-    from rstar2_cli.rl.policy import PolicyTrainer
-
     model_cfg, optim_cfg, loss_cfg = policy_configs()
     policy = PolicyTrainer(model_cfg, optim_cfg, loss_cfg, micro_batch_tokens=max_len, model=model,
                            info=setup_distributed())
@@ -135,9 +135,6 @@ def measure_sharded_load(model, device, sync, batch) -> dict:
     (bf16 compute and fp32 gradient reduction on GPU, as rl/policy.py sets it)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    from rstar2_cli.hosts.ports import master_store
-    from rstar2_cli.rl.model_load import DEFAULT_LOAD_METHOD, build_policy_model
 
     own_group = not dist.is_initialized()
     if own_group:   # the store binds its own port: no window for another process to take it

@@ -61,6 +61,7 @@ import trainer_proof_memory as proof_memory  # noqa: E402
 from trainer_proof_model import (SIZES, WIDTHS, Context, Skipped, build_random_checkpoint, card_gib,  # noqa: E402
                                  first_line, one_rank_group, policy_for, random_model)
 from trainer_proof_numerics import check_chunked_head, check_packed_attention, check_sharded_load  # noqa: E402
+from rstar2_cli.rl.checkpoint import is_checkpoint  # noqa: E402
 
 # the cards the JSON shows the proof's sizing for, in GiB as torch reports them (H100 80GB, H200)
 SIZING_CARDS = (79.1, 139.8)
@@ -69,8 +70,6 @@ SIZING_CARDS = (79.1, 139.8)
 def check_dcp(ctx: Context) -> dict:
     """The updated policy is handed over in a dict the callee empties, so that it is freed before
     the fresh policy is built (both would not fit one 80 GB GPU at 14B widths)."""
-    from rstar2_cli.rl.checkpoint import is_checkpoint
-
     holder = ctx.kept.pop("update", None) or proof_memory.run_update(ctx, tokens=min(ctx.update_tokens, 4096))
     proof_io.remove_tree(ctx.checkpoint)     # its disk space goes to the DCP checkpoint
     make = lambda: policy_for(ctx, random_model(ctx, seed=1), micro_batch_tokens=ctx.update_tokens)   # noqa: E731

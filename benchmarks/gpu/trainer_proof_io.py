@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from trainer_proof_model import CheckFailed, Skipped, full
+from rstar2_cli.rl.checkpoint import STATE_DIR, load_checkpoint, save_checkpoint
 
 # torchrun's agent sets it in every worker (torch/distributed/elastic/agent/server/
 # local_elastic_agent.py); a process that inherits it and starts its own TCP rendezvous becomes a
@@ -50,8 +51,6 @@ def _named_optimizer_state(policy) -> dict[str, dict[str, torch.Tensor]]:
 def dcp_paths(folder: Path) -> dict[str, Path]:
     """Where the DCP check writes: the checkpoint folder (`step_000001`, as rl/checkpoint.py names
     steps) and its AdamW/trainer state folder."""
-    from rstar2_cli.rl.checkpoint import STATE_DIR
-
     target = folder / "step_000001"
     return {"target": target, "state": target / STATE_DIR}
 
@@ -83,8 +82,6 @@ def dcp_round_trip(holder: dict, make_policy, folder: Path, free) -> dict:
     (popped from `holder`, so no reference is left), load the folder into `make_policy()` (fresh
     weights), and compare weights, AdamW state and LR schedule bit for bit. The folder stays (the
     engine-headroom check continues its optimizer state)."""
-    from rstar2_cli.rl.checkpoint import load_checkpoint, save_checkpoint
-
     policy = holder.pop("policy")
     paths = dcp_paths(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,10 @@ import torch
 import gpu_smoke
 import smoke_model as sm
 from trainer_proof_model import CHUNK_TOKENS, GIB, CheckFailed, Context, Skipped, first_line, policy_for, rows_of
+from rstar2_cli.launch.memory_plan import MemorySpec, build_memory_plan, resolve_gpu_memory, trainer_resident_gib
+from rstar2_cli.rl.checkpoint import continue_optimizer, save_checkpoint
+from rstar2_cli.rollout.engine_args import GPU_BATCH_TOKENS, UNPLANNED_MAX_NUM_SEQS, planned_utilization
+from rstar2_cli.rollout.weight_sync.colocated import release_trainer_cache
 
 UPDATE_TOKENS = (32768, 24576, 16384, 8192)   # the stage recipes' micro-batch is 32K tokens at most
 LAYERS = (4, 3, 2)                # two or more: FSDP2 prefetches the next layer while one computes
@@ -49,9 +53,6 @@ def memory_spec(shape, *, tokens: int, longest: int, gpu_gib: float, checkpointi
     """launch/memory_plan.py's inputs for one FSDP2 trainer rank alone on a `gpu_gib` GPU, updating
     `tokens`-token micro-batches whose longest sequence is `longest`. The engine fields (unused on a
     trainer GPU) are the defaults of an engine alone on its GPU (rollout/engine_args.py)."""
-    from rstar2_cli.launch.memory_plan import MemorySpec
-    from rstar2_cli.rollout.engine_args import GPU_BATCH_TOKENS, UNPLANNED_MAX_NUM_SEQS, planned_utilization
-
     return MemorySpec(shape=shape, shape_source="gpu_trainer_proof (random weights)", trainer_ranks=1,
                       colocated=False, tp_size=1, gpu_memory_gib=gpu_gib, gpu_name="custom",
                       gpu_memory_utilization=planned_utilization(gpu_gib, 0.0), micro_batch_tokens=tokens,
@@ -62,8 +63,6 @@ def memory_spec(shape, *, tokens: int, longest: int, gpu_gib: float, checkpointi
 
 def planned_trainer(spec) -> tuple[float, list]:
     """(the plan's trainer-GPU total in GiB, its rows) for `spec`."""
-    from rstar2_cli.launch.memory_plan import build_memory_plan
-
     plan = build_memory_plan(spec)
     if plan.columns[0] != "trainer GPU":
         raise AssertionError(f"expected a trainer-GPU column first, got {plan.columns}")
@@ -215,23 +214,16 @@ class DeviceMemory:
     @staticmethod
     def card_gib() -> float:
         """The card's memory as the launch reads it (launch/memory_plan.py `resolve_gpu_memory`)."""
-        from rstar2_cli.launch.memory_plan import resolve_gpu_memory
-
         return resolve_gpu_memory(None)[0]
 
     @staticmethod
     def release() -> None:
-        from rstar2_cli.rollout.weight_sync.colocated import release_trainer_cache
-
         release_trainer_cache()
 
 
 def engine_utilization(shape, gpu_gib: float) -> float:
     """The gpu_memory_utilization `rstar2 rl` sets for a colocated engine on a `gpu_gib` card
     beside one trainer rank of `shape` (launch/engine_sizing.py `size_engines`)."""
-    from rstar2_cli.launch.memory_plan import trainer_resident_gib
-    from rstar2_cli.rollout.engine_args import planned_utilization
-
     return planned_utilization(gpu_gib, trainer_resident_gib(shape, 1))
 
 
@@ -244,8 +236,6 @@ def headroom_verdict(figures: dict) -> None:
 
 def optimizer_checkpoint(ctx: Context):
     """A checkpoint folder with AdamW state: the DCP check's, else one saved here after a small update."""
-    from rstar2_cli.rl.checkpoint import save_checkpoint
-
     if ctx.kept.get("dcp_folder") is not None:
         return ctx.kept["dcp_folder"]
     run = run_update(ctx, tokens=min(ctx.update_tokens, 1024))
@@ -255,8 +245,6 @@ def optimizer_checkpoint(ctx: Context):
 
 
 def check_engine_headroom(ctx: Context, memory: DeviceMemory | None = None) -> dict:
-    from rstar2_cli.rl.checkpoint import continue_optimizer
-
     memory = memory or DeviceMemory(ctx.device)
     folder = optimizer_checkpoint(ctx)
     # as a stage that continues the previous one: its weights from the folder (model.path), then its AdamW state

@@ -19,7 +19,11 @@ import torch
 
 import smoke_model as sm
 from gpu_smoke import BARE_NODE_CONFIGS
+from rstar2_cli.hosts.ports import master_store
 from rstar2_cli.launch.model_shape import QWEN3_14B
+from rstar2_cli.rl.dist import process_info
+from rstar2_cli.rl.packing import micro_batches
+from rstar2_cli.rl.policy import PolicyTrainer
 
 WIDTHS = {"14b": QWEN3_14B, "small": replace(sm.TINY, tie_embeddings=False)}
 # per widths: tokens of the chunked-head check, micro-batch budget of the attention check, tokens
@@ -80,8 +84,6 @@ class Context:
 def process_group_args(device: torch.device) -> dict:
     """`init_process_group` arguments of the proof's 1-rank group (nccl on CUDA, gloo on CPU); FSDP2
     takes its 1-device mesh from it. The store binds its own port (rstar2_cli/hosts/ports.py)."""
-    from rstar2_cli.hosts.ports import master_store
-
     return {"backend": "nccl" if device.type == "cuda" else "gloo", "store": master_store(), "rank": 0,
             "world_size": 1}
 
@@ -135,8 +137,6 @@ def policy_kwargs(ctx: Context, model=None, *, path: Path | None = None, micro_b
     """PolicyTrainer's arguments as `rstar2 rl` gives them on GPU, FSDP2 on the 1-rank group: the
     recipe defaults; `model` None builds from the HF folder `path` (default: the bf16 checkpoint) on
     the meta device, reading this rank's safetensors slices (rl/model_load.py), else places `model`."""
-    from rstar2_cli.rl.dist import process_info
-
     configs = {k: SimpleNamespace(**BARE_NODE_CONFIGS[k]) for k in ("model", "optim", "loss")}
     configs["model"].gradient_checkpointing = checkpointing
     if model is None:
@@ -148,16 +148,12 @@ def policy_kwargs(ctx: Context, model=None, *, path: Path | None = None, micro_b
 
 def policy_for(ctx: Context, model=None, *, path: Path | None = None, micro_batch_tokens: int,
                checkpointing: bool = False):
-    from rstar2_cli.rl.policy import PolicyTrainer
-
     return PolicyTrainer(**policy_kwargs(ctx, model, path=path, micro_batch_tokens=micro_batch_tokens,
                                          checkpointing=checkpointing))
 
 
 def rows_of(policy, batch) -> list:
     """The micro-batches `policy` cuts `batch` into (its budget and layout, rl/packing.py)."""
-    from rstar2_cli.rl.packing import micro_batches
-
     return micro_batches([(t.prompt_ids, t.response_ids) for t in batch], policy.micro_batch_tokens, policy.layout)
 
 

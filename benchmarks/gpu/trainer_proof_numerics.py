@@ -10,6 +10,11 @@ import torch
 
 import gpu_smoke
 from trainer_proof_model import CHUNK_TOKENS, CheckFailed, Context, full, policy_for, reference_model, rows_of
+from rstar2_cli.models.attention import LAYOUT_OF
+from rstar2_cli.rl import dist as rl_dist, logprobs as rl_logprobs, model_load
+from rstar2_cli.rl.loss import clip_higher_loss, loss_stats
+from rstar2_cli.rl.model_load import DEFAULT_LOAD_METHOD
+from rstar2_cli.rollout.trajectory import Trajectory
 
 # bf16: both heads round the same bf16 logits; the reference's head gradient is a bf16 matmul,
 # the chunked one accumulates in fp32, hence a percent-level gradient tolerance
@@ -36,8 +41,6 @@ def _mixed_precision():
 def sharded_model(ctx: Context):
     """rl/model_load.py's sharded build of the checkpoint (meta device, FSDP2 with bf16 compute,
     this rank's safetensors slices, non-persistent buffers recomputed)."""
-    from rstar2_cli.rl import model_load
-
     return model_load.build_policy_model(str(ctx.checkpoint), sharded=True, device=ctx.device,
                                          mp_policy=_mixed_precision())
 
@@ -50,8 +53,6 @@ def tensor_differences(ours, reference) -> dict:
     against the reference: names in one only, tensors not equal (value, dtype). Run on every rank:
     each gathers every parameter (`full_tensor`, a collective in the same order on all ranks) and
     compares it; the counts are the maximum over the ranks."""
-    from rstar2_cli.rl import dist as rl_dist
-
     mine = dict(ours.named_parameters()) | dict(ours.named_buffers())
     theirs = dict(reference.named_parameters()) | dict(reference.named_buffers())
     missing = sorted(set(mine) ^ set(theirs))
@@ -110,8 +111,6 @@ def sharded_load_verdict(figures: dict) -> None:
 
 
 def check_sharded_load(ctx: Context) -> dict:
-    from rstar2_cli.rl.model_load import DEFAULT_LOAD_METHOD
-
     start = time.perf_counter()
     sharded = sharded_model(ctx)
     ctx.sync()
@@ -145,9 +144,6 @@ def check_chunked_head(ctx: Context) -> dict:
     """The chunked head (rl/logprobs.py) with the Clip-Higher loss (rl/loss.py) against full
     logits, under FSDP2 bf16: loss, log-probs and every gradient, with old log-probs away from the
     current ones (OLD_LOGPROB_SPREAD), so ratios differ from 1 and both clip bounds act."""
-    from rstar2_cli.rl import logprobs as rl_logprobs
-    from rstar2_cli.rl.loss import clip_higher_loss, loss_stats
-
     model = ctx.kept.pop("fsdp", None)
     if model is None:
         model = sharded_model(ctx)
@@ -213,9 +209,6 @@ def attention_verdict(figures: dict, tol: float) -> None:
 def check_packed_attention(ctx: Context) -> dict:
     """The policy's micro-batches (models/attention.py's kernel, rl/packing.py's layout) score each
     trajectory as if alone, well inside what a leak would change (the same trajectory after another)."""
-    from rstar2_cli.models.attention import LAYOUT_OF
-    from rstar2_cli.rollout.trajectory import Trajectory
-
     budget = ctx.sizes["attn_budget"]
     policy = policy_for(ctx, micro_batch_tokens=budget)
     lengths = [max(4, int(budget * f)) for f in ATTN_FRACTIONS]

@@ -72,7 +72,8 @@ def gather_save(target: Path, policy, step: int) -> None:
     import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    from rstar2_cli.rl import dist as rl_dist
+    from rstar2_cli.rl import dist as rl_dist  # lazy: the torchrun ranks import it, the launcher stays without torch
+    # lazy: the torchrun ranks import it, the launcher stays without torch
     from rstar2_cli.rl.checkpoint import rng_state
 
     weights = dict(policy.full_state_dict())
@@ -96,6 +97,7 @@ def gather_load(step_dir: Path, policy) -> None:
     import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+    # lazy: the torchrun ranks import it, the launcher stays without torch
     from rstar2_cli.rl.model_load import fill_from_safetensors
 
     fill_from_safetensors(policy.model, step_dir)
@@ -111,9 +113,11 @@ def gather_load(step_dir: Path, policy) -> None:
 def worker(model_dir: str, out_dir: str, method: str) -> None:
     import torch
 
+    # lazy: the torchrun ranks import it, the launcher stays without torch
     from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
-    from rstar2_cli.rl import checkpoint
-    from rstar2_cli.rl import dist as rl_dist
+    from rstar2_cli.rl import checkpoint  # lazy: the torchrun ranks import it, the launcher stays without torch
+    from rstar2_cli.rl import dist as rl_dist  # lazy: the torchrun ranks import it, the launcher stays without torch
+    # lazy: the torchrun ranks import it, the launcher stays without torch
     from rstar2_cli.rl.policy import PolicyTrainer
 
     info = rl_dist.setup_distributed()

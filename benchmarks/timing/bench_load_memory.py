@@ -74,7 +74,8 @@ def worker(model_dir: str, method: str, out_dir: str) -> None:
     import torch
     import transformers.models.qwen3.modeling_qwen3  # noqa: F401  (imports are not loading time)
 
-    from rstar2_cli.rl import dist as rl_dist
+    from rstar2_cli.rl import dist as rl_dist  # lazy: the torchrun ranks import it, the launcher stays without torch
+    # lazy: the torchrun ranks import it, the launcher stays without torch
     from rstar2_cli.rl.model_load import build_policy_model
 
     info = rl_dist.setup_distributed()

@@ -80,7 +80,9 @@ def worker(path: str, tokens: int, hidden: int, chunk: int, seed: int) -> dict:
     import torch
     import torch.nn.functional as F
 
+    # lazy: torch; the case's subprocess only (the launcher reads MemAvailable)
     from rstar2_cli.rl.logprobs import token_logprobs_with_loss
+    # lazy: torch; the case's subprocess only (the launcher reads MemAvailable)
     from rstar2_cli.rl.loss import clip_higher_loss
 
     torch.manual_seed(seed)

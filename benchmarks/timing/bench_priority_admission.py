@@ -21,10 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from rstar2_cli.config import EngineConfig  # noqa: E402
+from rstar2_cli.models.tiny import build_tiny_model  # noqa: E402
+from rstar2_cli.rollout.engines import GenRequest, VLLMEngine  # noqa: E402
+
 
 async def one_run(engine, prompt, args) -> dict:
-    from rstar2_cli.rollout.engines import GenRequest
-
     def req(priority):
         return GenRequest(prompt, max_tokens=args.tokens, temperature=0.0, ignore_eos=True, priority=priority)
 
@@ -39,9 +41,6 @@ async def one_run(engine, prompt, args) -> dict:
 
 
 def measure(policy: str, model: Path, prompt: list[int], args) -> dict:
-    from rstar2_cli.config import EngineConfig
-    from rstar2_cli.rollout.engines import VLLMEngine
-
     engine = VLLMEngine.from_config(str(model), EngineConfig(max_num_seqs=args.slots), max_model_len=512,
                                     seed=0, scheduling_policy=policy)
     try:
@@ -62,8 +61,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
-
-    from rstar2_cli.models.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(Path(tmp) / "model", seed=0)

@@ -17,6 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from rstar2_cli.config import load_recipe_dict  # noqa: E402
+from rstar2_cli.models.tiny import build_tiny_model  # noqa: E402
+from rstar2_cli.rl.launch_entry import train  # noqa: E402
+
 PHASES = ("rollout", "reward", "train", "sync")
 
 
@@ -33,10 +37,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     from rich.console import Console
     from rich.table import Table
-
-    from rstar2_cli.config import load_recipe_dict
-    from rstar2_cli.models.tiny import build_tiny_model
-    from rstar2_cli.rl.launch_entry import train
 
     work = Path(tempfile.mkdtemp(prefix="bench_rl_"))
     heads = {} if args.hidden <= 128 else {"num_heads": args.hidden // 64, "num_kv_heads": max(1, args.hidden // 256),

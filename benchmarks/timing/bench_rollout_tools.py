@@ -27,6 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from rstar2_cli.config import EngineConfig, RolloutConfig  # noqa: E402
+from rstar2_cli.models.tiny import build_tiny_model  # noqa: E402
+from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE  # noqa: E402
+from rstar2_cli.protocol.parser import format_tool_call  # noqa: E402
+from rstar2_cli.rollout.agent_loop import run_agent_loop  # noqa: E402
+from rstar2_cli.rollout.engines import GenRequest, GenResult, VLLMEngine  # noqa: E402
+from sandbox import Sandbox  # noqa: E402
+
 SNIPPET = "import sympy\nprint(sympy.factorint(2**61 - 1))"
 
 
@@ -42,8 +50,6 @@ class ForcedToolCalls:
 
     async def generate(self, req, key=None):
         from dataclasses import replace
-
-        from rstar2_cli.rollout.engines import GenResult
 
         budget = req.max_tokens - len(self.call_ids)
         if budget < 1:
@@ -69,14 +75,6 @@ def main(argv: list[str] | None = None) -> dict:
     from rich.console import Console
     from rich.table import Table
     from transformers import AutoTokenizer
-
-    from rstar2_cli.config import EngineConfig, RolloutConfig
-    from rstar2_cli.models.tiny import build_tiny_model
-    from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE
-    from rstar2_cli.protocol.parser import format_tool_call
-    from rstar2_cli.rollout.agent_loop import run_agent_loop
-    from rstar2_cli.rollout.engines import GenRequest, VLLMEngine
-    from sandbox import Sandbox
 
     model = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny", seed=0)
     tok = AutoTokenizer.from_pretrained(model)

@@ -31,6 +31,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from rstar2_cli.config import EngineConfig
+from rstar2_cli.models.tiny import build_tiny_model
+from rstar2_cli.rollout.engines import GenRequest, VLLMEngine
 from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPolicy, LoadBalancedScheduler,
                                           RoundRobinPolicy, RoundRobinScheduler)
 from sim.rollout import SIM_PRESETS, ReplicaModel, simulate
@@ -48,7 +51,6 @@ async def run_rollout(scheduler, plans: list[TrajectoryPlan], seed: int, vocab: 
     tools = {p.key: [[rng.randrange(10, vocab) for _ in range(t.tool_tokens)] for t in p.turns] for p in plans}
 
     async def trajectory(plan: TrajectoryPlan, idx: int) -> None:
-        from rstar2_cli.rollout.engines import GenRequest
         ctx = list(prompts[plan.key])
         for j, turn in enumerate(plan.turns):
             out = await scheduler.generate(GenRequest(ctx, max_tokens=turn.gen_tokens, ignore_eos=True,
@@ -64,10 +66,6 @@ async def run_rollout(scheduler, plans: list[TrajectoryPlan], seed: int, vocab: 
 
 
 def bench_real(args, console: Console) -> dict:
-    from rstar2_cli.config import EngineConfig
-    from rstar2_cli.models.tiny import build_tiny_model
-    from rstar2_cli.rollout.engines import GenRequest, VLLMEngine
-
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     plans = make_workload(REAL_SPEC, seed=args.seed)
     engines = []

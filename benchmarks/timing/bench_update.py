@@ -39,15 +39,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))   # smoke_model: Qwen3 configs and FLOP counts
 
+from rstar2_cli.launch.model_shape import Qwen3Shape  # noqa: E402
+from rstar2_cli.quickstart.settings import QuickstartSettings  # noqa: E402
+from rstar2_cli.rollout.trajectory import Trajectory  # noqa: E402
+
 BUDGETS = (1024, 8192, 16384)
 PATHS = ("packed", "chosen")
 MODELS = ("toy", "qwen3-0.6b-2l")
 
 
 def model_shape(name: str, qwen_vocab: int):
-    from rstar2_cli.launch.model_shape import Qwen3Shape
-    from rstar2_cli.quickstart.settings import QuickstartSettings
-
     if name == "toy":                     # the quickstart's model (QuickstartSettings defaults, models/tiny.py)
         q = QuickstartSettings(out_dir="unused")
         return Qwen3Shape(hidden=q.hidden_size, layers=q.num_layers, heads=q.num_heads, kv_heads=q.num_kv_heads,
@@ -62,8 +63,6 @@ def synthetic_batch(name: str, vocab: int, seed: int = 0):
     """Trajectories shaped like the toy task's: prompts 60-100 tokens, responses 30-200 with a
     tool response (unscored) in most; the toy's RL batch is 128 of them (~20K tokens). The Qwen3
     shape gets 96 (~16K tokens: one 16K row)."""
-    from rstar2_cli.rollout.trajectory import Trajectory
-
     rng = random.Random(seed)
     n = 128 if name == "toy" else 96
     out, adv = [], []
@@ -84,9 +83,10 @@ def synthetic_batch(name: str, vocab: int, seed: int = 0):
 def run_case(model_name: str, budget: int, path: str, steps: int, warmup: int, qwen_vocab: int) -> dict:
     import torch
 
+    # lazy: only the --case subprocess needs torch
     from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
-    from rstar2_cli.rl.policy import PolicyTrainer
-    from smoke_model import qwen3_config, training_flops
+    from rstar2_cli.rl.policy import PolicyTrainer  # lazy: only the --case subprocess needs torch
+    from smoke_model import qwen3_config, training_flops  # lazy: only the --case subprocess needs torch
 
     shape = model_shape(model_name, qwen_vocab)
     torch.manual_seed(0)

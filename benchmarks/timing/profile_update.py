@@ -21,6 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))   # smoke_model: Qwen3 configs and FLOP counts
 
+import rstar2_cli.rl.policy as policy_mod  # noqa: E402
+from bench_update import model_shape, synthetic_batch  # noqa: E402
+from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # noqa: E402
+from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
+from smoke_model import qwen3_config  # noqa: E402
+
 _PATCHED: list[bool] = []
 
 
@@ -30,8 +36,6 @@ def _label_once() -> None:
         return
     from torch.profiler import record_function
     from transformers.models.qwen3 import modeling_qwen3
-
-    import rstar2_cli.rl.policy as policy_mod
 
     def labelled(name, fn):
         def inner(*a, **kw):
@@ -58,11 +62,6 @@ def profile_layout(layout: str, budget: int, model_name: str) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM
-
-    from bench_update import model_shape, synthetic_batch
-    from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
-    from rstar2_cli.rl.policy import PolicyTrainer
-    from smoke_model import qwen3_config
 
     _label_once()
     shape = model_shape(model_name, 8192)

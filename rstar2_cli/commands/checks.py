@@ -35,6 +35,9 @@ from typing import Any, Iterable
 from urllib.parse import urlsplit
 
 from rstar2_cli.commands import fail, shown
+from rstar2_cli.data.problems import (
+    DATA_DIR_ENV, HUB_IDS, NAMED_SETS, find_named_set_file, resolve_data_dir, unreadable,
+)
 
 HUB_PROBE_S = 3.0               # how long a Hub reachability probe may take before it counts as down
 WEIGHT_GLOBS = ("*.safetensors", "*.bin")
@@ -107,8 +110,6 @@ def input_file(value: str | os.PathLike, what: str) -> None:
 def data_file(value: str | os.PathLike, what: str) -> None:
     """`value` is a file whose head reads as its format (`data.problems.unreadable`: UTF-8 text,
     gzip-compressed for .jsonl/.json, or Parquet), checked in a moment whatever its size."""
-    from rstar2_cli.data.problems import unreadable
-
     input_file(value, what)
     reason = unreadable(Path(value).expanduser())
     if reason:
@@ -148,8 +149,6 @@ def problem_source(value: str, what: str, data_dir: str | None, *, hub_ids: bool
                    allow_hub: bool = True) -> None:
     """`value` is a data file, a named set with a local copy or a reachable Hub, or (with `hub_ids`,
     as `prepare math --source` takes them) a Hub dataset id `namespace/name`."""
-    from rstar2_cli.data.problems import DATA_DIR_ENV, HUB_IDS, NAMED_SETS, find_named_set_file, resolve_data_dir
-
     path = Path(value).expanduser()
     if path.exists():
         return data_file(value, what)
@@ -258,7 +257,7 @@ def eval_settings(s: Any, *, data: bool = True) -> None:
     format. A benchmark name is never read as a path."""
     if s.engine == "vllm":
         model_dir(s.model, "MODEL", tokenizer=s.tokenizer is None)
-        from rstar2_cli.eval.settings import model_context_limit
+        from rstar2_cli.eval.settings import model_context_limit  # lazy: pydantic, for --help's speed (cli.py)
 
         limit = model_context_limit(s.model)
         if s.max_model_len and limit and s.max_model_len > limit:
@@ -273,7 +272,6 @@ def eval_settings(s: Any, *, data: bool = True) -> None:
     output_dir(s.out_dir or "runs/eval", "--out")
     if s.data:
         return data_file(s.data, "--data")
-    from rstar2_cli.data.problems import find_named_set_file, resolve_data_dir
 
     if data:
         reason = eval_data_missing(s.benchmark, s.data_dir)
@@ -288,8 +286,7 @@ def eval_data_missing(benchmark: str, data_dir: str | None) -> str | None:
     """None when `rstar2 eval` can read `benchmark`'s rows: a file in the data dir, the bfcl-eval
     package, or (no file) a Hub that answers or HF_HUB_OFFLINE=1 (the datasets cache); else the
     "no data: how to add it" line."""
-    from rstar2_cli.data.problems import DATA_DIR_ENV, resolve_data_dir
-    from rstar2_cli.eval.benchmarks import missing_data
+    from rstar2_cli.eval.benchmarks import missing_data  # lazy: pydantic via the families, for --help (cli.py)
 
     root = resolve_data_dir(data_dir)
     if root is not None and not root.is_dir():

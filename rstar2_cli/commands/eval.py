@@ -6,16 +6,20 @@ from typing import Optional
 
 import typer
 
-from rstar2_cli.commands import checks, fail
-from rstar2_cli.eval.settings import EvalSettings
+from typing import TYPE_CHECKING
 
-DEFAULT = EvalSettings.default_of      # each option's default is the evaluation protocol's (eval/settings.py)
+from rstar2_cli.commands import checks, fail
+from rstar2_cli.eval.protocol_defaults import default_of as DEFAULT   # each option's default is the protocol's
+
+if TYPE_CHECKING:
+    from rstar2_cli.eval.settings import EvalSettings
 
 
 def replicas_for(settings, tp: Optional[int]) -> dict:
     """The EvalSettings fields that place `settings.model`'s vLLM replicas on the visible GPUs
     (launch/eval_engines.py); says the plan in one line, or fails with one."""
-    from rstar2_cli.eval.settings import context_length
+    from rstar2_cli.eval.settings import context_length  # lazy: pydantic and the core, for --help's speed (cli.py)
+    # lazy: pydantic and the core, for --help's speed (cli.py)
     from rstar2_cli.launch.eval_engines import eval_engines_for
 
     try:
@@ -125,8 +129,10 @@ def register(app: typer.Typer) -> None:
         """Evaluate a checkpoint with tool-integrated generation: avg@k pass@1, pass@k, maj@k, lengths, tool stats."""
         from pydantic import ValidationError
 
+        # lazy: pydantic and the core, for --help's speed (cli.py)
         from rstar2_cli.config import ConfigError, first_error
-        from rstar2_cli.eval.settings import BENCHMARKS, protocol_of_recipe
+        # lazy: pydantic and the core, for --help's speed (cli.py)
+        from rstar2_cli.eval.settings import BENCHMARKS, EvalSettings, protocol_of_recipe
 
         layout = {"system_prompt": system_prompt, "tools_in_prompt": tools_in_prompt}
         if protocol_from:
@@ -162,9 +168,10 @@ def register(app: typer.Typer) -> None:
                 settings = EvalSettings(**{**settings.model_dump(), **placements[ckpt]})
             return settings
 
-        from rstar2_cli.data.problems import DataError
+        from rstar2_cli.data.problems import DataError  # lazy: pydantic and the core, for --help's speed (cli.py)
+        # lazy: pydantic and the core, for --help's speed (cli.py)
         from rstar2_cli.eval.reference import MissingExtraError
-        from rstar2_cli.eval.runner import run_eval
+        from rstar2_cli.eval.runner import run_eval  # lazy: pydantic and the core, for --help's speed (cli.py)
 
         if benchmark == "all" and data:
             fail("--data names one benchmark's file; `eval all` reads every set from --data-dir")
@@ -180,6 +187,7 @@ def register(app: typer.Typer) -> None:
             if benchmark != "all" and not compare:
                 run_eval(settings_for(benchmark, model, out))
                 return
+            # lazy: pydantic and the core, for --help's speed (cli.py)
             from rstar2_cli.eval.paper_table import MD_FILE, default_table_dir, evaluate_table
 
             root = default_table_dir(benchmark, model, out)

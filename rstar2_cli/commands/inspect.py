@@ -26,8 +26,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a self-contained HTML page to browse a run's trajectories: curves, steps, groups, turns,
         RoC decisions, filters. Prints the page's path (with --serve, the address instead)."""
-        from rstar2_cli.inspect.page import PAGE_FILE, render_page, write_page
-        from rstar2_cli.inspect.reader import InspectError, read_folder
+        from rstar2_cli.inspect.page import PAGE_FILE, render_page, write_page  # lazy: pydantic, for --help (cli.py)
+        from rstar2_cli.inspect.reader import InspectError, read_folder  # lazy: pydantic, for --help (cli.py)
 
         if serve is not None and out is not None:
             fail(f"--out {out} with --serve: --serve writes no file (its page loads each step from the server); "
@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
             except OSError as e:
                 fail(f"--out {target}: cannot write the page ({e.strerror or e})")
             return
-        from rstar2_cli.inspect.serve import make_server, serve_until_interrupted
+        from rstar2_cli.inspect.serve import make_server, serve_until_interrupted  # lazy: http.server, for --serve
 
         try:
             server = make_server(run_dir, serve, render_page(data).encode())

@@ -42,9 +42,10 @@ def math_command(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rstar2_cli.config import first_error
+    from rstar2_cli.config import first_error  # lazy: pydantic and the core, for --help's speed (cli.py)
+    # lazy: pydantic and the core, for --help's speed (cli.py)
     from rstar2_cli.data.prepare_math import PrepareMathConfig, SourceSpec, prepare_math, provenance_path, stats_table
-    from rstar2_cli.data.problems import DataError
+    from rstar2_cli.data.problems import DataError  # lazy: pydantic and the core, for --help's speed (cli.py)
 
     if spec is not None:
         checks.input_file(spec, "--spec")
@@ -99,7 +100,8 @@ def sft_command(
     """Convert a function-calling / chat dataset to rstar2's SFT messages format."""
     from rich.console import Console
 
-    from rstar2_cli.data.problems import DataError
+    from rstar2_cli.data.problems import DataError  # lazy: pydantic and the core, for --help's speed (cli.py)
+    # lazy: pydantic and the core, for --help's speed (cli.py)
     from rstar2_cli.data.sft_convert import FORMATS, convert_file
 
     checks.data_file(in_path, "IN_PATH")
@@ -161,11 +163,13 @@ def hard_command(
     tokens, sampling, tool protocol, grader, problems); a flag given replaces the recipe's value."""
     from pydantic import ValidationError
 
+    # lazy: pydantic and the core, for --help's speed (cli.py)
     from rstar2_cli.config import RESOLVED_RECIPE, ConfigError
-    from rstar2_cli.data.problems import DataError
-    from rstar2_cli.eval.report import engines_line
+    from rstar2_cli.data.problems import DataError  # lazy: pydantic and the core, for --help's speed (cli.py)
+    from rstar2_cli.eval.report import engines_line  # lazy: pydantic and the core, for --help's speed (cli.py)
+    # lazy: pydantic and the core, for --help's speed (cli.py)
     from rstar2_cli.rl.mine_hard import mine_hard, mining_settings, run_recipe_of, stage3_problems
-    from rstar2_cli.rl.stages import find_recipe
+    from rstar2_cli.rl.stages import find_recipe  # lazy: pydantic and the core, for --help's speed (cli.py)
 
     checks.model_dir(policy, "--policy")
     out = out if out is not None else Path(stage3_problems())
@@ -218,9 +222,9 @@ def eval_data_command(
                                             "`rstar2 eval --data-dir` (default $RSTAR2_DATA_DIR)."),
 ) -> None:
     """Validate GPQA-Diamond / IFEval and write them where `rstar2 eval` reads them."""
-    from rstar2_cli.data.problems import DataError
-    from rstar2_cli.eval.eval_data import prepare_eval_data
-    from rstar2_cli.eval.reference import MissingExtraError
+    from rstar2_cli.data.problems import DataError  # lazy: pydantic and the core, for --help's speed (cli.py)
+    from rstar2_cli.eval.eval_data import prepare_eval_data  # lazy: pydantic and the core, for --help's speed (cli.py)
+    from rstar2_cli.eval.reference import MissingExtraError  # lazy: pydantic and the core, for --help's speed (cli.py)
 
     if gpqa is None and ifeval is None and not from_hub:
         fail("give --gpqa FILE and/or --ifeval FILE (or --from-hub to read the Hugging Face datasets cache)")

@@ -4,6 +4,10 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.console import Console
+
+from rstar2_cli.commands import checks, fail
+from rstar2_cli.quickstart.report import results_table
 
 
 def register(app: typer.Typer) -> None:
@@ -32,15 +36,11 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Train a tiny model to use the Python tool, end to end on CPU, and write a report."""
-        from pydantic import ValidationError
-        from rich.console import Console
+        from pydantic import ValidationError  # lazy: pydantic, for --help's speed (cli.py)
 
-        from rstar2_cli.commands import checks, fail
-        from rstar2_cli.config import first_error
-        from rstar2_cli.quickstart.pipeline import run_quickstart
-        from rstar2_cli.quickstart.report import results_table
-        from rstar2_cli.quickstart.seeds import parse_seeds, run_seeds, seeds_table
-        from rstar2_cli.quickstart.settings import QuickstartSettings
+        from rstar2_cli.config import first_error  # lazy: pydantic, for --help's speed (cli.py)
+        from rstar2_cli.quickstart.seeds import parse_seeds, run_seeds, seeds_table  # lazy: pydantic (cli.py)
+        from rstar2_cli.quickstart.settings import QuickstartSettings  # lazy: pydantic, for --help (cli.py)
 
         try:
             seed_list = parse_seeds(seeds) if seeds is not None else None
@@ -53,9 +53,11 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             fail(str(e))
         checks.output_dir(settings.out, "--out")
+        from rstar2_cli.quickstart.pipeline import run_quickstart  # lazy: torch (the trainer), after the checks
+
         console = Console()
         if seed_list is not None:
-            summary = run_seeds(settings, seed_list)
+            summary = run_seeds(settings, seed_list, run_quickstart)
             console.print(seeds_table(summary))
         else:
             console.print(results_table(run_quickstart(settings)))

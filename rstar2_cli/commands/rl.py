@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.console import Console
+from rich.syntax import Syntax
 from typer.core import TyperCommand
 
 from rstar2_cli.commands import checks, fail
-from rstar2_cli.rl.preemption import RESUME_MODES
+from rstar2_cli.rl.preemption import RESUME_MODES, torchrun_env
 
 
 def with_resume_default(args: list[str]) -> list[str]:
@@ -72,36 +74,28 @@ def register(app: typer.Typer) -> None:
 
         Experimental: --set train.max_staleness=k (k >= 1) rolls out up to k steps ahead of the
         trainer (docs/async-rl.md)."""
-        from rich.console import Console
-        from rich.syntax import Syntax
-
-        from rstar2_cli.config import RESOLVED_RECIPE, ConfigError, dump_recipe
-        from rstar2_cli.launch.cluster_env import resolve_launch
-        from rstar2_cli.launch.engine_sizing import memory_spec_for, size_engines, size_micro_batch
-        from rstar2_cli.launch.memory_plan import (MemoryPlanError, build_memory_plan, cpu_training_line,
-                                                   host_memory_gib, resolve_gpu_memory)
-        from rstar2_cli.launch.model_shape import shape_for_model
-        from rstar2_cli.launch.plan_view import micro_batch_note, render_plan
-        from rstar2_cli.launch.topology import PlanError, plan_from_args
-        from rstar2_cli.rl.stages import resolve_stage_recipe, shadowed_recipe_note, start_text
+        from rstar2_cli import config  # lazy: pydantic, for --help's speed (cli.py)
+        # lazy: pydantic and asyncio, for --help's speed (cli.py)
+        from rstar2_cli.launch import cluster_env, engine_sizing, memory_plan, model_shape, plan_view, topology
+        from rstar2_cli.rl import launch_entry, stages  # lazy: the trainer's entry and pydantic (cli.py)
 
         console = Console()
         if resume is not None and resume not in RESUME_MODES:
             fail(f"--resume {resume!r}: expected {' or '.join(RESUME_MODES)} (or no value: latest)")
         try:
-            cfg = resolve_stage_recipe(recipe, stage, list(overrides), on_gpu=gpus > 0)
-        except ConfigError as e:
+            cfg = stages.resolve_stage_recipe(recipe, stage, list(overrides), on_gpu=gpus > 0)
+        except config.ConfigError as e:
             fail(str(e))
-        note = shadowed_recipe_note(recipe, stage)
+        note = stages.shadowed_recipe_note(recipe, stage)
         if note:
             typer.echo(note, err=True)
 
-        resolved_path = Path(cfg.train.out_dir) / RESOLVED_RECIPE
+        resolved_path = Path(cfg.train.out_dir) / config.RESOLVED_RECIPE
         entry_args = ["--config", str(resolved_path)] + (["--resume", resume] if resume else [])
         try:
-            sizes = resolve_launch(gpus, nodes=nodes, gpus_per_node=gpus_per_node, node_rank=node_rank,
-                                   master_addr=master_addr, allow_placeholder_head=dry_run)
-            plan = plan_from_args(
+            sizes = cluster_env.resolve_launch(gpus, nodes=nodes, gpus_per_node=gpus_per_node, node_rank=node_rank,
+                                               master_addr=master_addr, allow_placeholder_head=dry_run)
+            plan = topology.plan_from_args(
                 gpus, sizes.nodes,
                 gpus_per_node=sizes.gpus_per_node,
                 tp_size=cfg.engine.tensor_parallel_size if gpus else 1,
@@ -115,37 +109,36 @@ def register(app: typer.Typer) -> None:
                 prompts_per_step=cfg.train.prompts_per_step,
                 rollouts_per_prompt=cfg.rollouts_per_prompt,
             )
-        except PlanError as e:
+        except topology.PlanError as e:
             fail(str(e))
         gpu, cpu_refusal = None, None
         if gpus:
             try:
-                gpu = resolve_gpu_memory(gpu_memory, dry_run=dry_run)
-            except MemoryPlanError as e:
+                gpu = memory_plan.resolve_gpu_memory(gpu_memory, dry_run=dry_run)
+            except memory_plan.MemoryPlanError as e:
                 fail(str(e))
             auto_tokens = cfg.train.micro_batch_tokens == "auto"
-            cfg = size_engines(cfg, plan, gpu.gib)     # the engines' "auto" fields, from the memory plan's terms
-            cfg = size_micro_batch(cfg, plan, gpu.gib)
-            plan = dataclasses.replace(plan, memory=build_memory_plan(memory_spec_for(cfg, plan, gpu.gib, gpu.name)))
+            cfg = engine_sizing.size_engines(cfg, plan, gpu.gib)   # the engines' "auto" fields, from the memory plan
+            cfg = engine_sizing.size_micro_batch(cfg, plan, gpu.gib)
+            spec = engine_sizing.memory_spec_for(cfg, plan, gpu.gib, gpu.name)
+            plan = dataclasses.replace(plan, memory=memory_plan.build_memory_plan(spec))
             plan = dataclasses.replace(plan, notes=plan.notes + ((gpu.note,) if gpu.note else ()) + (
-                (micro_batch_note(plan.memory),) if auto_tokens else ()))
+                (plan_view.micro_batch_note(plan.memory),) if auto_tokens else ()))
         else:                            # a paper stage on CPU: say what that means, refuse what cannot fit
             try:
-                shape, source = shape_for_model(cfg.model.path)
+                shape, source = model_shape.shape_for_model(cfg.model.path)
             except (KeyError, TypeError, ValueError):   # not a Qwen3-style config.json: checks.rl_recipe says more
                 shape = None
             if shape is not None:
-                cpu_line, cpu_fits = cpu_training_line(shape, source, host_memory_gib())
+                cpu_line, cpu_fits = memory_plan.cpu_training_line(shape, source, memory_plan.host_memory_gib())
                 plan = dataclasses.replace(plan, notes=plan.notes + (cpu_line,))
                 if not cpu_fits and (Path(cfg.model.path) / "config.json").is_file():   # known, not assumed
                     cpu_refusal = cpu_line
         if plan.launch_mode == "torchrun":   # torchrun forwards SIGUSR1 too and waits for the checkpoint
-            from rstar2_cli.rl.preemption import torchrun_env
-
             extra = tuple(torchrun_env(cfg.train.preempt_grace_s).items())
             plan = dataclasses.replace(plan, nodes=tuple(dataclasses.replace(n, env=n.env + extra)
                                                          for n in plan.nodes))
-        plan = dataclasses.replace(plan, notes=plan.notes + (start_text(cfg),))
+        plan = dataclasses.replace(plan, notes=plan.notes + (stages.start_text(cfg),))
         if sizes.head_is_placeholder:
             plan = dataclasses.replace(plan, notes=plan.notes + (
                 f"head node: {sizes.master_addr} is a placeholder (no --master-addr, not under SLURM); "
@@ -160,8 +153,8 @@ def register(app: typer.Typer) -> None:
         problems = plan.memory.problems if plan.memory else ()
         if dry_run:
             console.rule(f"resolved recipe: {cfg.name} (stage {cfg.stage})")
-            console.print(Syntax(dump_recipe(cfg), "yaml"))
-            console.print(render_plan(plan))
+            console.print(Syntax(config.dump_recipe(cfg), "yaml"))
+            console.print(plan_view.render_plan(plan))
         if cpu_refusal:                  # its fp32 state exceeds this machine's memory: it would not load
             fail(cpu_refusal)
         if problems:                     # it would run out of memory at its first update or wake: refuse now
@@ -175,8 +168,6 @@ def register(app: typer.Typer) -> None:
 
         resolved_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = resolved_path.with_name(f".{resolved_path.name}.{os.getpid()}")   # every node may write it
-        tmp.write_text(dump_recipe(cfg))
+        tmp.write_text(config.dump_recipe(cfg))
         tmp.replace(resolved_path)
-        from rstar2_cli.rl.launch_entry import launch
-
-        raise typer.Exit(launch(plan, cfg, resume=resume, console=console, node_rank=sizes.node_rank))
+        raise typer.Exit(launch_entry.launch(plan, cfg, resume=resume, console=console, node_rank=sizes.node_rank))

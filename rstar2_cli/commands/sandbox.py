@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 
 from rstar2_cli.commands import checks, fail
 
@@ -16,7 +17,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")   # uvic
 def pool_kwargs(workers, isolation, unsafe, timeout, memory_mb, max_output_bytes) -> dict:
     """The pool's kwargs (JSON-able: Redis workers get them on their command line). RL wraps every
     call in its code runner, so the pool knows that runner's prelude (its template fast path)."""
-    from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE
+    from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE  # lazy: pydantic, for --help's speed (cli.py)
 
     if isolation not in ISOLATIONS:
         raise typer.BadParameter(f"--isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
@@ -73,13 +74,11 @@ def register(app: typer.Typer) -> None:
             checks.url(redis, "--redis", ("redis", "rediss", "unix"))
         if not (check or worker):
             checks.free_port(host, port)
-        from rich.console import Console
-
-        from sandbox.jail.backends import SandboxUnavailable
-        from sandbox.redis_mode.launch import serve_frontend, serve_workers
-        from sandbox.redis_mode.wire import RedisConfig
-        from sandbox.service.launch import print_isolation_check, serve_http
-        from sandbox.service.server import ServiceConfig
+        from sandbox.jail.backends import SandboxUnavailable  # lazy: ctypes and the jail, for --help (cli.py)
+        from sandbox.redis_mode.launch import serve_frontend, serve_workers  # lazy: redis, fastapi; --help (cli.py)
+        from sandbox.redis_mode.wire import RedisConfig  # lazy: redis, for --help's speed (cli.py)
+        from sandbox.service.launch import print_isolation_check, serve_http  # lazy: fastapi; --help (cli.py)
+        from sandbox.service.server import ServiceConfig  # lazy: fastapi, for --help's speed (cli.py)
 
         kwargs = pool_kwargs(workers, isolation, unsafe_no_isolation, timeout, memory_mb, max_output_bytes)
         if check:
@@ -138,10 +137,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Measure tool-call throughput and latency against a naive subprocess baseline."""
-        from rich.console import Console
-
-        from rstar2_cli.sandbox_bench.plain import WORKLOADS, BenchConfig, bench_main
-        from sandbox.jail.backends import SandboxUnavailable
+        from rstar2_cli.sandbox_bench.plain import WORKLOADS, BenchConfig, bench_main  # lazy: numpy, httpx (cli.py)
+        from sandbox.jail.backends import SandboxUnavailable  # lazy: ctypes and the jail, for --help (cli.py)
 
         checks.choice(client, ("plain", "codejudge", "redis"), "--client")
         checks.choice(isolation, ISOLATIONS, "--isolation")
@@ -156,8 +153,8 @@ def register(app: typer.Typer) -> None:
         if client == "codejudge":
             checks.free_port("127.0.0.1", port)
         if client != "plain":
-            from rstar2_cli.sandbox_bench.codejudge import client_bench_main
-            from rstar2_cli.sandbox_bench.redis_hosts import redis_bench_main
+            from rstar2_cli.sandbox_bench.codejudge import client_bench_main  # lazy: httpx, for --help (cli.py)
+            from rstar2_cli.sandbox_bench.redis_hosts import redis_bench_main  # lazy: redis, for --help (cli.py)
 
             try:
                 kwargs = pool_kwargs(workers, isolation, unsafe_no_isolation, 10.0, 1024, 65536)

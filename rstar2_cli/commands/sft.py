@@ -5,6 +5,8 @@ import os
 from typing import List, Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from rstar2_cli.commands import checks, fail
 
@@ -16,12 +18,8 @@ def register(app: typer.Typer) -> None:
         overrides: List[str] = typer.Option([], "--set", help="override a field, e.g. --set lora.r=16 (repeatable)"),
     ) -> None:
         """Supervised fine-tuning on tool-call / instruction / chat conversations (loss on assistant tokens only)."""
-        from rich.console import Console
-        from rich.table import Table
-
-        from rstar2_cli.config import ConfigError
-        from rstar2_cli.sft.settings import load_sft_config
-        from rstar2_cli.sft.trainer import SftDataError, run_sft
+        from rstar2_cli.config import ConfigError  # lazy: pydantic, for --help's speed (cli.py)
+        from rstar2_cli.sft.settings import load_sft_config  # lazy: pydantic, for --help's speed (cli.py)
 
         try:
             cfg = load_sft_config(recipe, list(overrides))
@@ -31,6 +29,8 @@ def register(app: typer.Typer) -> None:
         for path in cfg.data:
             checks.input_file(path, "data")
         checks.output_dir(cfg.out_dir, "out_dir")
+        from rstar2_cli.sft.trainer import SftDataError, run_sft  # lazy: torch, transformers, TRL (~3 s)
+
         try:
             summary = run_sft(cfg)
         except (ConfigError, SftDataError) as e:

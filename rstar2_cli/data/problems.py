@@ -294,7 +294,7 @@ def find_named_set_file(name: str, root: Path | None) -> Path | None:
 
 def load_hub_source(spec: HubSource, source: str) -> list[Problem]:
     """Download a hub dataset with `datasets.load_dataset` (needs network or a warm HF cache)."""
-    import datasets
+    import datasets  # lazy: datasets (~0.7 s), only for a set read from the Hub
 
     try:
         ds = datasets.load_dataset(spec.dataset_id, spec.config, split=spec.split)

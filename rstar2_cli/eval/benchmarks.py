@@ -12,6 +12,7 @@ from rstar2_cli.eval.bfcl import BFCL
 from rstar2_cli.eval.family import MATH, how_to_add, named_set_file
 from rstar2_cli.eval.gpqa import GPQA
 from rstar2_cli.eval.ifeval import IFEVAL
+from rstar2_cli.eval.reference import MissingExtraError, bfcl_data_dir
 
 MATH_SETS = EVAL_SET_NAMES
 GENERAL_SETS = ("gpqa_diamond", "ifeval", "bfcl")
@@ -35,8 +36,6 @@ def missing_data(benchmark: str, data_dir: str | None) -> str | None:
     bfcl-eval package (BFCL), or the Hub datasets cache when HF_HUB_OFFLINE is set or the Hub
     answers (`hub_ok`); else the "no data: how to add it" line that `eval all` shows in its row."""
     if benchmark == "bfcl":
-        from rstar2_cli.eval.reference import MissingExtraError, bfcl_data_dir
-
         try:
             bfcl_data_dir()
         except MissingExtraError as e:

@@ -27,6 +27,7 @@ category not run counts 0 in the summary and is listed as missing, as BFCL's for
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from itertools import zip_longest
@@ -34,7 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from rstar2_cli.data.problems import DataError, Problem, iter_rows
+from rstar2_cli.eval import reference
 from rstar2_cli.eval.family import MathFamily, final_turn, require_fields
+from rstar2_cli.protocol.template import encode_messages, eos_token_ids
+from rstar2_cli.rollout.agent_loop import instance_key, trajectory_seed
+from rstar2_cli.rollout.generation import GenRequest
+from rstar2_cli.rollout.trajectory import Trajectory
 
 AST_CATEGORIES = ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple")
 CATEGORIES = (*AST_CATEGORIES, "irrelevance")
@@ -61,8 +67,6 @@ def package_rows(category: str) -> list[dict[str, Any]]:
     `function` as BFCL prompts it (with its language hints) and `checker_function` as BFCL's
     checker reads it (eval_runner.evaluate_task loads the docs without the hints, and the Java /
     JavaScript types the hints rewrite to "string" are what its type checks key on)."""
-    from rstar2_cli.eval import reference
-
     utils = reference.bfcl_utils()
     rows = utils.load_dataset_entry(category, include_prereq=False, include_language_specific_hint=True)
     plain = {q["id"]: q["function"] for q in
@@ -97,9 +101,7 @@ def model_result(text: str) -> str:
 
 def check(problem: Problem, text: str) -> dict[str, Any]:
     """bfcl-eval's verdict on one response: {"valid": True} or {"valid": False, "error_type", "error", ...}."""
-    from bfcl_eval.constants.enums import Language, ReturnFormat
-
-    from rstar2_cli.eval import reference
+    from bfcl_eval.constants.enums import Language, ReturnFormat  # lazy: bfcl-eval is the optional eval-extra
 
     entry = {"id": problem.id, "question": [problem.extra["messages"]], "function": problem.extra["checker_function"]}
     category, handler, checkers = (
@@ -118,8 +120,6 @@ def check(problem: Problem, text: str) -> dict[str, Any]:
 
 def accuracy(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """BFCL's per-category accuracy (correct / total over every sample) and its non-live summary."""
-    from rstar2_cli.eval import reference
-
     unweighted = reference.bfcl_summary().calculate_unweighted_accuracy
     per: dict[str, list[float]] = {}
     for r in rows:
@@ -147,13 +147,6 @@ class BFCLFamily(MathFamily):
         return [p for group in zip_longest(*per) for p in group if p is not None]
 
     async def rollout(self, chunk: list[Problem], s, generator, tools, tokenizer) -> list:
-        import asyncio
-
-        from rstar2_cli.protocol.template import encode_messages, eos_token_ids
-        from rstar2_cli.rollout.agent_loop import instance_key, trajectory_seed
-        from rstar2_cli.rollout.engines import GenRequest
-        from rstar2_cli.rollout.trajectory import Trajectory
-
         cfg = s.rollout_config()
         eos = eos_token_ids(tokenizer)
 
@@ -181,8 +174,6 @@ class BFCLFamily(MathFamily):
         return list(await asyncio.gather(*jobs))
 
     def grade(self, trajs: list, problems: dict[str, Problem], s) -> list[dict[str, Any]]:
-        from rstar2_cli.eval import reference
-
         decoder = reference.bfcl_qwen_decoder()
         out = []
         for t in trajs:

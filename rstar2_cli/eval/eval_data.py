@@ -45,7 +45,7 @@ def file_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 def offline_hub() -> Iterator[None]:
     """huggingface_hub and datasets in offline mode for the block (their flags are module
     constants read from the environment at import), restored after."""
-    import datasets.config
+    import datasets.config  # lazy: datasets (~0.7 s), only for a set read from the Hub cache
     import huggingface_hub.constants as hub
 
     saved = hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE
@@ -58,7 +58,7 @@ def offline_hub() -> Iterator[None]:
 
 def hub_cache_rows(name: str) -> tuple[str, Iterator[tuple[int, dict[str, Any]]]]:
     """A set's rows from the local Hugging Face datasets cache, never the network."""
-    import datasets
+    import datasets  # lazy: datasets (~0.7 s), only for a set read from the Hub cache
 
     spec = HUB_IDS[name]
     try:

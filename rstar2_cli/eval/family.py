@@ -16,9 +16,11 @@ import asyncio
 from pathlib import Path
 from typing import Any, Iterator
 
+from rstar2_cli import reward
 from rstar2_cli.data.problems import (
     HUB_IDS, DataError, Problem, find_named_set_file, iter_rows, load_hub_source, load_problems, resolve_data_dir,
 )
+from rstar2_cli.rollout.agent_loop import run_agent_loop
 
 
 def final_answer_text(text: str) -> str:
@@ -64,7 +66,7 @@ def set_rows(name: str, data: str | None, data_dir: str | None) -> tuple[str, It
         return str(found), iter_rows(found)
     spec = HUB_IDS[name]
     try:
-        import datasets
+        import datasets  # lazy: datasets (~0.7 s), only for a set read from the Hub
 
         ds = datasets.load_dataset(spec.dataset_id, spec.config, split=spec.split)
     except Exception as e:  # offline, gated, renamed...: one line naming the set and the way out
@@ -113,15 +115,11 @@ class MathFamily:
         return load_hub_source(HUB_IDS[s.benchmark], s.benchmark)
 
     async def rollout(self, chunk: list[Problem], s, generator, tools, tokenizer) -> list:
-        from rstar2_cli.rollout.agent_loop import run_agent_loop
-
         return await run_agent_loop([(p.id, p.problem, p.answer) for p in chunk], s.samples, generator, tools,
                                     tokenizer, s.rollout_config(), seed=s.seed, progress=s.progress)
 
     def grade(self, trajs: list, problems: dict[str, Problem], s) -> list[dict[str, Any]]:
-        from rstar2_cli.reward import grade_batch
-
-        grades = grade_batch([(t.text, t.gold) for t in trajs], timeout=s.grade_timeout, mode=s.answer_mode)
+        grades = reward.grade_batch([(t.text, t.gold) for t in trajs], timeout=s.grade_timeout, mode=s.answer_mode)
         return [{"reward": g.reward, "extracted": g.extracted, "grade_reason": g.reason} for g in grades]
 
     def metrics(self, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -30,7 +30,9 @@ import statistics
 from typing import Any
 
 from rstar2_cli.data.problems import DataError, Problem
+from rstar2_cli.eval import reference
 from rstar2_cli.eval.family import MathFamily, final_answer_text, final_turn, load_set, require_fields
+from rstar2_cli.reward.extract import extract_answer
 
 # lm-eval 0.4.13 tasks/gpqa/cot_zeroshot/_gpqa_cot_zeroshot_yaml, doc_to_text (without its
 # "Let's think step by step: " tail: the release's prompt already asks for reasoning).
@@ -61,7 +63,6 @@ def problem_from_row(row: dict[str, Any], where: str, lineno: int) -> Problem:
     if bad or not row["Question"].strip():
         raise DataError(f"{where}:{lineno}: field {bad or 'Question'!r} must be non-empty text, "
                         f"got {row[bad or 'Question']!r}")
-    from rstar2_cli.eval import reference
 
     preprocess = reference.gpqa_preprocess()
     qid = str(row.get("Record ID") or row.get("id") or f"gpqa-{lineno:05d}")
@@ -77,8 +78,6 @@ def lm_eval_choices(texts: list[str], choices: list[list[str]]) -> list[str]:
     """lm-eval's flexible-extract result for each text: "(X)", or its fallback "[invalid]". One
     `apply` for the batch, as lm-eval filters a task's responses (each call first builds a
     table of every Unicode punctuation character)."""
-    from rstar2_cli.eval import reference
-
     if not texts:
         return []
     flt = reference.multi_choice_filter_class()(**FILTER_ARGS)
@@ -87,15 +86,11 @@ def lm_eval_choices(texts: list[str], choices: list[list[str]]) -> list[str]:
 
 def lm_eval_match(choice: str, gold: str) -> bool:
     """lm-eval's exact_match of one prediction with the GPQA yaml's settings."""
-    from rstar2_cli.eval import reference
-
     return bool(reference.lm_eval_exact_match()(predictions=[choice], references=[gold], **MATCH_ARGS)["exact_match"])
 
 
 def boxed_candidate(response_text: str) -> str:
     """What `gpqa_boxed` hands the filter: the final answer's last `\\boxed{}` first (module doc)."""
-    from rstar2_cli.reward.extract import extract_answer
-
     answer = final_answer_text(response_text)
     boxed = extract_answer(answer, "last_boxed").answer
     candidate = boxed if boxed is not None else answer

@@ -24,6 +24,7 @@ import statistics
 from typing import Any
 
 from rstar2_cli.data.problems import DataError, Problem
+from rstar2_cli.eval import reference
 from rstar2_cli.eval.family import MathFamily, final_answer_text, load_set, require_fields
 
 RANDOM_SEED = 0      # lm-eval's own default (evaluator.simple_evaluate: random_seed=0)
@@ -39,7 +40,6 @@ def problem_from_row(row: dict[str, Any], where: str, lineno: int) -> Problem:
         raise DataError(f"{where}:{lineno}: field 'kwargs' must be a list of objects (one per instruction)")
     if not isinstance(row["prompt"], str) or not row["prompt"].strip():
         raise DataError(f"{where}:{lineno}: field 'prompt' must be non-empty text")
-    from rstar2_cli.eval import reference
 
     known = reference.ifeval().instructions_registry.INSTRUCTION_DICT
     unknown = [i for i in ids if i not in known]
@@ -51,8 +51,6 @@ def problem_from_row(row: dict[str, Any], where: str, lineno: int) -> Problem:
 
 def score_response(doc: dict[str, Any], response: str) -> dict[str, Any]:
     """lm-eval's own per-response result: the two prompt-level booleans and two instruction lists."""
-    from rstar2_cli.eval import reference
-
     module = reference.ifeval()
     state = random.getstate()
     random.seed(RANDOM_SEED)
@@ -64,8 +62,6 @@ def score_response(doc: dict[str, Any], response: str) -> dict[str, Any]:
 
 def aggregate(results: list[dict[str, Any]]) -> dict[str, float]:
     """lm-eval's aggregation of per-response results (ifeval.yaml: mean, agg_inst_level_acc)."""
-    from rstar2_cli.eval import reference
-
     agg = reference.ifeval().agg_inst_level_acc
     return {
         "prompt_level_strict_acc": statistics.fmean(float(r["prompt_level_strict_acc"]) for r in results),

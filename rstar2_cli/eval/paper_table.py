@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from rstar2_cli.data.problems import DataError
+from rstar2_cli.eval import runner
 from rstar2_cli.eval.benchmarks import LEFT_OUT
 from rstar2_cli.eval.bfcl import ABSENT as BFCL_ABSENT
 from rstar2_cli.eval.bfcl import CATEGORIES as BFCL_CATEGORIES
@@ -175,13 +176,11 @@ def evaluate_table(settings_for: Callable[[str, str, str], Any], model: str, out
                    with_left_out: bool = True, no_data: dict[str, str] | None = None) -> dict[str, Any]:
     """`run_table` with `run_eval` on `settings_for(bench, ckpt, out)` (EvalSettings), loading
     each checkpoint's engine once for all its benchmarks."""
-    from rstar2_cli.eval.runner import EngineReuse, run_eval
-
-    engines = EngineReuse()
+    engines = runner.EngineReuse()
 
     def run_one(bench: str, ckpt: str, out: Path) -> dict[str, Any]:
         s = settings_for(bench, ckpt, str(out))
-        return run_eval(s, engine=engines.get(s))
+        return runner.run_eval(s, engine=engines.get(s))
 
     try:
         return run_table(run_one, model, out_dir, benchmarks, compare_model, with_left_out, no_data)

@@ -21,7 +21,17 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from rstar2_cli.eval.settings import EvalSettings
+from rstar2_cli.config import EngineConfig
+from rstar2_cli.eval.benchmarks import family_of
+from rstar2_cli.eval.family import grade_in_thread
+from rstar2_cli.eval.metrics import as_records, per_problem_summary, summarize
+from rstar2_cli.eval.reference import versions as reference_versions
+from rstar2_cli.eval.report import print_report
+from rstar2_cli.eval.settings import EvalSettings, context_length
+from rstar2_cli.rollout import engines
+from rstar2_cli.rollout.openai_engine import OpenAIEngine
+from rstar2_cli.rollout.scheduler import LoadBalancedScheduler
+from rstar2_cli.rollout.tool_sandbox import eval_tool_sandbox
 
 TRAJ_FILE = "trajectories.jsonl"
 RESULTS_FILE = "results.json"
@@ -78,11 +88,6 @@ def make_engines(s: EvalSettings) -> list:
     """The replicas `s` asks for, started one after another (each spawns its engine core under its
     own GPU visibility); an OpenAI-compatible server is one client. Started replicas are shut down
     if a later one fails to start."""
-    from rstar2_cli.config import EngineConfig
-    from rstar2_cli.eval.settings import context_length
-    from rstar2_cli.rollout import engines
-    from rstar2_cli.rollout.openai_engine import OpenAIEngine
-
     if s.engine == "openai":
         return [OpenAIEngine(base_url=s.base_url, model=s.model)]
     max_len = context_length(s)
@@ -119,19 +124,14 @@ async def _generate(s: EvalSettings, family, problems, tokenizer, out_file: Path
     `engine` / `tools`: an already running generator (or a list of them, which share the work
     through the load-balanced scheduler) and sandbox to reuse (the quickstart and the tests share
     one); otherwise they are started here and closed at the end."""
-    from rstar2_cli.eval.family import grade_in_thread
-
     async with AsyncExitStack() as stack:
         if engine is None:
             engine = make_engines(s)
             for e in engine:
                 stack.push_async_callback(e.close)
         if tools is None:
-            from rstar2_cli.rollout.tool_sandbox import eval_tool_sandbox
-
             tools = eval_tool_sandbox(s.sandbox_url, s.rollout_config())   # RL's limits and runner
             await stack.enter_async_context(tools)
-        from rstar2_cli.rollout.scheduler import LoadBalancedScheduler
 
         generator = LoadBalancedScheduler(list(engine) if isinstance(engine, (list, tuple)) else [engine])
         per_chunk = max(1, CHUNK_TRAJECTORIES // s.samples)
@@ -178,12 +178,7 @@ def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[
     seed comes from its problem and index, so results do not depend on which engine ran it. The
     prompt layout (`system_prompt`, `tools_in_prompt`, `protocol`) is part of the settings, so
     results.json records it."""
-    from transformers import AutoTokenizer
-
-    from rstar2_cli.eval.benchmarks import family_of
-    from rstar2_cli.eval.metrics import as_records, per_problem_summary, summarize
-    from rstar2_cli.eval.reference import versions as reference_versions
-    from rstar2_cli.eval.report import print_report
+    from transformers import AutoTokenizer  # lazy: transformers (~0.9 s); a finished eval's rerun needs no tokenizer
 
     out = Path(s.out_dir) if s.out_dir else default_out_dir(s)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rstar2_cli.config import PROTOCOL_FIELDS, RolloutConfig, Temperature, TopP
+from rstar2_cli.config import PROTOCOL_FIELDS, RolloutConfig, Temperature, TopP, load_recipe
 from rstar2_cli.eval.benchmarks import BENCHMARKS
+from rstar2_cli.eval.protocol_defaults import EVAL_DEFAULTS as D
 from rstar2_cli.models.checkpoint_config import checkpoint_config
+from rstar2_cli.rollout.engine_args import default_max_model_len
 
 
 # vLLM (config/model.py, _get_and_verify_max_len) leaves max_position_embeddings as it is for
@@ -48,8 +50,6 @@ def context_length(s: "EvalSettings") -> int:
     """The engine's context: `--max-model-len` when given, else the response budget plus the
     prompt's room, capped at the model's own limit (the engine then shortens each request's
     budget to what its prompt leaves)."""
-    from rstar2_cli.rollout.engines import default_max_model_len
-
     if s.max_model_len:
         return s.max_model_len
     want = default_max_model_len(s.max_tokens)
@@ -75,8 +75,6 @@ def rollout_fields(rollout: RolloutConfig) -> dict[str, Any]:
 def protocol_of_recipe(path: str) -> dict[str, Any]:
     """`protocol_of_rollout` of the RL recipe at `path` (ConfigError naming the file if it is not
     a valid recipe)."""
-    from rstar2_cli.config import load_recipe
-
     return protocol_of_rollout(load_recipe(path).rollout)
 
 
@@ -88,21 +86,21 @@ class EvalSettings(BaseModel):
     data: str | None = None                          # a jsonl with id, problem, answer (custom set)
     data_dir: str | None = None                      # local folder laid out like shared/data
     out_dir: str | None = None
-    samples: int = Field(16, ge=1)                   # k in avg@k
-    temperature: Temperature = 0.6                   # bounds: config.Temperature / TopP, as a recipe's
-    top_p: TopP = 0.95
-    max_tokens: int = Field(30000, ge=1)             # response budget, tool tokens included
-    max_turns: int = Field(30, ge=1)
+    samples: int = Field(D["samples"], ge=1)         # k in avg@k (defaults: eval/protocol_defaults.py)
+    temperature: Temperature = D["temperature"]      # bounds: config.Temperature / TopP, as a recipe's
+    top_p: TopP = D["top_p"]
+    max_tokens: int = Field(D["max_tokens"], ge=1)   # response budget, tool tokens included
+    max_turns: int = Field(D["max_turns"], ge=1)
     limit: int | None = Field(None, ge=1)            # only the first N problems
-    seed: int = 0
-    answer_mode: Literal["outcome", "strict_answer_tag", "last_boxed"] = "outcome"   # as reward.mode
+    seed: int = D["seed"]
+    answer_mode: Literal["outcome", "strict_answer_tag", "last_boxed"] = D["answer_mode"]   # as reward.mode
     system_prompt: str | None = None                 # as the RL recipe's rollout.system_prompt
-    tools_in_prompt: bool = True                     # as rollout.tools_in_prompt
-    use_tools: bool = True                           # False (--no-tools): no tool schema and one turn, so
+    tools_in_prompt: bool = D["tools_in_prompt"]     # as rollout.tools_in_prompt
+    use_tools: bool = D["use_tools"]                 # False (--no-tools): no tool schema and one turn, so
                                                      # the answer comes from reasoning alone
     protocol: dict[str, Any] = Field(default_factory=dict)   # rollout.<field> of the RL recipe, for
                                                      # the fields in config.PROTOCOL_FIELDS; {}: the release's
-    engine: Literal["vllm", "openai"] = "vllm"
+    engine: Literal["vllm", "openai"] = D["engine"]
     base_url: str | None = None                      # for --engine openai
     tokenizer: str | None = None                     # for --engine openai (default: model)
     sandbox_url: str | None = None                   # remote sandbox; None = embedded pool
@@ -111,7 +109,7 @@ class EvalSettings(BaseModel):
     # GPU ids, tensor_parallel_size of them; None: one replica on the default device
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_groups: list[list[int]] | None = None
-    seed_requests: Literal["auto", True, False] = "auto"   # as rollout.seed_requests (rollout/generation.py)
+    seed_requests: Literal["auto", True, False] = D["seed_requests"]  # as rollout.seed_requests
     cpu_kvcache_space_gb: int = Field(1, ge=1)
     grade_timeout: float = Field(5.0, gt=0.0)
     progress: bool = True

@@ -67,7 +67,7 @@ def visible_gpus(gpu_ids: Sequence[int], env: MutableMapping[str, str] | None = 
 def local_gpu_memory() -> tuple[float, str] | None:
     """(GiB, device name) of this node's first GPU, or None without one (a login node)."""
     try:
-        import torch
+        import torch  # lazy: torch (~1 s); a login node plans without it, or has none
     except ImportError:
         return None
     if not torch.cuda.is_available():

@@ -64,6 +64,6 @@ def master_store(host: str = LOCALHOST, world_size: int = 1,
                  timeout: datetime.timedelta = datetime.timedelta(minutes=5)) -> "dist.TCPStore":
     """The rendezvous store of a new process group, on a port the store binds itself
     (`store.port` gives it to the other ranks)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch (~1 s); weight_sync takes PortReservation without it
 
     return dist.TCPStore(host, 0, world_size=world_size, is_master=True, timeout=timeout)

@@ -38,7 +38,7 @@ class LaunchSizes:
 def visible_gpu_count() -> int:
     """GPUs this process can see (0 without CUDA)."""
     try:
-        import torch
+        import torch  # lazy: torch (~1 s); `rstar2 rl --dry-run` plans on a login node without it
     except ImportError:
         return 0
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

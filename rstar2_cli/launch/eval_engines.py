@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rstar2_cli.hosts.gpu_visibility import local_gpu_memory
 from rstar2_cli.launch import memory_plan as mp
 from rstar2_cli.launch.model_shape import Qwen3Shape
 from rstar2_cli.models.checkpoint_config import checkpoint_config
@@ -105,12 +106,10 @@ def checkpoint_shape(model: str) -> Qwen3Shape | None:
 
 def local_gpus() -> tuple[int, float | None]:
     """(GPUs this process sees, GiB of the first) — (0, None) without one."""
-    from rstar2_cli.hosts.gpu_visibility import local_gpu_memory
-
     card = local_gpu_memory()
     if card is None:
         return 0, None
-    import torch
+    import torch  # lazy: torch may be absent (a login node); local_gpu_memory found it
 
     return torch.cuda.device_count(), card[0]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers.utils import is_flash_attn_2_available
 
 ATTN_IMPLEMENTATIONS = ("auto", "flash_attention_2", "sdpa")
 LAYOUT_OF = {"flash_attention_2": "packed", "sdpa": "padded"}
@@ -67,8 +68,6 @@ def choose_attention(requested: str, device_type: str, dtype: torch.dtype, flash
 
 def flash_attention_available() -> bool:
     """Whether transformers can run flash_attention_2 here (the package imports, on CUDA or ROCm)."""
-    from transformers.utils import is_flash_attn_2_available
-
     return bool(is_flash_attn_2_available())
 
 

@@ -26,8 +26,13 @@ import random
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import torch
+from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+from tokenizers.models import BPE
+from transformers import AddedToken, GenerationConfig, Qwen2Tokenizer, Qwen3Config, Qwen3ForCausalLM
+
 from rstar2_cli.protocol.parser import format_tool_call
-from rstar2_cli.protocol.template import USER_PROMPT, install_chat_template
+from rstar2_cli.protocol.template import USER_PROMPT, chat_template, install_chat_template
 from rstar2_cli.protocol.tools import TOOLS
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -65,7 +70,6 @@ _REASONS = [
 def default_corpus(seed: int = 0, lines: int = 1200) -> Iterator[str]:
     """Synthetic text in our formats: prompts, reasoning, tool calls and responses, math and code."""
     rng = random.Random(seed)
-    from rstar2_cli.protocol.template import chat_template
     yield chat_template()
     for tool in TOOLS.values():
         yield json.dumps(tool.schema(), ensure_ascii=False)
@@ -86,13 +90,10 @@ def default_corpus(seed: int = 0, lines: int = 1200) -> Iterator[str]:
 
 def build_tokenizer(corpus: Iterable[str], vocab_size: int):
     """Train a byte-level BPE on `corpus` and wrap it as a Qwen2Tokenizer with our chat template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import AddedToken, Qwen2Tokenizer
-
     n_added = len(SPECIAL_TOKENS) + len(PROTOCOL_TOKENS)
     if vocab_size < 256 + n_added + 16:
         raise ValueError(f"vocab_size must be >= {256 + n_added + 16} (256 bytes + added tokens), got {vocab_size}")
-    bpe = Tokenizer(models.BPE())
+    bpe = Tokenizer(BPE())
     bpe.normalizer = normalizers.NFC()
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
@@ -142,9 +143,6 @@ def build_qwen3_style_tokenizer():
     the same conventions (eos <|im_end|>, pad <|endoftext|>, non-special tool tags). Its own chat
     template is deliberately NOT ours, as with a stock Qwen3 tokenizer.
     """
-    from tokenizers import pre_tokenizers
-    from transformers import AddedToken, Qwen2Tokenizer
-
     vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     for tok, special in QWEN3_ADDED_TOKENS:
         if special:
@@ -165,9 +163,6 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 51
 
     Deterministic: the same arguments give byte-identical weights and tokenizer files.
     """
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
     if head_dim not in VLLM_CPU_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {VLLM_CPU_HEAD_DIMS} (vLLM CPU attention), got {head_dim}")
     if num_heads % num_kv_heads:

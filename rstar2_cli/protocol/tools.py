@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from rstar2_cli.protocol.code_runner import release_runner_source
+
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
                "object": dict, "array": list}
 
@@ -66,7 +68,6 @@ class ToolSpec:
             return {"code": arguments["code"], "stdin": None, "session": session}
         code = arguments["code"]
         if code_runner == "release":
-            from rstar2_cli.protocol.code_runner import release_runner_source
             code = release_runner_source(code)
         return {"code": code, "stdin": arguments.get("input") or None, "session": None}
 

@@ -20,8 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
+from rstar2_cli.config import load_recipe_dict
+from rstar2_cli.eval.runner import TRAJ_FILE, load_done, run_eval
+from rstar2_cli.eval.settings import EvalSettings
 from rstar2_cli.quickstart.prepare import PreparedToy, prepare_toy
+from rstar2_cli.quickstart.report import write_report
 from rstar2_cli.quickstart.settings import TOY_PROTOCOL, TOY_SYSTEM_PROMPT, QuickstartSettings, toy_rl_recipe
+from rstar2_cli.rl.launch_entry import trainer_for
+from rstar2_cli.rl.trainer import RLTrainer
+from rstar2_cli.sft.settings import SftConfig
+from rstar2_cli.sft.trainer import run_sft
 
 # Fig. 4's quantity is measured on the training rollouts; one step is noisy (and both methods
 # reach 0 once the errors are gone), so the "final" value is the mean over the second half of RL.
@@ -58,9 +68,6 @@ class RlRun:
 
 
 def sft_stage(s: QuickstartSettings, prep: PreparedToy, progress: bool) -> str:
-    from rstar2_cli.sft.settings import SftConfig
-    from rstar2_cli.sft.trainer import run_sft
-
     cfg = SftConfig(name="quickstart-sft", model=str(prep.model_dir), data=[str(prep.sft_file)],
                     out_dir=str(s.out / "sft"), max_steps=s.sft_steps, lr=s.sft_lr, warmup_ratio=0.05,
                     lr_scheduler="cosine", batch_size=s.sft_batch_size, per_device_batch_size=s.sft_batch_size,
@@ -74,11 +81,6 @@ def heldout_eval(s: QuickstartSettings, prep: PreparedToy, model: str, out_dir: 
     """`run_eval` on the held-out set with the toy prompt; returns the numbers the report plots.
 
     With `engine` given, `model` only names the run in results.json."""
-    from rich.console import Console
-
-    from rstar2_cli.eval.runner import TRAJ_FILE, load_done, run_eval
-    from rstar2_cli.eval.settings import EvalSettings
-
     settings = EvalSettings(benchmark="toy-heldout", model=model, data=str(prep.heldout_file), out_dir=str(out_dir),
                             tokenizer=tokenizer, samples=s.eval_samples, temperature=s.eval_temperature, top_p=1.0,
                             max_tokens=s.max_response_tokens, max_turns=s.max_turns, seed=s.seed,
@@ -98,10 +100,6 @@ def heldout_eval(s: QuickstartSettings, prep: PreparedToy, model: str, out_dir: 
 
 def rl_stage(s: QuickstartSettings, prep: PreparedToy, sft_model: str, *, roc: bool, progress: bool) -> RlRun:
     """One RL run through `RLTrainer.train()`, with held-out points taken from its `on_step` hook."""
-    from rstar2_cli.config import load_recipe_dict
-    from rstar2_cli.rl.launch_entry import trainer_for
-    from rstar2_cli.rl.trainer import RLTrainer
-
     label = "roc" if roc else "grpo"
     out = s.out / (f"rl_{label}" + (f"_k{s.max_staleness}" if s.max_staleness else "")
                    + ("_partial" if s.partial_rollout else ""))
@@ -136,8 +134,6 @@ def rl_stage(s: QuickstartSettings, prep: PreparedToy, sft_model: str, *, roc: b
 
 def run_quickstart(s: QuickstartSettings, *, progress: bool = True) -> dict[str, Any]:
     """Run the whole quickstart; writes report.json, report.md and report.png under s.out_dir."""
-    from rstar2_cli.quickstart.report import write_report
-
     s.out.mkdir(parents=True, exist_ok=True)
     (s.out / "settings.json").write_text(s.model_dump_json(indent=2))
     started = time.perf_counter()

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from sandbox import Limits, Sandbox
+
+from rstar2_cli.models.tiny import build_qwen3_style_tokenizer, build_tiny_model
+from rstar2_cli.protocol.template import render_messages
 from rstar2_cli.quickstart.settings import TOY_PROTOCOL, TOY_SYSTEM_PROMPT, QuickstartSettings
 from rstar2_cli.quickstart.toy_sft_data import BehaviourMix, make_sft_rows
 from rstar2_cli.quickstart.toy_task import make_toy_split
@@ -39,19 +43,12 @@ def conversation_texts(rows: list[dict[str, Any]]) -> Iterator[str]:
 
     Rendering needs only a tokenizer object to host the template, not the tokenizer being built,
     so a merge-free byte-level one serves."""
-    from rstar2_cli.models.tiny import build_qwen3_style_tokenizer
-    from rstar2_cli.protocol.template import render_messages
-
     host = build_qwen3_style_tokenizer()
     for r in rows:
         yield render_messages(host, r["messages"], r.get("tools"), force_reason=TOY_PROTOCOL["force_reason"])
 
 
 def prepare_toy(s: QuickstartSettings, root: Path) -> PreparedToy:
-    from sandbox import Limits, Sandbox
-
-    from rstar2_cli.models.tiny import build_tiny_model
-
     train, heldout = make_toy_split(s.seed, s.n_train, s.n_heldout)
     data = root / "data"
     train_file, heldout_file, sft_file = data / "train.jsonl", data / "heldout.jsonl", data / "sft.jsonl"

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from rstar2_cli.quickstart.report import roc_advantage
+from rstar2_cli.quickstart.report import roc_advantage, running_mean, save_figure
 from rstar2_cli.quickstart.settings import QuickstartSettings
 
 # (report path, label): the quantities summarised over seeds; `roc.x` is report["roc"]["x"].
@@ -74,15 +74,12 @@ def summarise(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_seeds(base: QuickstartSettings, seeds: Sequence[int],
-              run_one: Callable[[QuickstartSettings], dict[str, Any]] | None = None,
-              *, progress: bool = True) -> dict[str, Any]:
-    """The quickstart per seed into `<out>/seed_<n>/`, then the summary report in `<out>`.
+              run_one: Callable[[QuickstartSettings], dict[str, Any]]) -> dict[str, Any]:
+    """`run_one` (the quickstart: pipeline.run_quickstart) per seed into `<out>/seed_<n>/`, then the
+    summary report in `<out>`.
 
     A seed whose folder already holds a report made with the same settings is not rerun (an
     interrupted sweep resumes where it stopped)."""
-    from rstar2_cli.quickstart.pipeline import run_quickstart
-
-    run_one = run_one or (lambda s: run_quickstart(s, progress=progress))
     base.out.mkdir(parents=True, exist_ok=True)
     reports = []
     for seed in seeds:
@@ -140,8 +137,6 @@ def seeds_figure(reports: Sequence[dict[str, Any]]):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from rstar2_cli.quickstart.report import running_mean
-
     fig, (ax_err, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for label, name in (("roc", "GRPO-RoC"), ("grpo", "GRPO")):
         runs = [r[label] for r in reports if label in r]
@@ -168,8 +163,6 @@ def seeds_figure(reports: Sequence[dict[str, Any]]):
 
 def plot_seeds(reports: Sequence[dict[str, Any]], path: Path) -> None:
     """`seeds_figure` written to `path` as one PNG."""
-    from rstar2_cli.quickstart.report import save_figure
-
     fig, axes = seeds_figure(reports)
     save_figure(fig, axes, path)
 

@@ -24,6 +24,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from rstar2_cli.protocol.responses import response_text
+from rstar2_cli.protocol.template import problem_messages
+from rstar2_cli.protocol.tools import get_tools, tool_schemas
 from rstar2_cli.quickstart.settings import TOY_PROTOCOL, QuickstartSettings
 from rstar2_cli.quickstart.toy_task import ToyProblem
 
@@ -85,8 +88,6 @@ def plan_conversation(p: ToyProblem, behaviour: str, rng: random.Random,
 
     `system_prompt` must be the RL recipe's `rollout.system_prompt` (None: the paper's), so the
     SFT conversations start with exactly the prompt the agent loop renders."""
-    from rstar2_cli.protocol.template import problem_messages
-
     msgs = problem_messages(p.problem, system_prompt)
     good = f"print({p.expression})"
     if behaviour == "guess":
@@ -110,8 +111,6 @@ def plan_conversation(p: ToyProblem, behaviour: str, rng: random.Random,
 
 async def fill_tool_outputs(conversations: list[list[dict[str, Any]]], sandbox, max_chars: int) -> None:
     """Run every planned call in the sandbox and put the formatted output in its tool message."""
-    from rstar2_cli.protocol.responses import response_text
-
     slots: list[tuple[dict[str, Any], str]] = []
     for msgs in conversations:
         pending = None
@@ -132,8 +131,6 @@ async def make_sft_rows(problems: list[ToyProblem], seed: int, sandbox, *, mix: 
 
     `system_prompt` / `tools_in_prompt` must equal the RL recipe's `rollout` settings: the SFT
     token layout then matches the agent loop's prompt exactly."""
-    from rstar2_cli.protocol.tools import get_tools, tool_schemas
-
     rng = random.Random(f"rstar2-toy-sft-{seed}")
     mix = mix or BehaviourMix()
     behaviours = [mix.pick(rng) for _ in problems]

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
+from rstar2_cli.reward.verify import job_verdict, prepare_worker
+
 _PRELOAD = ["rstar2_cli.reward.verify", "math_verify", "sympy"]
 _MAX_STARTUP_FAILURES = 3
 _CLOSE_GRACE_S = 1.0
@@ -47,7 +49,6 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         except (ValueError, OSError):
             pass  # a lower hard limit is already in place
-    from rstar2_cli.reward.verify import job_verdict, prepare_worker
 
     prepare_worker()
     conn.send(("ready", os.getpid()))

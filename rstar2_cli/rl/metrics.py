@@ -227,7 +227,7 @@ class MetricsWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is optional (train.tensorboard)
             except ImportError as e:
                 raise RuntimeError("train.tensorboard is on but tensorboard is not installed: "
                                    "pip install tensorboard") from e

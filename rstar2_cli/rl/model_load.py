@@ -26,6 +26,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 LOAD_METHODS = ("slices", "broadcast", "full")
 DEFAULT_LOAD_METHOD = "slices"
@@ -46,8 +54,6 @@ def shard_model(model, mp_policy=None) -> None:
     parameters' dtype). It is never handed on as None: `fully_shard` stores whatever it gets and
     its pre-forward hook reads `mp_policy.cast_forward_inputs`, so None would fail the first
     forward with an AttributeError (torch/distributed/fsdp/_fully_shard/_fsdp_state.py)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     policy = MixedPrecisionPolicy() if mp_policy is None else mp_policy
     if not isinstance(policy, MixedPrecisionPolicy):
         raise TypeError(f"mp_policy: expected a torch.distributed.fsdp.MixedPrecisionPolicy, got {policy!r}")
@@ -84,8 +90,6 @@ def build_policy_model(path: str, *, sharded: bool, device: torch.device, mp_pol
     (every rank loads the whole model with `from_pretrained`, then shards it: the baseline
     of benchmarks/timing/bench_load_memory.py). Unsharded runs always use `from_pretrained`.
     `mp_policy` None: fp32 compute (see `shard_model`); `attn_implementation` as models/attention.py chose."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
     if method not in LOAD_METHODS:
         raise ValueError(f"load method {method!r}: expected one of {', '.join(LOAD_METHODS)}")
     if not sharded or method == "full":
@@ -138,11 +142,8 @@ def checkpoint_files(hf_dir: Path) -> list[Path]:
 
 def _local_slices(value: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
     """(this rank's local tensor, the slices of the full tensor it holds)."""
-    from torch.distributed.tensor import DTensor
-
     if not isinstance(value, DTensor):
         return value, tuple(slice(0, n) for n in value.shape)
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     shape, offset = compute_local_shape_and_global_offset(value.shape, value.device_mesh, value.placements)
     return value.to_local(), tuple(slice(o, o + n) for n, o in zip(shape, offset))
@@ -152,8 +153,6 @@ def _local_slices(value: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]
 def fill_from_safetensors(model, hf_dir: Path) -> None:
     """Copy this rank's part of every parameter and persistent buffer from the checkpoint in
     `hf_dir` (sharded or not), casting to the model's dtype; reads nothing else."""
-    from safetensors import safe_open
-
     hf_dir = Path(hf_dir)
     tied = tied_sources(model)
     with ExitStack() as stack:
@@ -173,8 +172,6 @@ def fill_from_safetensors(model, hf_dir: Path) -> None:
 
 def read_full_state(hf_dir: Path, model) -> dict[str, torch.Tensor]:
     """The checkpoint as one dict in its own dtype, tied names filled in (rank 0 of `broadcast`)."""
-    from safetensors.torch import load_file
-
     state: dict[str, torch.Tensor] = {}
     for f in checkpoint_files(hf_dir):
         state.update(load_file(str(f)))
@@ -187,8 +184,5 @@ def read_full_state(hf_dir: Path, model) -> dict[str, torch.Tensor]:
 def broadcast_from_rank0(model, hf_dir: Path) -> None:
     """Rank 0 reads the checkpoint; torch.distributed.checkpoint sends each tensor to all ranks,
     which keep their shard (cast to fp32 on copy)."""
-    import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     state = read_full_state(Path(hf_dir), model) if dist.get_rank() == 0 else {}
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))

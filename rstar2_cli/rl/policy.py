@@ -55,6 +55,9 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.tensor import DTensor
 
 from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.models.attention import LAYOUT_OF, resolve_attention
@@ -147,8 +150,6 @@ class PolicyTrainer:
         self.layout = layout or LAYOUT_OF[self.attention.implementation]
         mp = None
         if self.sharded:
-            from torch.distributed.fsdp import MixedPrecisionPolicy
-
             mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
         placing = dict(sharded=self.sharded, device=self.device, mp_policy=mp,
                        gradient_checkpointing=model_cfg.gradient_checkpointing,
@@ -370,8 +371,6 @@ class PolicyTrainer:
         no copy), so consume them before the next update()."""
         if not self.sharded:
             return iter([(k, v.detach()) for k, v in self.model.state_dict().items()])
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return iter(list(sd.items()))
 
@@ -386,8 +385,6 @@ class PolicyTrainer:
         with `full_state_dict`). Non-host ranks get an empty list."""
         if not self.sharded:
             return list(self.full_state_dict())
-        from torch.distributed.tensor import DTensor
-
         kept: list[tuple[str, torch.Tensor]] = []
         for name, value in self.model.state_dict().items():
             full = value.full_tensor() if isinstance(value, DTensor) else value

@@ -133,6 +133,7 @@ class PreemptionWatch:
     def agreed(self) -> bool:
         """Whether any rank has been signalled; a collective (every rank calls it at the same
         step boundary), so all ranks stop at the same step."""
+        # lazy: rl.dist loads torch, and `rstar2 --help` imports this module (commands/rl.py)
         from rstar2_cli.rl import dist as rl_dist
 
         if not rl_dist.is_distributed():

@@ -51,7 +51,8 @@ def engine_process_env(tensor_parallel_size: int, *, eager: bool, env=os.environ
     Only the spawn sees them: this process's environment is as it was afterwards."""
     wanted = {"OMP_NUM_THREADS": str(reserved_cpus(tensor_parallel_size, env))}
     if eager:
-        import torch._dynamo.config  # noqa: F401  (read now: this process's torch.compile keeps its setting)
+        # lazy: torch's compile config, read now, before the spawn, so this process keeps its setting
+        import torch._dynamo.config  # noqa: F401
 
         wanted[COMPILE_OFF_ENV] = "1"
     added = [name for name in wanted if not env.get(name)]

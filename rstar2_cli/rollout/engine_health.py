@@ -89,7 +89,7 @@ def engine_core_processes(pid: int | None = None) -> list[Any]:
 
 
 def _is_engine_dead_error(e: BaseException) -> bool:
-    from vllm.v1.engine.exceptions import EngineDeadError
+    from vllm.v1.engine.exceptions import EngineDeadError  # lazy: vLLM: imported only where it runs
 
     return isinstance(e, EngineDeadError)
 

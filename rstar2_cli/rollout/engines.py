@@ -42,8 +42,12 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from rstar2_cli.hosts.gpu_visibility import visible_gpus
 from rstar2_cli.rollout.engine_args import default_max_model_len, engine_kwargs
+from rstar2_cli.rollout.engine_cpus import engine_process_env
+from rstar2_cli.rollout.engine_env import engine_spawn_env
 from rstar2_cli.rollout.engine_health import HealthWatch
 from rstar2_cli.rollout.generation import (Engine, EngineRequestError, GenRequest, GenResult, sampling_params,
                                           seeds_requests, to_result, version_spans)
@@ -51,8 +55,6 @@ from rstar2_cli.rollout.weight_sync.backends import engine_weight_sync_args
 from rstar2_cli.rollout.weight_sync.chunked import load_chunks, push_weights
 
 if TYPE_CHECKING:
-    import torch
-
     from rstar2_cli.config import EngineConfig
 
 __all__ = ["Engine", "GenRequest", "GenResult", "VLLMEngine", "default_max_model_len", "version_spans"]
@@ -121,8 +123,6 @@ class VLLMEngine:
         temperature other than 1, where the two differ. `seed_requests`: `rollout.seed_requests`
         (bool, or "auto": on CPU only; rollout/generation.py says what a seed costs on GPU); `seed`,
         the engine's own seed, drives the requests that carry none."""
-        import torch
-
         on_cpu = not torch.cuda.is_available()
         if dtype == "auto":
             dtype = "float32" if on_cpu else "bfloat16"
@@ -131,7 +131,7 @@ class VLLMEngine:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gb)
             # In-process worker inside the engine-core process: ~3x faster start on CPU.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.engine.arg_utils import AsyncEngineArgs  # lazy: vLLM: imported only where it runs
 
         blocks = block = None
         if kv_cache_tokens is not None:
@@ -174,8 +174,8 @@ class VLLMEngine:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
     async def _start(self, engine_args: Any) -> Any:
-        from vllm.v1.engine.async_llm import AsyncLLM
-        from vllm.v1.metrics.loggers import StatLoggerBase
+        from vllm.v1.engine.async_llm import AsyncLLM  # lazy: vLLM: imported only where it runs
+        from vllm.v1.metrics.loggers import StatLoggerBase  # lazy: vLLM: imported only where it runs
 
         engine = self
 
@@ -192,15 +192,9 @@ class VLLMEngine:
             def log_engine_initialized(self) -> None:
                 pass
 
-        import torch
-
-        from rstar2_cli.rollout.engine_env import engine_spawn_env
-
         with engine_spawn_env(sleep_mode=bool(engine_args.enable_sleep_mode)):   # no torchrun agent vars
             if torch.cuda.is_available():
                 return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])
-            from rstar2_cli.rollout.engine_cpus import engine_process_env
-
             with engine_process_env(engine_args.tensor_parallel_size, eager=engine_args.enforce_eager):
                 return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_KVUsage])   # the core inherits it
 
@@ -212,7 +206,7 @@ class VLLMEngine:
         return sampling_params(req, max_model_len=self.max_model_len, seeded=self.seed_requests)
 
     async def _generate_on_loop(self, req: GenRequest) -> GenResult:
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # lazy: vLLM: imported only where it runs
 
         params = self._sampling_params(req)
         final = None

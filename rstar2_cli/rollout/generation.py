@@ -111,8 +111,8 @@ def sampling_params(req: GenRequest, *, max_model_len: int, seeded: bool) -> Any
     (no detokenizing, stop by id), the final output only, `req.seed` only when `seeded`. The
     budget is cut to what the prompt leaves; a prompt that leaves nothing is the request's
     EngineRequestError."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm import SamplingParams  # lazy: vLLM: imported only where it runs
+    from vllm.sampling_params import RequestOutputKind  # lazy: vLLM: imported only where it runs
 
     room = max_model_len - len(req.prompt_ids)
     if room < 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from rstar2_cli.rollout.engines import GenRequest, GenResult
+from rstar2_cli.rollout.generation import GenRequest, GenResult
 from rstar2_cli.rollout.generation import EngineRequestError
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ import itertools
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from rstar2_cli.rollout.engines import Engine, GenRequest, GenResult
+    from rstar2_cli.rollout.generation import Engine, GenRequest, GenResult
 
 
 class ReplicaLoad(NamedTuple):

@@ -11,6 +11,9 @@ read the values from each caller's settings; eval has no sandbox section, so it 
 from __future__ import annotations
 
 from rstar2_cli.config import RecipeConfig, RolloutConfig, SandboxConfig
+from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE
+from sandbox import Limits, Sandbox
+from sandbox.service.client import RemoteSandbox
 
 
 def tool_sandbox(url: str | None, *, tool_timeout: float, memory_mb: int, workers: int | None = None,
@@ -18,12 +21,7 @@ def tool_sandbox(url: str | None, *, tool_timeout: float, memory_mb: int, worker
     """A `RemoteSandbox(url)`, or without a URL an embedded pool (not started) whose calls get
     `tool_timeout` seconds of wall and CPU time and `memory_mb`."""
     if url:
-        from sandbox.service.client import RemoteSandbox
-
         return RemoteSandbox(url)
-    from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE
-    from sandbox import Limits, Sandbox
-
     return Sandbox(workers=workers, isolation=isolation,
                    limits=Limits(timeout=tool_timeout, cpu_time=tool_timeout, memory_mb=memory_mb),
                    preludes=(RUNNER_PRELUDE,))

@@ -23,12 +23,16 @@ import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import httpx
+from rich.table import Table
 
 from rstar2_cli.sandbox_bench.server import server_process
 from rstar2_cli.sandbox_bench.timing import percentile_ms, timed
+from sandbox.service.client import RemoteSandbox
 from sandbox.service.codejudge_client import call_long_batch, submission
+from sandbox.service.embedded import build_sandbox
 from sandbox.service.executor_template import wrap_code
 
 # (code, the stdout a correct run prints); the sympy one echoes its last expression
@@ -119,9 +123,6 @@ async def run_client_bench(sandbox_kwargs: dict, workloads: list[str], concurren
                            batch_size: int, port: int, rounds: int = 3) -> dict:
     """Every row, interleaved: `rounds` rounds, each running every row for 1/rounds of its calls,
     so that a change in the machine's load (it is shared) hits all rows alike."""
-    from sandbox.service.client import RemoteSandbox
-    from sandbox.service.embedded import build_sandbox
-
     unknown = [w for w in workloads if w not in CODEJUDGE_WORKLOADS]
     if unknown:
         raise ValueError(f"--workloads: {unknown} have no codejudge form; choose from {list(CODEJUDGE_WORKLOADS)}")
@@ -182,8 +183,6 @@ def calls_for(name: str, calls: int) -> int:
 
 
 def render_client_table(report: dict):
-    from rich.table import Table
-
     load = ", ".join(f"{x:.1f}" for x in report["load_average"])
     table = Table(title=f"bench-tools --client codejudge (concurrency {report['concurrency']}, long-batch of "
                         f"{report['batch_size']}, {report['rounds']} interleaved rounds; load average after: {load})")
@@ -201,8 +200,6 @@ def render_client_table(report: dict):
 def client_bench_main(sandbox_kwargs: dict, workloads: list[str], concurrency: int, calls: int, batch_size: int,
                       port: int, json_path, console, rounds: int = 3) -> dict:
     """Run the client benchmark, print its table, write JSON when asked."""
-    from pathlib import Path
-
     with console.status(f"bench-tools --client codejudge: embedded and HTTP rows, {rounds} interleaved rounds"):
         report = asyncio.run(run_client_bench(sandbox_kwargs, workloads, concurrency, calls, batch_size, port,
                                               rounds))

@@ -8,15 +8,22 @@ Works against anything with the Sandbox API: the embedded pool or a `RemoteSandb
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from textwrap import shorten
 from typing import Callable
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
 from rstar2_cli.sandbox_bench.timing import percentile_ms
+from sandbox.service.client import RemoteSandbox, SandboxUnreachable
+from sandbox.service.embedded import build_sandbox
 
 
 @dataclass(frozen=True)
@@ -190,8 +197,6 @@ async def run_bench(sb, cfg: BenchConfig, progress=None, target: str = "embedded
 
 
 def render_table(report: dict):
-    from rich.table import Table
-
     table = Table(title=f"bench-tools ({report['target']})")
     for col in ("workload", "mode", "conc.", "calls", "calls/s", "p50 ms", "p95 ms", "p99 ms", "errors", "vs baseline"):
         table.add_column(col, justify="left" if col in ("workload", "mode") else "right")
@@ -205,8 +210,6 @@ def render_table(report: dict):
 
 async def probe_server(url: str, timeout: float = PROBE_S) -> None:
     """One /status request, no retries: a ValueError in one line when nothing answers at `url`."""
-    from sandbox.service.client import RemoteSandbox, SandboxUnreachable
-
     try:
         async with RemoteSandbox(url, timeout=timeout, retries=0) as sb:
             await sb.status()
@@ -220,14 +223,6 @@ async def probe_server(url: str, timeout: float = PROBE_S) -> None:
 
 def bench_main(cfg: BenchConfig, url: str | None, sandbox_kwargs: dict, json_path, console) -> dict:
     """`rstar2 bench-tools`: run the benchmark with a progress bar, print the table, write JSON."""
-    import json
-    from pathlib import Path
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from sandbox.service.client import RemoteSandbox
-    from sandbox.service.embedded import build_sandbox
-
     if url:
         asyncio.run(probe_server(url))
     sb = RemoteSandbox(url) if url else build_sandbox(sandbox_kwargs)

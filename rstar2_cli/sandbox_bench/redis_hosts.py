@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import redis
+from rich.table import Table
 
 from rstar2_cli.sandbox_bench.codejudge import CODEJUDGE_WORKLOADS, calls_for
 from rstar2_cli.sandbox_bench.server import server_process
 from rstar2_cli.sandbox_bench.timing import percentile_ms, timed
 from sandbox.redis_mode.local_server import free_port, redis_server_process
 from sandbox.redis_mode.wire import RedisConfig
+from sandbox.service.client import RemoteSandbox
 from sandbox.redis_mode.worker import worker_argv
 
 
@@ -46,8 +52,6 @@ def _start_host(url: str, sandbox_kwargs: dict, concurrency: int) -> subprocess.
 
 
 def _wait_hosts(url: str, n: int) -> None:
-    import redis
-
     r, key = redis.Redis.from_url(url), RedisConfig(url).heartbeat("*")
     deadline = time.monotonic() + 180
     while len(list(r.scan_iter(match=key))) < n:
@@ -57,8 +61,6 @@ def _wait_hosts(url: str, n: int) -> None:
 
 
 async def _measure(url: str, name: str, c: int, n: int) -> tuple[float, list[float], list[str]]:
-    from sandbox.service.client import RemoteSandbox
-
     code, expect = CODEJUDGE_WORKLOADS[name]
     async with RemoteSandbox(url) as remote:
         async def one() -> str | None:
@@ -106,11 +108,6 @@ def run_redis_bench(sandbox_kwargs: dict, workloads: list[str], concurrency: int
 
 def redis_bench_main(sandbox_kwargs: dict, workloads: list[str], concurrency: int, calls: int, json_path,
                      console) -> dict:
-    import json
-    from pathlib import Path
-
-    from rich.table import Table
-
     unknown = [w for w in workloads if w not in CODEJUDGE_WORKLOADS]
     if unknown:
         raise ValueError(f"--workloads: {unknown} not available with --client redis; choose from "

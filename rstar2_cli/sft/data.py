@@ -9,9 +9,17 @@ definition) plus the tool-call shape the template relies on, and any failure is 
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 from pathlib import Path
 from typing import Any
+
+from datasets import Dataset
+from jinja2 import TemplateError
+from rich.progress import Progress
+
+from rstar2_cli.data.sft_convert import validate
+from rstar2_cli.sft.masks import MaskError, conversation_ids_and_mask
 
 
 class SftDataError(ValueError):
@@ -38,8 +46,6 @@ def _check_tool_calls(row: dict[str, Any]) -> None:
 
 def check_row(row: Any) -> dict[str, Any]:
     """The row if it is a trainable conversation; ValueError (one line, no location) otherwise."""
-    from rstar2_cli.data.sft_convert import validate
-
     if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
         raise ValueError("expected an object with a 'messages' list")
     if not all(isinstance(m, dict) for m in row["messages"]):
@@ -84,10 +90,6 @@ def _init_worker(tokenizer, force_reason: bool = True) -> None:
 
 def _tokenize_row(row: dict[str, Any]) -> tuple[list[int], list[int]] | str:
     """(ids, mask), or the one-line error for this row (returned, so it crosses process boundaries)."""
-    from jinja2 import TemplateError
-
-    from rstar2_cli.sft.masks import MaskError, conversation_ids_and_mask
-
     try:
         return conversation_ids_and_mask(_TOKENIZER, row["messages"], row.get("tools"), _FORCE_REASON)
     except (MaskError, TemplateError, TypeError) as e:
@@ -108,14 +110,9 @@ def tokenize_conversations(tokenizer, rows: list[dict[str, Any]], max_length: in
     no assistant token). `force_reason`: as the RL recipe's rollout.force_reason. TRL turns the mask
     into labels (-100 where the mask is 0). Large sets are tokenized in worker processes (Jinja
     rendering is the bottleneck: a few hundred rows/s/core)."""
-    from datasets import Dataset
-    from rich.progress import Progress
-
     workers = _worker_count(len(rows))
     pool = None
     if workers:
-        import multiprocessing as mp
-
         pool = mp.get_context("fork").Pool(workers, initializer=_init_worker, initargs=(tokenizer, force_reason))
         results = pool.imap(_tokenize_row, rows, chunksize=64)
     else:

@@ -38,48 +38,50 @@ import os
 from pathlib import Path
 from typing import Any
 
+import datasets
+import torch
+import transformers
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers.trainer_callback import PrinterCallback
+from trl import SFTConfig, SFTTrainer
+
+from rstar2_cli.models.attention import choose_attention, flash_attention_available
+from rstar2_cli.protocol.template import install_chat_template
 from rstar2_cli.sft.data import SftDataError, load_conversations, tokenize_conversations
 from rstar2_cli.sft.settings import SftConfig
 
 __all__ = ["SftDataError", "build_sft_trainer", "merge_lora", "run_sft"]
 
 
-def _rich_progress_callback():
+class RichProgress(TrainerCallback):
     """A TrainerCallback drawing a rich progress bar with the running loss (main process only)."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-    from transformers import TrainerCallback
+    bar: Progress | None = None
 
-    class RichProgress(TrainerCallback):
-        bar: Progress | None = None
+    def on_train_begin(self, args, state, control, **kw):
+        if state.is_world_process_zero:
+            self.bar = Progress(TextColumn("sft"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+            self.bar.start()
+            self.task = self.bar.add_task("sft", total=state.max_steps, info="")
 
-        def on_train_begin(self, args, state, control, **kw):
-            if state.is_world_process_zero:
-                self.bar = Progress(TextColumn("sft"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                    TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
-                self.bar.start()
-                self.task = self.bar.add_task("sft", total=state.max_steps, info="")
+    def on_log(self, args, state, control, logs=None, **kw):
+        if self.bar is not None and logs and "loss" in logs:
+            self.bar.update(self.task, info=f"loss {float(logs['loss']):.4f}")
 
-        def on_log(self, args, state, control, logs=None, **kw):
-            if self.bar is not None and logs and "loss" in logs:
-                self.bar.update(self.task, info=f"loss {float(logs['loss']):.4f}")
+    def on_step_end(self, args, state, control, **kw):
+        if self.bar is not None:
+            self.bar.update(self.task, completed=state.global_step)
 
-        def on_step_end(self, args, state, control, **kw):
-            if self.bar is not None:
-                self.bar.update(self.task, completed=state.global_step)
-
-        def on_train_end(self, args, state, control, **kw):
-            if self.bar is not None:
-                self.bar.stop()
-                self.bar = None
-
-    return RichProgress()
+    def on_train_end(self, args, state, control, **kw):
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
 
 def _precision(cfg: SftConfig, on_gpu: bool):
     """(dtype to load the weights in, bf16 autocast on/off)."""
-    import torch
-
     if cfg.dtype == "float32" or not on_gpu:
         return torch.float32, False
     if cfg.dtype == "bfloat16" or cfg.lora.r > 0:
@@ -88,8 +90,6 @@ def _precision(cfg: SftConfig, on_gpu: bool):
 
 
 def _training_args(cfg: SftConfig, *, on_gpu: bool, bf16: bool, world: int):
-    from trl import SFTConfig
-
     accum = max(1, cfg.batch_size // (cfg.per_device_batch_size * world))
     fsdp: dict[str, Any] = {}
     if cfg.fsdp:
@@ -114,16 +114,6 @@ def _training_args(cfg: SftConfig, *, on_gpu: bool, bf16: bool, world: int):
 
 def build_sft_trainer(cfg: SftConfig, *, progress: bool = False):
     """(SFTTrainer ready to `.train()`, info dict with examples / dropped / effective batch)."""
-    import datasets
-    import torch
-    import transformers
-    from rich.console import Console
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTTrainer
-
-    from rstar2_cli.protocol.template import install_chat_template
-    from rstar2_cli.models.attention import choose_attention, flash_attention_available
-
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -148,17 +138,15 @@ def build_sft_trainer(cfg: SftConfig, *, progress: bool = False):
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype, attn_implementation=attention.implementation)
     peft_config = None
     if cfg.lora.r > 0:
-        from peft import LoraConfig
+        from peft import LoraConfig  # lazy: peft (~4 s to import), for LoRA only
 
         peft_config = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                                  target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM")
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                          peft_config=peft_config)
     if progress:
-        from transformers.trainer_callback import PrinterCallback
-
         trainer.remove_callback(PrinterCallback)     # the rich bar shows the loss instead of raw dicts
-        trainer.add_callback(_rich_progress_callback())
+        trainer.add_callback(RichProgress())
     info = {"examples": len(dataset), "dropped": dropped, "packing": packing, "attention": attention.implementation,
             "global_batch": cfg.per_device_batch_size * args.gradient_accumulation_steps * world}
     if main and info["global_batch"] != cfg.batch_size:
@@ -172,8 +160,7 @@ def build_sft_trainer(cfg: SftConfig, *, progress: bool = False):
 
 def merge_lora(base_model: str, adapter_dir: str | Path, out_dir: str | Path, dtype=None) -> Path:
     """Merge a saved PEFT adapter into a fresh copy of the base model; save a plain HF folder."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+    from peft import PeftModel  # lazy: peft (~4 s to import), for LoRA only
 
     base = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype or "auto")
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()

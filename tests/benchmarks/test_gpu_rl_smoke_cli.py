@@ -3,6 +3,7 @@
 Qwen3-14B embedding's shape, larger than vLLM's default packed buffer."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,18 @@ def test_help_runs_on_cpu():
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu" / "gpu_rl_smoke.py"), "--help"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "--backends" in proc.stdout and "14b-embed" in proc.stdout
+
+
+def test_a_smaller_shape_resolves_when_run_as_a_script(tmp_path):
+    """`--model 0.25b` takes bench_load_memory.py's shapes from benchmarks/timing/, which the script
+    puts on sys.path itself (a run from another folder has only the script's own on it)."""
+    code = ("import runpy, sys; g = runpy.run_path(sys.argv[1], run_name='smoke'); "
+            "print(g['smoke_config']('0.25b').hidden_size)")
+    script = REPO / "benchmarks" / "gpu" / "gpu_rl_smoke.py"
+    proc = subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1].isdigit()
 
 
 def test_without_cuda_it_refuses_before_building_anything(tmp_path, capsys):

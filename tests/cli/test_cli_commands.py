@@ -24,6 +24,15 @@ def test_help_does_not_import_torch_or_vllm():
     assert out.stdout.strip() == "False False"
 
 
+def test_help_imports_none_of_what_the_commands_import_lazily():
+    """What the command modules import inside their functions (`# lazy:` in rstar2_cli/commands/)
+    stays out of `rstar2 --help`."""
+    heavy = ("torch", "transformers", "vllm", "pydantic", "yaml", "fastapi", "redis", "httpx", "numpy")
+    code = f"import sys; from rstar2_cli.cli import app; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_rl_dry_run_multi_node():
     out = runner.invoke(app, ["rl", "--stage", "2", "--gpus", "64", "--nodes", "8", "--master-addr", "head0",
                               "--dry-run"], terminal_width=200)

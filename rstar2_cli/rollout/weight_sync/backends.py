@@ -33,7 +33,7 @@ def engine_weight_sync_args(backend: str) -> dict[str, Any]:
     weight-transfer engine of that backend."""
     transfer = None
     if backend in VLLM_BACKENDS:
-        from vllm.config import WeightTransferConfig
+        from vllm.config import WeightTransferConfig  # lazy: vLLM: imported only where it runs
 
         transfer = WeightTransferConfig(backend=backend)
         if backend == "ipc":   # IPC handles travel pickled (client.EngineSyncClient)

@@ -66,6 +66,7 @@ class VLLMWeightSyncExtension:
     sent as bytes; tensors themselves do not survive vLLM's RPC serialization."""
 
     def rstar2_begin_weight_update(self) -> None:
+        # lazy: vLLM: imported only where it runs
         from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
 
         initialize_layerwise_reload(self.model_runner.get_model())  # type: ignore[attr-defined]
@@ -80,6 +81,7 @@ class VLLMWeightSyncExtension:
         return len(tensors)
 
     def rstar2_finish_weight_update(self) -> int:
+        # lazy: vLLM: imported only where it runs
         from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
 
         runner = self.model_runner  # type: ignore[attr-defined]

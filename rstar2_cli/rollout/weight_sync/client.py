@@ -26,6 +26,7 @@ class EngineSyncClient:
             f.result()
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        # lazy: vLLM: imported only where it runs
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         self._all("init_weight_transfer_engine", WeightTransferInitRequest(init_info=init_info))
@@ -35,7 +36,9 @@ class EngineSyncClient:
         self._all("start_weight_update")
 
     def update_weights(self, update_info: Any) -> None:
+        # lazy: vLLM: imported only where it runs
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+        # lazy: vLLM: imported only where it runs
         from vllm.distributed.weight_transfer.clients import _json_safe_update_payload
 
         self._all("update_weights", WeightTransferUpdateRequest(update_info=_json_safe_update_payload(update_info)))

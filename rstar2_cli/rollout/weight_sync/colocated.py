@@ -32,7 +32,7 @@ def release_trainer_cache() -> None:
     """Give the trainer's cached, unused GPU memory back to the driver on every rank, and wait
     until all ranks have (a collective when a process group exists). Without CUDA, or before it
     is initialised, `torch.cuda.empty_cache` does nothing (torch/cuda/memory.py `empty_cache`)."""
-    import torch
+    import torch  # lazy: the agent loop imports this module (engine_health), and --help loads no torch (cli.py)
 
     torch.cuda.empty_cache()
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:

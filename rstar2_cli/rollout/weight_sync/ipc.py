@@ -22,6 +22,7 @@ class IPCTransport:
 
     def __init__(self, model: "torch.nn.Module", engines: Sequence[Any], *, is_host: bool, rank: int,
                  engine_dtype: "torch.dtype", trainer_factory: Any, buffer_mb: int | None = None):
+        # lazy: vLLM: imported only where it runs
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
         source = policy_weight_source(model, engine_dtype)

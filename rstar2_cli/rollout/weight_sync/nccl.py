@@ -14,15 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from rstar2_cli.hosts.ports import PortReservation, reserve_port
 from rstar2_cli.rollout.weight_sync.client import EngineSyncClient
 from rstar2_cli.rollout.weight_sync.engine_side import MidUpdateError
 from rstar2_cli.rollout.weight_sync.source import packed_buffer_bytes, policy_weight_source
-
-if TYPE_CHECKING:
-    import torch
 
 
 def checked_pairs(source: Any, meta: list[Any]) -> Iterator[tuple[str, "torch.Tensor"]]:
@@ -41,8 +40,6 @@ def checked_pairs(source: Any, meta: list[Any]) -> Iterator[tuple[str, "torch.Te
 
 
 def _synchronize() -> None:
-    import torch
-
     if torch.cuda.is_available():
         torch.cuda.current_stream().synchronize()
 
@@ -53,8 +50,9 @@ def send_to_replicas(source: Any, groups: Sequence[Any], client: EngineSyncClien
     `groups` (one `PyNcclCommunicator` per replica, on the current stream). Returns the number
     of chunks. A failure after the start raises `MidUpdateError` without finishing: the workers
     are blocked in their NCCL receive, so a finish would never return."""
+    # lazy: vLLM: imported only where it runs
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
-    from vllm.distributed.weight_transfer.packed_tensor import pack_tensors
+    from vllm.distributed.weight_transfer.packed_tensor import pack_tensors  # lazy: vLLM: imported only where it runs
 
     meta = source.metadata()
     update_info = asdict(NCCLWeightTransferUpdateInfo(names=[m.name for m in meta],
@@ -88,6 +86,7 @@ class NCCLTransport:
 
     def __init__(self, model: "torch.nn.Module", engines: Sequence[Any], *, is_host: bool,
                  engine_dtype: "torch.dtype", trainer_factory: Any, port: Callable[[], PortReservation] = reserve_port):
+        # lazy: vLLM: imported only where it runs
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
         self.source = policy_weight_source(model, engine_dtype)

@@ -45,6 +45,7 @@ def make_transport(backend: str, *, model: "torch.nn.Module", engines: Sequence[
     if backend == "chunked":
         return ChunkedTransport(engines, is_host=is_host, run=run)
     if trainer_factory is None:
+        # lazy: vLLM: imported only where it runs
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory as trainer_factory
     if backend == "ipc":
         return IPCTransport(model, engines, is_host=is_host, rank=rank, engine_dtype=engine_dtype,

@@ -12,10 +12,9 @@ parameter.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 TIED_LM_HEAD = "lm_head.weight"
 
@@ -58,6 +57,7 @@ def packed_buffer_bytes(meta: list[Any], override_mb: int | None = None) -> int:
     """The packed weight-transfer buffer for a model: `override_mb` MiB when set (checked by
     `check_packed_buffer`), else vLLM's default (1 GiB) or, for a larger tensor (Qwen3-14B's
     embedding and lm_head, 1.45 GiB each in bf16), that tensor rounded up to 64 MiB."""
+    # lazy: vLLM: imported only where it runs
     from vllm.distributed.weight_transfer.packed_tensor import DEFAULT_PACKED_BUFFER_SIZE_BYTES
 
     if override_mb is not None:
@@ -74,7 +74,7 @@ def policy_weight_source(model: "torch.nn.Module", dtype: "torch.dtype"):
     engine's dtype. Iterating casts this rank's shard to `dtype` first, then all-gathers it
     (`full_tensor`, a collective: every rank iterates in the same order), so a bf16 engine moves
     half the bytes of the fp32 master weights; a plain (unsharded) parameter is only cast."""
-    import torch
+    # lazy: vLLM: imported only where it runs
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource, materialize_full_tensor
 
     class PolicyWeightSource(WeightSource):
