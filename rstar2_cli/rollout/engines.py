@@ -42,8 +42,6 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from rstar2_cli.hosts.gpu_visibility import visible_gpus
 from rstar2_cli.rollout.engine_args import default_max_model_len, engine_kwargs
 from rstar2_cli.rollout.engine_cpus import engine_process_env
@@ -55,6 +53,8 @@ from rstar2_cli.rollout.weight_sync.backends import engine_weight_sync_args
 from rstar2_cli.rollout.weight_sync.chunked import load_chunks, push_weights
 
 if TYPE_CHECKING:
+    import torch
+
     from rstar2_cli.config import EngineConfig
 
 __all__ = ["Engine", "GenRequest", "GenResult", "VLLMEngine", "default_max_model_len", "version_spans"]
@@ -123,6 +123,8 @@ class VLLMEngine:
         temperature other than 1, where the two differ. `seed_requests`: `rollout.seed_requests`
         (bool, or "auto": on CPU only; rollout/generation.py says what a seed costs on GPU); `seed`,
         the engine's own seed, drives the requests that carry none."""
+        import torch  # lazy: eval's runner imports this module, and bad input fails before torch loads
+
         on_cpu = not torch.cuda.is_available()
         if dtype == "auto":
             dtype = "float32" if on_cpu else "bfloat16"
@@ -191,6 +193,8 @@ class VLLMEngine:
 
             def log_engine_initialized(self) -> None:
                 pass
+
+        import torch  # lazy: as in from_config
 
         with engine_spawn_env(sleep_mode=bool(engine_args.enable_sleep_mode)):   # no torchrun agent vars
             if torch.cuda.is_available():
