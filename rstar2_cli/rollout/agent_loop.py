@@ -49,10 +49,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstar2_cli.config import RolloutConfig
+from rstar2_cli.protocol.detokenize import ResponseDecoder, ids_decoder
 from rstar2_cli.protocol.parser import ParseError, ToolCall, parse_tool_calls
-from rstar2_cli.protocol.responses import response_text, tool_turn_ids
-from rstar2_cli.protocol.template import (encode_messages, eos_token_ids, ids_decoder, problem_messages,
-                                          single_token_id)
+from rstar2_cli.protocol.responses import response_text
+from rstar2_cli.protocol.template import encode_messages, eos_token_ids, problem_messages, single_token_id
+from rstar2_cli.protocol.tool_turn import ToolTurnEncoder
 from rstar2_cli.protocol.tools import ToolSpec, get_tools, tool_schemas
 from rstar2_cli.rollout.engine_health import EngineDied
 from rstar2_cli.rollout.generation import GenRequest, is_engine_failure
@@ -98,20 +99,23 @@ def occurrences(prompt_ids: list[str]) -> list[int]:
 
 @dataclass
 class _Protocol:
-    """What every trajectory of a run shares: tokenizer, tools and stop ids."""
+    """What every trajectory of a run shares: tokenizer, tools, stop ids, and the exact fast paths
+    from ids to text and from tool outputs to ids (protocol/detokenize.py, protocol/tool_turn.py)."""
     tokenizer: Any
     cfg: RolloutConfig
     tools: dict[str, ToolSpec]
     stop_ids: list[int]
     eos_ids: list[int]
-    decode: Callable[[list[int]], str]      # protocol/template.py ids_decoder: special tokens kept
+    decode: Callable[[list[int]], str]      # tokenizer.decode with special tokens kept
+    tool_turn: ToolTurnEncoder              # responses.tool_turn_ids, spliced
 
     @classmethod
     def build(cls, tokenizer, cfg: RolloutConfig) -> "_Protocol":
         eos = eos_token_ids(tokenizer)
         # The release stops a turn only at end-of-turn; rollout.stop_at_tool_call also at </tool_call>.
         stops = eos + ([single_token_id(tokenizer, "</tool_call>")] if cfg.stop_at_tool_call else [])
-        return cls(tokenizer, cfg, get_tools(cfg.tool), stops, eos, ids_decoder(tokenizer))
+        return cls(tokenizer, cfg, get_tools(cfg.tool), stops, eos, ids_decoder(tokenizer),
+                   ToolTurnEncoder(tokenizer, cfg.force_reason))
 
 
 async def _run_calls(attempts: list[ToolCall | ParseError], tool_runner, proto: _Protocol,
@@ -180,6 +184,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
     seen_code: set[str] = set()
     repeated = 0                      # calls whose code an earlier call of this trajectory ran already
     used_session = False
+    decoded = ResponseDecoder(proto.decode)   # the response's text, one piece per extend of `ids`
     try:
         while True:
             req = GenRequest(prompt_ids=traj.prompt_ids + ids, max_tokens=budget - len(ids),
@@ -193,6 +198,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             turns.append({"role": "assistant", "span": [len(ids), len(ids) + len(res.token_ids)],
                           "tool_code": None, "parse_error": None})
             ids.extend(res.token_ids)
+            decoded.extend(res.token_ids)
             mask.extend([1] * len(res.token_ids))
             logprobs.extend(map(float, res.logprobs))
             traj.num_turns += 1
@@ -200,7 +206,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
                 traj.finish_reason = "length"
                 break
             last = res.token_ids[-1] if res.token_ids else None
-            turn_text = proto.decode(res.token_ids)
+            turn_text = decoded.last()
             attempts = parse_tool_calls(turn_text, proto.tools, cfg.max_calls_per_turn,
                                         messages=cfg.parse_messages, unclosed_feedback=cfg.unclosed_tag_feedback)
             note_attempts(turns[-1], attempts)
@@ -235,14 +241,14 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
                 traj.infra_error = traj.infra_error or "sandbox_internal_error"
             texts = [response_text(o, cfg.tool_response_max_chars, cfg.tool_timeout, cfg.response_format)
                      for o in outcomes]
-            tool_ids = tool_turn_ids(proto.tokenizer, texts, after_eos=last in proto.eos_ids,
-                                     force_reason=cfg.force_reason)
+            tool_ids = proto.tool_turn(texts, after_eos=last in proto.eos_ids)
             if len(ids) + len(tool_ids) >= budget:   # the release's rule: no partial tool turn
                 traj.finish_reason = "length"
                 break
             turns.append({"role": "tool", "span": [len(ids), len(ids) + len(tool_ids)],
                           "status": tool_status(reasons[-len(outcomes):])})
             ids.extend(tool_ids)
+            decoded.extend(tool_ids)
             mask.extend([0] * len(tool_ids))
             logprobs.extend([0.0] * len(tool_ids))
     except EngineDied:
@@ -257,7 +263,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
     finally:
         if used_session and hasattr(tool_runner, "close_session"):
             tool_runner.close_session(key)
-    traj.text = proto.decode(ids)
+    traj.text = decoded.text(ids)
     traj.extra.update(key=key, seed=seed, tool_reasons=reasons, turns=turns, repeated_code_calls=repeated)
     return traj
 
