@@ -164,16 +164,41 @@ def problems(n_trajectories: int) -> list[tuple[str, str, str]]:
     return [(f"p{i}", PROBLEM.format(i=i), "42" if i % 2 == 0 else "17") for i in range(n_trajectories // GROUP)]
 
 
+class GCClock:
+    """CPU seconds this process spends in the cyclic garbage collector, and its collections per
+    generation (`gc.callbacks`), while in a `with` block."""
+
+    def __init__(self) -> None:
+        self.seconds, self.collections, self._start = 0.0, [0, 0, 0], 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._start
+            self.collections[info["generation"]] += 1
+
+    def __enter__(self) -> "GCClock":
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
+
+
 def run(n: int, tokenizer, cfg: RecipeConfig, turns: dict, engines: int) -> dict:
-    """One timed roll-out and grading of `n` trajectories; counts and CPU seconds of this process."""
+    """One timed roll-out and grading of `n` trajectories; counts and CPU seconds of this process
+    (of which `gc_cpu_s` in the garbage collector: the step's live trajectories are what a full
+    collection walks, so it grows faster than the step)."""
     fleet = [CannedEngine(turns) for _ in range(engines)]
     tool = InstantTool()
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    trajs = asyncio.run(run_agent_loop(problems(n), GROUP, LoadBalancedScheduler(fleet), tool, tokenizer,
-                                       cfg.rollout, seed=0, progress=False))
-    cpu1, wall1 = time.process_time(), time.perf_counter()
-    grades = grade_batch([(t.text, t.gold) for t in trajs], timeout=cfg.reward.timeout, mode=cfg.reward.mode)
-    cpu2, wall2 = time.process_time(), time.perf_counter()
+    with GCClock() as collector:
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        trajs = asyncio.run(run_agent_loop(problems(n), GROUP, LoadBalancedScheduler(fleet), tool, tokenizer,
+                                           cfg.rollout, seed=0, progress=False))
+        cpu1, wall1 = time.process_time(), time.perf_counter()
+        grades = grade_batch([(t.text, t.gold) for t in trajs], timeout=cfg.reward.timeout, mode=cfg.reward.mode)
+        cpu2, wall2 = time.process_time(), time.perf_counter()
     turns_total = sum(t.num_turns for t in trajs)
     requested = sum((e.requests for e in fleet), Counter())
     return {
@@ -185,6 +210,7 @@ def run(n: int, tokenizer, cfg: RecipeConfig, turns: dict, engines: int) -> dict
         "reward_mean": round(sum(g.reward for g in grades) / len(grades), 4),
         "rollout_cpu_s": round(cpu1 - cpu0, 3), "grade_cpu_s": round(cpu2 - cpu1, 3),
         "rollout_wall_s": round(wall1 - wall0, 3), "grade_wall_s": round(wall2 - wall1, 3),
+        "gc_cpu_s": round(collector.seconds, 3), "gc_collections": collector.collections,
         "turns_per_cpu_s": round(turns_total / max(cpu2 - cpu0, 1e-9)),
         "rollout_turns_per_cpu_s": round(turns_total / max(cpu1 - cpu0, 1e-9)),
     }

@@ -61,7 +61,7 @@ def _byte_to_char() -> dict[int, str]:
 
 _CHAR_TO_BYTE = {ord(c): chr(b) for b, c in _byte_to_char().items()}   # str.translate: char -> latin-1 byte
 _TABLE_CHARS = frozenset(_byte_to_char().values())
-_TABLES: "weakref.WeakKeyDictionary[Any, tuple[int, dict[int, bytes]]]" = weakref.WeakKeyDictionary()
+_TABLES: "weakref.WeakKeyDictionary[Any, tuple[int, list[bytes | None]]]" = weakref.WeakKeyDictionary()
 
 
 def token_bytes(token: str) -> bytes:
@@ -71,10 +71,12 @@ def token_bytes(token: str) -> bytes:
     return token.encode()
 
 
-def byte_table(backend) -> dict[int, bytes] | None:
-    """id -> bytes for every id below the largest the Rust tokenizer knows (b"" for an id with no
-    token, which its decode drops), or None when its decoder is not `ByteLevel`. Built once per
-    tokenizer (and again if tokens were added since)."""
+def byte_table(backend) -> list[bytes | None] | None:
+    """Each id's bytes at its index, for every id up to the largest the Rust tokenizer knows (b""
+    for an id with no token, which its decode drops), then as many None: an index past the ids, or
+    a negative one (which Python would count from the end), lands on None or outside the list, and
+    the decoder hands those ids to the Rust decode. None when the decoder is not `ByteLevel`. Built
+    once per tokenizer (and again if tokens were added since)."""
     decoders = sys.modules.get("tokenizers.decoders")
     if decoders is None or type(backend.decoder) is not decoders.ByteLevel:
         return None
@@ -83,36 +85,40 @@ def byte_table(backend) -> dict[int, bytes] | None:
     if cached is not None and cached[0] == size:
         return cached[1]
     top = max(backend.get_vocab(with_added_tokens=True).values(), default=-1)
-    table = {}
+    table: list[bytes | None] = []
     for i in range(top + 1):
         token = backend.id_to_token(i)
-        table[i] = b"" if token is None else token_bytes(token)
+        table.append(b"" if token is None else token_bytes(token))
+    table += [None] * len(table)
     _TABLES[backend] = (size, table)
     return table
 
 
 class ByteDecoder:
-    """`decode(ids)` through an id -> bytes table (module docstring); an id outside the table (not
-    a token id the Rust tokenizer knows) sends the call to the Rust decode, which decides."""
+    """`decode(ids)` through the id -> bytes table (`byte_table`, module docstring). Any id that is
+    not an index of a known id (past them, negative, not an int) sends the call to the Rust decode,
+    which decides: it drops an id it has no token for and raises for one it cannot take."""
 
-    def __init__(self, table: dict[int, bytes], rust) -> None:
+    def __init__(self, table: list[bytes | None], rust) -> None:
         self._get = table.__getitem__
+        self._known = len(table) // 2
         self._table = table
         self._rust = rust
 
     def __call__(self, ids: Sequence[int]) -> str:
         try:
             return b"".join(map(self._get, ids)).decode("utf-8", "replace")
-        except (KeyError, TypeError):
+        except (IndexError, TypeError):
             return self._rust.decode(ids, skip_special_tokens=False)
 
     def raw(self, ids: Sequence[int]) -> bytes:
         """The bytes `decode` turns into text (its lossy UTF-8 step not yet applied)."""
         try:
             return b"".join(map(self._get, ids))
-        except (KeyError, TypeError):
+        except (IndexError, TypeError):
             self._rust.decode(ids, skip_special_tokens=False)   # raises where the Rust decode does
-            return b"".join(self._table.get(i, b"") for i in ids)   # else it drops unknown ids
+            known, table = self._known, self._table
+            return b"".join(table[i] if 0 <= i < known else b"" for i in ids)   # else it drops unknown ids
 
 
 def ids_decoder(tokenizer) -> Decode:

@@ -278,9 +278,12 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
     Returns trajectories grouped by problem, in input order (sample_index 0..n-1 within a group).
     Each input position is one sampled instance: its trajectories carry `group_index` (the
     position, or `group_indices[position]`: the global batch position when this call rolls out a
-    shard). A problem listed twice is two instances; `occurrence[position]` (default: counted in
-    this list) gives a later draw its own seeds and session keys. `priority`: the engines' request
-    priority of every turn (lower first: the batch index, so older batches' turns go first).
+    shard), and share one `prompt_ids` list (nothing changes a prompt in place; a copy per sample
+    would be 32 copies of each prompt in a stage-2 step, each walked by every full garbage
+    collection while the step's trajectories live). A problem listed twice is two instances;
+    `occurrence[position]` (default: counted in this list) gives a later draw its own seeds and
+    session keys. `priority`: the engines' request priority of every turn (lower first: the batch
+    index, so older batches' turns go first).
     Raises if every trajectory failed (e.g. the engine is down), or on the first exception that is
     not an engine failure (a bug); otherwise failed ones come back with finish_reason "error" and
     infra_error "engine_error". `recover`: awaited with the
@@ -301,9 +304,8 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
     for (prompt_id, problem, gold), group, occ in zip(problems, group_indices, occurrence):
         prompt_ids = encode_messages(tokenizer, problem_messages(problem, cfg.system_prompt), schemas,
                                      add_generation_prompt=True, force_reason=cfg.force_reason)
-        for k in range(samples_per_problem):
-            t = Trajectory(prompt_id=prompt_id, sample_index=k, group_index=group, prompt_ids=list(prompt_ids),
-                           gold=gold)
+        for k in range(samples_per_problem):   # one prompt list per problem, shared by its samples
+            t = Trajectory(prompt_id=prompt_id, sample_index=k, group_index=group, prompt_ids=prompt_ids, gold=gold)
             trajs.append(t)
             jobs.append((t, instance_key(prompt_id, k, occ), trajectory_seed(seed, prompt_id, k, occ)))
     if not jobs:
@@ -324,7 +326,7 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
                     log.warning("trajectory %s: %s; rolled out again after the restart", key, died)
                     await recover(died)
                     vars(t).update(vars(Trajectory(prompt_id=t.prompt_id, sample_index=t.sample_index,
-                                                   group_index=t.group_index, prompt_ids=list(t.prompt_ids),
+                                                   group_index=t.group_index, prompt_ids=t.prompt_ids,
                                                    gold=t.gold)))
             if on_done is not None:
                 on_done(t)

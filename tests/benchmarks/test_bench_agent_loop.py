@@ -45,6 +45,18 @@ def test_a_tiny_run_goes_through_every_kind_of_turn_and_writes_its_json(tmp_path
     assert run["sandbox_calls"] < kinds["tool_call"] and run["void_turns"] >= kinds["void"] + 1
     assert 0 < run["reward_mean"] < 1 and run["turns_per_cpu_s"] > 0
     assert run["rollout_turns_per_cpu_s"] >= run["turns_per_cpu_s"]
+    assert 0 <= run["gc_cpu_s"] <= run["rollout_cpu_s"] + run["grade_cpu_s"] and len(run["gc_collections"]) == 3
     prof = out["profile"]
     assert prof["trajectories"] == 32 and len(prof["top"]) == 5
     assert all(e["ncalls"] > 0 and 0 <= e["share"] <= 1 for e in prof["top"])
+
+
+def test_the_gc_clock_counts_collections_in_its_block_only():
+    import gc
+
+    with bench_agent_loop.GCClock() as clock:
+        gc.collect()
+        gc.collect(0)
+    gc.collect()
+    assert clock.collections[0] >= 1 and clock.collections[2] >= 1 and clock.seconds > 0
+    assert clock not in gc.callbacks

@@ -45,19 +45,22 @@ def test_the_byte_table_decodes_as_the_tokenizer_does(tok):
 
 
 def test_ids_the_tokenizer_does_not_know_are_decided_by_the_rust_decode(tok):
+    """Just past the known ids, far past them, negative (which a list would count from the end), too
+    large for the Rust tokenizer, not an int: dropped or refused exactly as the Rust decode does."""
     decode = ids_decoder(tok)
-    unknown = len(tok) + 1000
-    assert decode([5, unknown, 7]) == reference(tok, [5, unknown, 7])      # dropped, as Rust drops it
-    decoded = ResponseDecoder(decode)
-    decoded.extend([5, unknown])
-    decoded.extend([7])
-    assert decoded.text([5, unknown, 7]) == reference(tok, [5, unknown, 7])
-    for bad in ([-1], [2 ** 40]):
-        with pytest.raises(OverflowError):
+    for unknown in (len(tok), len(tok) + 1, 10 * len(tok)):
+        assert decode([5, unknown, 7]) == reference(tok, [5, unknown, 7])      # dropped, as Rust drops it
+        decoded = ResponseDecoder(decode)
+        decoded.extend([5, unknown])
+        decoded.extend([7])
+        assert decoded.text([5, unknown, 7]) == reference(tok, [5, unknown, 7])
+    for bad, error in (([-1], OverflowError), ([5, -len(tok)], OverflowError), ([-10 * len(tok)], OverflowError),
+                       ([2 ** 40], OverflowError), ([5, "7"], TypeError)):
+        with pytest.raises(error):
             reference(tok, bad)
-        with pytest.raises(OverflowError):
+        with pytest.raises(error):
             decode(bad)
-        with pytest.raises(OverflowError):
+        with pytest.raises(error):
             ResponseDecoder(decode).extend(bad)
 
 

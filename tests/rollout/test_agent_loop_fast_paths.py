@@ -2,7 +2,8 @@
 renders the chat template once per shape of tool turn, not once per tool turn; maps each response
 id to text once (no second decode of the whole response); and gives the trajectories the
 whole-render, whole-decode path gives (tool spans and text; the layout tests compare whole
-trajectories), with a turn that ends inside a character's bytes too."""
+trajectories), with a turn that ends inside a character's bytes too. The samples of a problem share
+its prompt list."""
 from __future__ import annotations
 
 import asyncio
@@ -75,3 +76,13 @@ async def test_a_turn_cut_inside_a_character_decodes_as_the_whole(tok):
                                  RolloutConfig(code_runner="plain"), progress=False)
     for t in trajs:
         assert t.num_tool_calls == 1 and t.text == whole_decode(tok, t.response_ids) and "\ufffd" in t.text
+
+
+async def test_the_samples_of_a_problem_share_one_prompt_list(tok):
+    """One prompt list per problem instance (not a copy per sample: fewer lists for every full garbage
+    collection to walk while a step's trajectories live), with the template's ids."""
+    script = {f"p{i}#{k}": [ANSWER] for i in range(2) for k in range(3)}
+    trajs, _, _ = await roll(tok, script, samples=3)
+    assert [t.prompt_id for t in trajs] == ["p0"] * 3 + ["p1"] * 3
+    assert trajs[0].prompt_ids is trajs[1].prompt_ids is trajs[2].prompt_ids
+    assert trajs[3].prompt_ids is not trajs[0].prompt_ids and trajs[3].prompt_ids == trajs[0].prompt_ids
