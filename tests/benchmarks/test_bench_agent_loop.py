@@ -2,6 +2,7 @@
 tiny run drives the real agent loop through every kind of turn and reports its figure and profile."""
 from __future__ import annotations
 
+import gc
 import json
 
 import bench_agent_loop
@@ -52,8 +53,6 @@ def test_a_tiny_run_goes_through_every_kind_of_turn_and_writes_its_json(tmp_path
 
 
 def test_the_gc_clock_counts_collections_in_its_block_only():
-    import gc
-
     with bench_agent_loop.GCClock() as clock:
         gc.collect()
         gc.collect(0)
