@@ -52,8 +52,8 @@ from rstar2_cli.config import RolloutConfig
 from rstar2_cli.protocol.detokenize import ResponseDecoder, ids_decoder
 from rstar2_cli.protocol.parser import ParseError, ToolCall, parse_tool_calls
 from rstar2_cli.protocol.responses import response_text
-from rstar2_cli.protocol.template import encode_messages, eos_token_ids, problem_messages, single_token_id
-from rstar2_cli.protocol.tool_turn import ToolTurnEncoder
+from rstar2_cli.protocol.splice import PromptEncoder, ToolTurnEncoder
+from rstar2_cli.protocol.template import eos_token_ids, single_token_id
 from rstar2_cli.protocol.tools import ToolSpec, get_tools, tool_schemas
 from rstar2_cli.rollout.engine_health import EngineDied
 from rstar2_cli.rollout.generation import GenRequest, is_engine_failure
@@ -100,7 +100,7 @@ def occurrences(prompt_ids: list[str]) -> list[int]:
 @dataclass
 class _Protocol:
     """What every trajectory of a run shares: tokenizer, tools, stop ids, and the exact fast paths
-    from ids to text and from tool outputs to ids (protocol/detokenize.py, protocol/tool_turn.py)."""
+    from ids to text and from tool outputs to ids (protocol/detokenize.py, protocol/splice.py)."""
     tokenizer: Any
     cfg: RolloutConfig
     tools: dict[str, ToolSpec]
@@ -299,11 +299,11 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
                          f"{len(occurrence)} occurrence counts")
     proto = _Protocol.build(tokenizer, cfg)
     schemas = tool_schemas(proto.tools, cfg.tool_schema_return) if cfg.tools_in_prompt else None
+    encode_prompt = PromptEncoder(tokenizer, cfg.system_prompt, schemas, cfg.force_reason)
     trajs: list[Trajectory] = []
     jobs = []
     for (prompt_id, problem, gold), group, occ in zip(problems, group_indices, occurrence):
-        prompt_ids = encode_messages(tokenizer, problem_messages(problem, cfg.system_prompt), schemas,
-                                     add_generation_prompt=True, force_reason=cfg.force_reason)
+        prompt_ids = encode_prompt(problem)
         for k in range(samples_per_problem):   # one prompt list per problem, shared by its samples
             t = Trajectory(prompt_id=prompt_id, sample_index=k, group_index=group, prompt_ids=prompt_ids, gold=gold)
             trajs.append(t)

@@ -1,4 +1,4 @@
-"""The agent loop's exact fast paths (protocol/detokenize.py, protocol/tool_turn.py): a rollout
+"""The agent loop's exact fast paths (protocol/detokenize.py, protocol/splice.py): a rollout
 renders the chat template once per shape of tool turn, not once per tool turn; maps each response
 id to text once (no second decode of the whole response); and gives the trajectories the
 whole-render, whole-decode path gives (tool spans and text; the layout tests compare whole
@@ -16,7 +16,7 @@ from rstar2_cli.config import RolloutConfig
 from rstar2_cli.models.tiny import build_qwen3_style_tokenizer, build_tokenizer, default_corpus
 from rstar2_cli.protocol.detokenize import ByteDecoder
 from rstar2_cli.protocol.responses import tool_turn_ids
-from rstar2_cli.protocol.tool_turn import PROBES
+from rstar2_cli.protocol.splice import PROBES
 from rstar2_cli.rollout.agent_loop import run_agent_loop
 from rstar2_cli.rollout.engines import GenResult
 from sandbox.core.result import RunResult
