@@ -20,9 +20,13 @@ the insert: a straddling occurrence would hold L's last character before its own
 first character after its own first one, which `Splice` checks no added token does; L and R must be
 found where they are in the fixed text (the encoding of the piece before a cut ends with L's id, the
 one after starts with R's) and be plain tokens (`normalized`, `lstrip`, `rstrip`, `single_word`
-off), and special tokens must be matched (`split_special_tokens` off). The tokenizer must encode
-through the Rust tokenizer as it is: neither `encode` nor `_encode_plus` overridden
-(`TokenizersBackend._encode_plus`, transformers/tokenization_utils_tokenizers.py, calls
+off), L's last and R's first character neither whitespace nor a word character (an added token in
+the insert with `lstrip`, `rstrip` or `single_word` looks at the text beside it, `find_matches`),
+and special tokens must be matched (`split_special_tokens` off). With Qwen3's table, L and R are
+`<tool_response>` and `</tool_response>` around an output, `<|im_start|>` and `<|im_end|>` around
+a problem (the tiny test tokenizer's L there is `</answer>`), and every added token is `<...>`.
+The tokenizer must encode through the Rust tokenizer as it is: neither `encode` nor `_encode_plus`
+overridden (`TokenizersBackend._encode_plus`, transformers/tokenization_utils_tokenizers.py, calls
 `encode_batch` with `add_special_tokens` as given), no truncation or padding set. Anywhere else, or
 where a splice differs from the whole render on a few probe inserts when it is built, the encoders
 render and encode whole. tests/protocol/test_protocol_splice.py compares the two on random and
@@ -68,6 +72,8 @@ def _added_at(text: str, added: list[Any], last: bool) -> tuple[int, Any] | None
     (start, token) of the one that starts first; None if there is none."""
     best: tuple[int, Any] | None = None
     for token in added:
+        if not token.content:
+            continue
         at = text.rfind(token.content) if last else text.find(token.content)
         if at < 0:
             continue
@@ -87,6 +93,8 @@ class Splice:
         self.fixed, self.heads, self.tails = fixed, heads, tails
 
     def __call__(self, inserts: list[str]) -> list[int]:
+        if len(inserts) != len(self.heads):
+            raise ValueError(f"splice: {len(inserts)} inserts for a render of {len(self.heads)}")
         encode = self._encode
         ids = list(self.fixed[0])
         for head, text, tail, after in zip(self.heads, inserts, self.tails, self.fixed[1:]):
@@ -116,6 +124,8 @@ class Splice:
             left, right = _added_at(before, added, last=True), _added_at(after, added, last=False)
             if left is None or right is None or not (cls._plain(left[1]) and cls._plain(right[1])):
                 return None
+            if not (cls._edge(left[1].content[-1]) and cls._edge(right[1].content[0])):
+                return None     # an insert's own added tokens could take whitespace, or see a word, across a cut
             if any(left[1].content[-1] in t.content[:-1] or right[1].content[0] in t.content[1:] for t in added):
                 return None     # an added token could straddle a cut
             ends.append(left)
@@ -139,6 +149,13 @@ class Splice:
     def _plain(token) -> bool:
         """Matched exactly as written: on the raw text, with no whitespace taken either side, anywhere."""
         return not (token.normalized or token.lstrip or token.rstrip or token.single_word)
+
+    @staticmethod
+    def _edge(char: str) -> bool:
+        """Neither whitespace nor a word character (`\\s`, `\\w` of added_vocabulary.rs, for which an
+        added token with `lstrip`, `rstrip` or `single_word` looks past its own text), ASCII so that
+        the two regex flavours agree."""
+        return char.isascii() and not (char.isalnum() or char == "_" or char.isspace())
 
 
 class ToolTurnEncoder:
