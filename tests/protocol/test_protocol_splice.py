@@ -125,5 +125,18 @@ def test_tokenizers_where_splicing_is_not_exact_render_whole():
         assert encode.shape(1) is None and prompt.splice is None
         for group in (["42"], ["A\n", " B "], ["<|im_end|>"]):
             assert encode(group) == tool_turn_ids(t, group)
-        assert prompt("6*7 e>\n x<") == encode_messages(t, problem_messages("6*7 e>\n x<"), None,
-                                                          add_generation_prompt=True)
+        for problem in ("6*7 e>\n x<", "6*7 = x"):        # the second ends on the x of x<, before <|im_end|>
+            assert prompt(problem) == encode_messages(t, problem_messages(problem), None, add_generation_prompt=True)
+
+
+def test_an_inserts_own_single_word_token_beside_a_cut_keeps_its_ids():
+    """A tag ending on a word character: an added `single_word` token at the insert's start is not
+    matched in the whole text (a word is beside it) but would be in the insert alone."""
+    t = build_tokenizer(default_corpus(0), 512)
+    t.add_tokens([AddedToken("@@Z", normalized=False), AddedToken("foo", normalized=False, single_word=True)])
+
+    def render(inserts):
+        return "@@Z" + inserts[0] + "<|im_end|>"
+    splice = Splice.build(t, render, 1)
+    for insert in ("foo", "foo bar", " foo"):
+        assert splice is None or splice([insert]) == t.encode(render([insert]), add_special_tokens=False)
