@@ -1,9 +1,10 @@
 """The roll-out's own cost: turns per second of one core for the real agent loop, parser, tool-call
 path, scheduler and grading, with engines and a tool that answer instantly.
 
-What runs for real: `rollout/agent_loop.py` `run_agent_loop` (prompt rendering, one task per
-trajectory, per-turn decode, `protocol/parser.py`, the tool run items of `protocol/tools.py`, the
-tool turn of `protocol/responses.py`), `rollout/scheduler.py` `LoadBalancedScheduler` over the
+What runs for real: `rollout/agent_loop.py` `run_agent_loop` (prompts and tool turns through
+`protocol/splice.py`, one task per trajectory, turns and responses decoded through
+`protocol/detokenize.py`, `protocol/parser.py`, the tool run items of `protocol/tools.py`, the tool
+texts of `protocol/responses.py`), `rollout/scheduler.py` `LoadBalancedScheduler` over the
 engines, and `reward.grade_batch` on the decoded texts, with stage 2's rollout and reward settings
 (`rstar2_cli/recipes/stage2.yaml`) and the tiny tokenizer (`models/tiny.py`). What is canned:
 `CannedEngine` (the `Engine` interface of rollout/generation.py, as `VLLMEngine` has it) answers
@@ -19,11 +20,14 @@ neither (5 %). A call continues the trajectory, so some reach stage 2's turn cap
 Sizes: one 8-GPU node's stage-2 step is 512 prompts x 32 rollouts (G = 16, RoC's oversample 2)
 = 16,384 trajectories, orchestrated by one Python process over 4 engines (tensor parallel 2).
 The figure: turns / CPU seconds of this process (rollout and grading; the grader's worker
-processes, which take the texts with no box, are not counted; their wall time is). A second,
-cProfile'd run of `--profile-size` trajectories gives where the time goes.
+processes, which take the texts with no box, are not counted; their wall time is), with the part
+spent in Python's garbage collector (`gc_cpu_s`: the live trajectories are what a full collection
+walks, so it grows faster than the step). A second, cProfile'd run of `--profile-size`
+trajectories gives where the time goes.
 
     python benchmarks/timing/bench_agent_loop.py                          # 2,048 and 16,384
     python benchmarks/timing/bench_agent_loop.py --sizes 2048 --json out.json
+    python benchmarks/timing/bench_agent_loop.py --against ../before-checkout --rounds 2   # before/after
 """
 from __future__ import annotations
 
@@ -32,8 +36,11 @@ import asyncio
 import cProfile
 import gc
 import json
+import os
 import pstats
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -164,16 +171,41 @@ def problems(n_trajectories: int) -> list[tuple[str, str, str]]:
     return [(f"p{i}", PROBLEM.format(i=i), "42" if i % 2 == 0 else "17") for i in range(n_trajectories // GROUP)]
 
 
+class GCClock:
+    """CPU seconds this process spends in the cyclic garbage collector, and its collections per
+    generation (`gc.callbacks`), while in a `with` block."""
+
+    def __init__(self) -> None:
+        self.seconds, self.collections, self._start = 0.0, [0, 0, 0], 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._start
+            self.collections[info["generation"]] += 1
+
+    def __enter__(self) -> "GCClock":
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
+
+
 def run(n: int, tokenizer, cfg: RecipeConfig, turns: dict, engines: int) -> dict:
-    """One timed roll-out and grading of `n` trajectories; counts and CPU seconds of this process."""
+    """One timed roll-out and grading of `n` trajectories; counts and CPU seconds of this process
+    (of which `gc_cpu_s` in the garbage collector: the step's live trajectories are what a full
+    collection walks, so it grows faster than the step)."""
     fleet = [CannedEngine(turns) for _ in range(engines)]
     tool = InstantTool()
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    trajs = asyncio.run(run_agent_loop(problems(n), GROUP, LoadBalancedScheduler(fleet), tool, tokenizer,
-                                       cfg.rollout, seed=0, progress=False))
-    cpu1, wall1 = time.process_time(), time.perf_counter()
-    grades = grade_batch([(t.text, t.gold) for t in trajs], timeout=cfg.reward.timeout, mode=cfg.reward.mode)
-    cpu2, wall2 = time.process_time(), time.perf_counter()
+    with GCClock() as collector:
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        trajs = asyncio.run(run_agent_loop(problems(n), GROUP, LoadBalancedScheduler(fleet), tool, tokenizer,
+                                           cfg.rollout, seed=0, progress=False))
+        cpu1, wall1 = time.process_time(), time.perf_counter()
+        grades = grade_batch([(t.text, t.gold) for t in trajs], timeout=cfg.reward.timeout, mode=cfg.reward.mode)
+        cpu2, wall2 = time.process_time(), time.perf_counter()
     turns_total = sum(t.num_turns for t in trajs)
     requested = sum((e.requests for e in fleet), Counter())
     return {
@@ -185,6 +217,7 @@ def run(n: int, tokenizer, cfg: RecipeConfig, turns: dict, engines: int) -> dict
         "reward_mean": round(sum(g.reward for g in grades) / len(grades), 4),
         "rollout_cpu_s": round(cpu1 - cpu0, 3), "grade_cpu_s": round(cpu2 - cpu1, 3),
         "rollout_wall_s": round(wall1 - wall0, 3), "grade_wall_s": round(wall2 - wall1, 3),
+        "gc_cpu_s": round(collector.seconds, 3), "gc_collections": collector.collections,
         "turns_per_cpu_s": round(turns_total / max(cpu2 - cpu0, 1e-9)),
         "rollout_turns_per_cpu_s": round(turns_total / max(cpu1 - cpu0, 1e-9)),
     }
@@ -208,6 +241,36 @@ def profile(n: int, tokenizer, cfg: RecipeConfig, turns: dict, engines: int, top
     return {"trajectories": n, "total_s": round(total, 3), "top": entries}
 
 
+def tree_runs(tree: Path, args: argparse.Namespace) -> list[dict]:
+    """The runs of `tree`'s own copy of this bench, in a fresh process with `tree` on PYTHONPATH."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "runs.json"
+        subprocess.run([sys.executable, str(tree / "benchmarks" / "timing" / "bench_agent_loop.py"),
+                        "--sizes", args.sizes, "--turn-tokens", str(args.turn_tokens), "--engines", str(args.engines),
+                        "--profile-size", "0", "--json", str(out)],
+                       cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text())["runs"]
+
+
+def describe(tree: Path) -> str:
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    return f"{head or '?'} ({tree})"
+
+
+def compare(against: Path, rounds: int, args: argparse.Namespace) -> dict:
+    """`against` (before) and this tree (after), each in its own process, in turn, `rounds` times:
+    the machine's load changes within minutes, so both are measured in one invocation."""
+    if not (against / "benchmarks" / "timing" / "bench_agent_loop.py").is_file():
+        raise SystemExit(f"--against: {against} is not a checkout with benchmarks/timing/bench_agent_loop.py")
+    out: dict = {"before": describe(against), "after": describe(REPO), "rounds": []}
+    for _ in range(rounds):
+        load = [round(x, 2) for x in os.getloadavg()]
+        out["rounds"].append({"load_average": load, "before": tree_runs(against, args), "after": tree_runs(REPO, args)})
+    out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="2048,16384", help="trajectories per run, comma-separated")
@@ -215,9 +278,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--engines", type=int, default=4, help="engines behind the scheduler")
     ap.add_argument("--profile-size", type=int, default=2048, help="trajectories of the profiled run (0: none)")
     ap.add_argument("--profile-top", type=int, default=20)
+    ap.add_argument("--against", type=Path, default=None,
+                    help="a checkout to compare with: its bench and this one run in turn, each in its own process")
+    ap.add_argument("--rounds", type=int, default=2, help="with --against: before/after pairs")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    if args.against is not None:
+        return emit(compare(args.against.resolve(), args.rounds, args), args.json)
     cfg = load_recipe(STAGE2)
     tokenizer = build_tokenizer(default_corpus(0), 512)
     turns = canned_turns(tokenizer, args.turn_tokens)
@@ -231,10 +299,14 @@ def main(argv: list[str] | None = None) -> dict:
         out["runs"].append(run(n, tokenizer, cfg, turns, args.engines))
     if args.profile_size:
         out["profile"] = profile(args.profile_size, tokenizer, cfg, turns, args.engines, args.profile_top)
+    return emit(out, args.json)
+
+
+def emit(out: dict, path: Path | None) -> dict:
     text = json.dumps(out, indent=2)
     print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    if path:
+        path.write_text(text + "\n")
     return out
 
 

@@ -7,10 +7,11 @@ the official release's `custom_chat_template` for everything RL renders (see its
 """
 from __future__ import annotations
 
-import sys
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
+
+from rstar2_cli.protocol.detokenize import ids_decoder  # noqa: F401  (rl/rollout_log.py reads it here)
 
 # The release's system prompt (its custom_chat_template's default; the template holds the same text).
 SYSTEM_PROMPT = (
@@ -89,23 +90,3 @@ def eos_token_ids(tokenizer) -> list[int]:
     if not out:
         raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no eos / <|im_end|> token")
     return out
-
-
-def ids_decoder(tokenizer) -> Callable[[list[int]], str]:
-    """`tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)` as a
-    function of the ids. For a tokenizers-backed tokenizer that overrides neither `decode` nor
-    `_decode`, it calls the Rust tokenizer directly: transformers' `decode`
-    (transformers/tokenization_utils_base.py) first copies the ids through `to_py_obj`, an
-    isinstance test per id (a third of the agent loop's CPU time at a few hundred ids a turn:
-    benchmarks/timing/bench_agent_loop.py), then `TokenizersBackend._decode`
-    (transformers/tokenization_utils_tokenizers.py) returns `self._tokenizer.decode(ids,
-    skip_special_tokens=...)` as it is when clean-up is off. transformers is looked up only if
-    loaded: a tokenizer of that class cannot exist otherwise (and importing it takes seconds)."""
-    backend = sys.modules.get("transformers.tokenization_utils_tokenizers")
-    rust_backed = getattr(backend, "TokenizersBackend", None)
-    kind = type(tokenizer)
-    if (rust_backed is not None and isinstance(tokenizer, rust_backed) and kind.decode is rust_backed.decode
-            and kind._decode is rust_backed._decode):
-        rust = tokenizer.backend_tokenizer
-        return lambda ids: rust.decode(ids, skip_special_tokens=False)
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

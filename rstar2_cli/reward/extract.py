@@ -26,6 +26,7 @@ official behaviour: only the last one counts, so hedging earns nothing in expect
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -69,21 +70,27 @@ def answer_blocks(text: str) -> list[str]:
     return blocks
 
 
-def _matching_braces(text: str) -> dict[int, int]:
-    """Index of each `{` -> index of its `}`, in one pass. `\\{`, `\\}` and `\\\\` are skipped."""
+_BRACE_OR_ESCAPE = re.compile(r"[\\{}]")
+
+
+def matching_braces(text: str) -> dict[int, int]:
+    """Index of each `{` -> index of its `}`, in one pass. `\\{`, `\\}` and `\\\\` are skipped (a
+    backslash escapes the character after it, whatever it is). The regex (a character class, no
+    backtracking) finds the next brace or backslash in C; Python looks only at those."""
     match: dict[int, int] = {}
     stack: list[int] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch == "\\":
-            i += 2
+    escaped = -1                       # the index a backslash escapes
+    for m in _BRACE_OR_ESCAPE.finditer(text):
+        i = m.start()
+        if i == escaped:
             continue
-        if ch == "{":
+        ch = m.group()
+        if ch == "\\":
+            escaped = i + 1
+        elif ch == "{":
             stack.append(i)
-        elif ch == "}" and stack:
+        elif stack:
             match[stack.pop()] = i
-        i += 1
     return match
 
 
@@ -94,7 +101,7 @@ class _Box:
 
 def boxed_contents(text: str) -> list[_Box]:
     """Top-level `\\boxed{...}` / `\\fbox{...}` in order (a box nested in a box is content)."""
-    match = _matching_braces(text)
+    match = matching_braces(text)
     boxes: list[_Box] = []
     i, n = 0, len(text)
     while i < n:
@@ -103,7 +110,7 @@ def boxed_contents(text: str) -> list[_Box]:
             break
         cmd = next((c for c in _BOX_COMMANDS if text.startswith(c, j)), None)
         if cmd is None:
-            i = j + 2  # skip the escaped char too, mirroring _matching_braces
+            i = j + 2  # skip the escaped char too, mirroring matching_braces
             continue
         k = j + len(cmd)
         while k < n and text[k] in " \t":

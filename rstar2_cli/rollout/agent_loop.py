@@ -49,10 +49,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstar2_cli.config import RolloutConfig
+from rstar2_cli.protocol.detokenize import ResponseDecoder, ids_decoder
 from rstar2_cli.protocol.parser import ParseError, ToolCall, parse_tool_calls
-from rstar2_cli.protocol.responses import response_text, tool_turn_ids
-from rstar2_cli.protocol.template import (encode_messages, eos_token_ids, ids_decoder, problem_messages,
-                                          single_token_id)
+from rstar2_cli.protocol.responses import response_text
+from rstar2_cli.protocol.splice import PromptEncoder, ToolTurnEncoder
+from rstar2_cli.protocol.template import eos_token_ids, single_token_id
 from rstar2_cli.protocol.tools import ToolSpec, get_tools, tool_schemas
 from rstar2_cli.rollout.engine_health import EngineDied
 from rstar2_cli.rollout.generation import GenRequest, is_engine_failure
@@ -98,20 +99,23 @@ def occurrences(prompt_ids: list[str]) -> list[int]:
 
 @dataclass
 class _Protocol:
-    """What every trajectory of a run shares: tokenizer, tools and stop ids."""
+    """What every trajectory of a run shares: tokenizer, tools, stop ids, and the exact fast paths
+    from ids to text and from tool outputs to ids (protocol/detokenize.py, protocol/splice.py)."""
     tokenizer: Any
     cfg: RolloutConfig
     tools: dict[str, ToolSpec]
     stop_ids: list[int]
     eos_ids: list[int]
-    decode: Callable[[list[int]], str]      # protocol/template.py ids_decoder: special tokens kept
+    decode: Callable[[list[int]], str]      # tokenizer.decode with special tokens kept
+    tool_turn: ToolTurnEncoder              # responses.tool_turn_ids, spliced
 
     @classmethod
     def build(cls, tokenizer, cfg: RolloutConfig) -> "_Protocol":
         eos = eos_token_ids(tokenizer)
         # The release stops a turn only at end-of-turn; rollout.stop_at_tool_call also at </tool_call>.
         stops = eos + ([single_token_id(tokenizer, "</tool_call>")] if cfg.stop_at_tool_call else [])
-        return cls(tokenizer, cfg, get_tools(cfg.tool), stops, eos, ids_decoder(tokenizer))
+        return cls(tokenizer, cfg, get_tools(cfg.tool), stops, eos, ids_decoder(tokenizer),
+                   ToolTurnEncoder(tokenizer, cfg.force_reason))
 
 
 async def _run_calls(attempts: list[ToolCall | ParseError], tool_runner, proto: _Protocol,
@@ -180,6 +184,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
     seen_code: set[str] = set()
     repeated = 0                      # calls whose code an earlier call of this trajectory ran already
     used_session = False
+    decoded = ResponseDecoder(proto.decode)   # the response's text, one piece per extend of `ids`
     try:
         while True:
             req = GenRequest(prompt_ids=traj.prompt_ids + ids, max_tokens=budget - len(ids),
@@ -193,6 +198,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
             turns.append({"role": "assistant", "span": [len(ids), len(ids) + len(res.token_ids)],
                           "tool_code": None, "parse_error": None})
             ids.extend(res.token_ids)
+            decoded.extend(res.token_ids)
             mask.extend([1] * len(res.token_ids))
             logprobs.extend(map(float, res.logprobs))
             traj.num_turns += 1
@@ -200,7 +206,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
                 traj.finish_reason = "length"
                 break
             last = res.token_ids[-1] if res.token_ids else None
-            turn_text = proto.decode(res.token_ids)
+            turn_text = decoded.last()
             attempts = parse_tool_calls(turn_text, proto.tools, cfg.max_calls_per_turn,
                                         messages=cfg.parse_messages, unclosed_feedback=cfg.unclosed_tag_feedback)
             note_attempts(turns[-1], attempts)
@@ -235,14 +241,14 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
                 traj.infra_error = traj.infra_error or "sandbox_internal_error"
             texts = [response_text(o, cfg.tool_response_max_chars, cfg.tool_timeout, cfg.response_format)
                      for o in outcomes]
-            tool_ids = tool_turn_ids(proto.tokenizer, texts, after_eos=last in proto.eos_ids,
-                                     force_reason=cfg.force_reason)
+            tool_ids = proto.tool_turn(texts, after_eos=last in proto.eos_ids)
             if len(ids) + len(tool_ids) >= budget:   # the release's rule: no partial tool turn
                 traj.finish_reason = "length"
                 break
             turns.append({"role": "tool", "span": [len(ids), len(ids) + len(tool_ids)],
                           "status": tool_status(reasons[-len(outcomes):])})
             ids.extend(tool_ids)
+            decoded.extend(tool_ids)
             mask.extend([0] * len(tool_ids))
             logprobs.extend([0.0] * len(tool_ids))
     except EngineDied:
@@ -257,7 +263,7 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
     finally:
         if used_session and hasattr(tool_runner, "close_session"):
             tool_runner.close_session(key)
-    traj.text = proto.decode(ids)
+    traj.text = decoded.text(ids)
     traj.extra.update(key=key, seed=seed, tool_reasons=reasons, turns=turns, repeated_code_calls=repeated)
     return traj
 
@@ -272,9 +278,12 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
     Returns trajectories grouped by problem, in input order (sample_index 0..n-1 within a group).
     Each input position is one sampled instance: its trajectories carry `group_index` (the
     position, or `group_indices[position]`: the global batch position when this call rolls out a
-    shard). A problem listed twice is two instances; `occurrence[position]` (default: counted in
-    this list) gives a later draw its own seeds and session keys. `priority`: the engines' request
-    priority of every turn (lower first: the batch index, so older batches' turns go first).
+    shard), and share one `prompt_ids` list (nothing changes a prompt in place; a copy per sample
+    would be 32 copies of each prompt in a stage-2 step, each walked by every full garbage
+    collection while the step's trajectories live). A problem listed twice is two instances;
+    `occurrence[position]` (default: counted in this list) gives a later draw its own seeds and
+    session keys. `priority`: the engines' request priority of every turn (lower first: the batch
+    index, so older batches' turns go first).
     Raises if every trajectory failed (e.g. the engine is down), or on the first exception that is
     not an engine failure (a bug); otherwise failed ones come back with finish_reason "error" and
     infra_error "engine_error". `recover`: awaited with the
@@ -290,14 +299,13 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
                          f"{len(occurrence)} occurrence counts")
     proto = _Protocol.build(tokenizer, cfg)
     schemas = tool_schemas(proto.tools, cfg.tool_schema_return) if cfg.tools_in_prompt else None
+    encode_prompt = PromptEncoder(tokenizer, cfg.system_prompt, schemas, cfg.force_reason)
     trajs: list[Trajectory] = []
     jobs = []
     for (prompt_id, problem, gold), group, occ in zip(problems, group_indices, occurrence):
-        prompt_ids = encode_messages(tokenizer, problem_messages(problem, cfg.system_prompt), schemas,
-                                     add_generation_prompt=True, force_reason=cfg.force_reason)
-        for k in range(samples_per_problem):
-            t = Trajectory(prompt_id=prompt_id, sample_index=k, group_index=group, prompt_ids=list(prompt_ids),
-                           gold=gold)
+        prompt_ids = encode_prompt(problem)
+        for k in range(samples_per_problem):   # one prompt list per problem, shared by its samples
+            t = Trajectory(prompt_id=prompt_id, sample_index=k, group_index=group, prompt_ids=prompt_ids, gold=gold)
             trajs.append(t)
             jobs.append((t, instance_key(prompt_id, k, occ), trajectory_seed(seed, prompt_id, k, occ)))
     if not jobs:
@@ -318,7 +326,7 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
                     log.warning("trajectory %s: %s; rolled out again after the restart", key, died)
                     await recover(died)
                     vars(t).update(vars(Trajectory(prompt_id=t.prompt_id, sample_index=t.sample_index,
-                                                   group_index=t.group_index, prompt_ids=list(t.prompt_ids),
+                                                   group_index=t.group_index, prompt_ids=t.prompt_ids,
                                                    gold=t.gold)))
             if on_done is not None:
                 on_done(t)

@@ -1,10 +1,13 @@
 """benchmarks/timing/bench_agent_loop.py: its instant engine and tool have the real interfaces, and a
-tiny run drives the real agent loop through every kind of turn and reports its figure and profile."""
+tiny run drives the real agent loop through every kind of turn and reports its figure, its garbage
+collection and profile; `--against` measures another checkout and this one in turn."""
 from __future__ import annotations
 
+import gc
 import json
 
 import bench_agent_loop
+import pytest
 from api_contracts import assert_fake_methods_match
 
 from rstar2_cli.rollout.engines import Engine, VLLMEngine
@@ -45,6 +48,35 @@ def test_a_tiny_run_goes_through_every_kind_of_turn_and_writes_its_json(tmp_path
     assert run["sandbox_calls"] < kinds["tool_call"] and run["void_turns"] >= kinds["void"] + 1
     assert 0 < run["reward_mean"] < 1 and run["turns_per_cpu_s"] > 0
     assert run["rollout_turns_per_cpu_s"] >= run["turns_per_cpu_s"]
+    assert 0 <= run["gc_cpu_s"] <= run["rollout_cpu_s"] + run["grade_cpu_s"] and len(run["gc_collections"]) == 3
     prof = out["profile"]
     assert prof["trajectories"] == 32 and len(prof["top"]) == 5
     assert all(e["ncalls"] > 0 and 0 <= e["share"] <= 1 for e in prof["top"])
+
+
+def test_the_gc_clock_counts_collections_in_its_block_only():
+    with bench_agent_loop.GCClock() as clock:
+        gc.collect()
+        gc.collect(0)
+    gc.collect()
+    assert clock.collections[0] >= 1 and clock.collections[2] >= 1 and clock.seconds > 0
+    assert clock not in gc.callbacks
+
+
+@pytest.mark.slow
+def test_against_runs_both_trees_in_turn_in_their_own_processes(tmp_path):
+    """`--against`: each round runs the other checkout's bench, then this one, in fresh processes
+    (here the same tree twice, so both sides count the same turns)."""
+    out = bench_agent_loop.main(["--against", str(bench_agent_loop.REPO), "--rounds", "1", "--sizes", "32",
+                                 "--turn-tokens", "24", "--json", str(tmp_path / "ab.json")])
+    assert json.loads((tmp_path / "ab.json").read_text()) == out
+    (row,) = out["rounds"]
+    assert len(row["load_average"]) == 3 and out["before"] == out["after"]
+    (before,), (after,) = row["before"], row["after"]
+    assert before["trajectories"] == after["trajectories"] == 32 and before["turns"] == after["turns"]
+    assert before["turns_per_cpu_s"] > 0 and after["turns_per_cpu_s"] > 0
+
+
+def test_against_a_folder_that_is_not_a_checkout_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="is not a checkout with benchmarks/timing/bench_agent_loop.py"):
+        bench_agent_loop.main(["--against", str(tmp_path)])
