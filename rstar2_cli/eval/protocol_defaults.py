@@ -1,7 +1,7 @@
 """The evaluation protocol's defaults, written once: `EvalSettings`' fields take them, and so do the
 `rstar2 eval` options (plain values, no pydantic: the CLI reads them when it starts, and
-`rstar2 --help` imports no pydantic, cli.py). Sources: the paper's §5 protocol (temperature 0.6,
-top-p 0.95, avg@16) as docs/eval.md gives them."""
+`rstar2 --help` imports no pydantic, cli.py). The protocol (avg@16, T = 0.6, 30K tokens, 30 turns)
+is the paper's, as docs/eval.md states it."""
 from __future__ import annotations
 
 from typing import Any

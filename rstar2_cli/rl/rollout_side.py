@@ -112,8 +112,9 @@ def start_rollout_side(cfg: RecipeConfig, host: RolloutHostPlan, info: rl_dist.D
         engines = start_engines(cfg, [slot.gpu_ids for slot in host.engines], tp_size=host.tp_size,
                                 first_replica=host.node_index * len(host.engines), weights=weights,
                                 weight_transfer=backend, priority=partial, make_engine=parts.make_engine)
-        for e in engines if partial else ():
-            e.pause_mode = "keep"     # updates stop turns at a token boundary
+        if partial:                   # updates stop turns at a token boundary
+            for e in engines:
+                e.pause_mode = "keep"
         tools = parts.make_tools(cfg)
         run_on_loop(loop, tools.start())
     pusher = WeightPusher(backend, model=model, engines=engines, is_host=host.is_host, rank=info.rank,
