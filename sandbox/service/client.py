@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 from typing import Callable
 
 import httpx
@@ -67,6 +69,17 @@ class SandboxOutage:
         return 0.0 if self.since is None else self.last - self.since
 
 
+@dataclass(eq=False)
+class _LoopState:
+    """What one event loop holds: the HTTP client (its pooled connections are that loop's streams),
+    the calls buffered for the next long-batch request, and the requests in flight."""
+    client: httpx.AsyncClient
+    buffer: list[tuple[dict, asyncio.Future]] = field(default_factory=list)
+    flush_pending: bool = False
+    background: set[asyncio.Task] = field(default_factory=set)
+    closer: AsyncGenerator[None, None] | None = None
+
+
 class RemoteSandbox:
     def __init__(self, url: str, timeout: float = 600.0, retries: int = 6, backoff: float = 0.5,
                  max_connections: int = 64, max_batch: int = 64, batch_window: float = 0.0,
@@ -82,22 +95,19 @@ class RemoteSandbox:
         self.outage = SandboxOutage(clock)
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.max_batch, self.batch_window = max_batch, batch_window
-        self._client: httpx.AsyncClient | None = None
-        self._background: set[asyncio.Task] = set()
-        self._buffer: list[tuple[dict, asyncio.Future]] = []
-        self._flush_pending = False
+        self._on_loop: dict[asyncio.AbstractEventLoop, _LoopState] = {}
         self.requests_sent = 0  # long-batch requests so far (calls are coalesced into them)
 
     async def start(self) -> None:
-        if self._client is None:
-            self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout, limits=self._limits)
+        await self._state()
 
     async def close(self) -> None:
-        if self._background:  # let requests in flight deliver their results first
-            await asyncio.gather(*self._background, return_exceptions=True)
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        """Close what the running loop holds (its requests in flight deliver their results first);
+        what other loops held was closed when they shut down, or is dropped now if they are closed."""
+        state = self._on_loop.get(asyncio.get_running_loop())
+        if state is not None:
+            await state.closer.aclose()   # runs _LoopState's close on this loop
+        self._forget_closed_loops()
 
     async def __aenter__(self) -> RemoteSandbox:
         await self.start()
@@ -106,15 +116,51 @@ class RemoteSandbox:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
+    async def _state(self) -> _LoopState:
+        """The running loop's client, buffer and requests in flight, made on first use.
+
+        Why one per loop: httpx's pooled connections are streams of the loop that opened them, and
+        one sandbox serves several loops in one RL run (the rollouts on the trainer's loop, each
+        held-out evaluation on its own `asyncio.run`, eval/runner.py). A connection reused from
+        another loop fails ("... is bound to a different event loop", "Event loop is closed").
+        Each state is closed on its own loop: by `close()`, or when `asyncio.run` ends that loop
+        (its `shutdown_asyncgens` closes the state's async generator)."""
+        loop = asyncio.get_running_loop()
+        state = self._on_loop.get(loop)
+        if state is None:
+            self._forget_closed_loops()
+            client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout, limits=self._limits)
+            state = self._on_loop[loop] = _LoopState(client)
+            state.closer = self._close_at_shutdown(loop, state)
+            await state.closer.__anext__()
+        return state
+
+    async def _close_at_shutdown(self, loop: asyncio.AbstractEventLoop, state: _LoopState):
+        """Suspended until closed (`close()`, or the loop's `shutdown_asyncgens`), then closes `state`."""
+        try:
+            yield
+        finally:
+            if self._on_loop.get(loop) is state:
+                del self._on_loop[loop]
+            if state.background:   # let requests in flight deliver their results first
+                await asyncio.gather(*state.background, return_exceptions=True)
+            await state.client.aclose()
+
+    def _forget_closed_loops(self) -> None:
+        """Drop the state of a loop closed without `shutdown_asyncgens` (a bare `loop.close()`):
+        nothing can run on it any more, so its sockets close when the client is collected."""
+        for loop in [lp for lp in self._on_loop if lp.is_closed()]:
+            del self._on_loop[loop]
+
     async def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
-        await self.start()
+        client = (await self._state()).client
         retrying = AsyncRetrying(stop=stop_after_attempt(self.retries + 1), reraise=True,
                                  wait=wait_exponential(multiplier=self.backoff, max=self.max_backoff),
                                  retry=retry_if_exception_type(RETRYABLE))
         try:
             async for attempt in retrying:
                 with attempt:
-                    resp = await self._client.request(method, path, **kwargs)
+                    resp = await client.request(method, path, **kwargs)
                     if resp.status_code == 429 or resp.status_code >= 500:
                         raise ServerBusy(f"{resp.status_code}: {resp.text[:200]}")
         except RETRYABLE as e:
@@ -131,7 +177,7 @@ class RemoteSandbox:
     async def run_batch(self, items: list[dict], timeout: float | None = None) -> list[RunResult]:
         if not items:
             return []
-        await self.start()
+        state = await self._state()
         loop = asyncio.get_running_loop()
         options = None if timeout is None else {"timeout": str(timeout)}
         futures = []
@@ -139,25 +185,25 @@ class RemoteSandbox:
             sub = {"type": "python", "solution": it["code"], "input": it.get("stdin"),
                    "session": it.get("session"), "options": options}
             futures.append(loop.create_future())
-            self._buffer.append((sub, futures[-1]))
-        if len(self._buffer) >= self.max_batch:
-            self._flush()
-        elif not self._flush_pending:
-            self._flush_pending = True
+            state.buffer.append((sub, futures[-1]))
+        if len(state.buffer) >= self.max_batch:
+            self._flush(state)
+        elif not state.flush_pending:
+            state.flush_pending = True
             if self.batch_window:
-                loop.call_later(self.batch_window, self._flush)
+                loop.call_later(self.batch_window, self._flush, state)
             else:
-                loop.call_soon(self._flush)
+                loop.call_soon(self._flush, state)
         return list(await asyncio.gather(*futures))
 
-    def _flush(self) -> None:
-        """Send what is buffered, `max_batch` submissions per request, without waiting."""
-        self._flush_pending = False
-        while self._buffer:
-            chunk, self._buffer = self._buffer[:self.max_batch], self._buffer[self.max_batch:]
+    def _flush(self, state: _LoopState) -> None:
+        """Send what is buffered on this loop, `max_batch` submissions per request, without waiting."""
+        state.flush_pending = False
+        while state.buffer:
+            chunk, state.buffer = state.buffer[:self.max_batch], state.buffer[self.max_batch:]
             task = asyncio.get_running_loop().create_task(self._send(chunk))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            state.background.add(task)
+            task.add_done_callback(state.background.discard)
 
     async def _send(self, chunk: list[tuple[dict, asyncio.Future]]) -> None:
         start = self.outage.clock()
@@ -190,8 +236,10 @@ class RemoteSandbox:
             asyncio.run(coro)
             return
         task = loop.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        state = self._on_loop.get(loop)
+        if state is not None:   # close() waits for it (no state: nothing ran on this loop, nothing to wait for)
+            state.background.add(task)
+            task.add_done_callback(state.background.discard)
 
     async def status(self) -> dict:
         """The server's /status: queue depth, counters and the backend's stats."""

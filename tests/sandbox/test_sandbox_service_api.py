@@ -3,6 +3,8 @@ bad requests with clear 4xx answers, and RemoteSandbox round-trips core RunResul
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 
 import httpx
 import pytest
@@ -146,3 +148,32 @@ async def test_remote_sandbox_unreachable_server_gives_error_results():
     async with RemoteSandbox("http://127.0.0.1:9", timeout=2, retries=1, backoff=0.01) as sb:
         res = await sb.run("print(1)")
     assert res.reason == "internal_error" and "failed after 2 tries" in res.stderr
+
+
+def test_remote_sandbox_serves_rollouts_and_a_validation_on_their_own_event_loops(url, recwarn):
+    """An RL run's pattern: rollouts on the trainer's loop (`run_until_complete`), a held-out
+    evaluation between two of them on `asyncio.run`'s loop (eval/runner.py), then `close` on the
+    rollout loop. Every call gets its real result and the close is clean, whatever loop came last."""
+    sb = RemoteSandbox(url, timeout=60, retries=0)
+
+    async def calls(tag: str) -> list[str]:
+        results = await asyncio.gather(*(sb.run(f"print('{tag}', {i})") for i in range(6)))
+        return [r.stdout if r.ok else f"{r.reason}: {r.stderr}" for r in results]
+
+    rollout_loop = asyncio.new_event_loop()
+    warnings.simplefilter("always", ResourceWarning)
+    try:
+        first = rollout_loop.run_until_complete(calls("rollout1"))
+        validation = asyncio.run(calls("validation"))
+        second = rollout_loop.run_until_complete(calls("rollout2"))
+        again = asyncio.run(calls("validation2"))   # a second validation: a fresh loop again
+        third = rollout_loop.run_until_complete(calls("rollout3"))
+        rollout_loop.run_until_complete(sb.close())
+    finally:
+        rollout_loop.close()
+    for tag, got in (("rollout1", first), ("validation", validation), ("rollout2", second),
+                     ("validation2", again), ("rollout3", third)):
+        assert got == [f"{tag} {i}\n" for i in range(6)]
+    assert sb.outage.failures == 0
+    gc.collect()   # a connection left open on a finished loop would warn when collected
+    assert not [w for w in recwarn if issubclass(w.category, ResourceWarning)]
