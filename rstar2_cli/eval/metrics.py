@@ -4,7 +4,11 @@ The paper reports avg@k (mean pass@1 over k samples per problem) with its spread
 response length and tool usage. These are pure functions over plain records (no torch) so the
 eval command, RL validation and notebooks compute the numbers the same way.
 
-A sample is correct when its `reward > 0` (works for 0/1 and -1/+1 rewards).
+A sample is correct when its `reward > 0` (works for 0/1 and -1/+1 rewards). A sample *failed*
+when the infrastructure, not the model, ended it (`infra_error`: an engine error, a tool call lost
+to a sandbox internal error; rows written before that field: finish_reason "error"). A failed
+sample scores 0 like a wrong one, so avg@k keeps its k; `summarize` counts the failed ones, and the
+report and results.json show them, so a score with failures in it is never read as the model's.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ class SampleRecord:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    failure: str = ""       # non-empty: why the infrastructure ended this sample (it scores 0)
 
     @property
     def correct(self) -> bool:
@@ -38,9 +43,17 @@ class SampleRecord:
                 reward=float(row["reward"]), extracted=row.get("extracted"),
                 response_tokens=int(row.get("response_tokens", 0)), turns=int(row.get("turns", 0)),
                 tool_calls=int(row.get("tool_calls", 0)), tool_errors=int(row.get("tool_errors", 0)),
+                failure=failure_of(row),
             )
         except KeyError as e:
             raise ValueError(f"sample record missing field {e.args[0]!r}: {dict(row)}") from None
+
+
+def failure_of(row: Mapping[str, Any]) -> str:
+    """Why the infrastructure ended a trajectories.jsonl sample ("" if it did not)."""
+    if row.get("infra_error"):
+        return str(row["infra_error"])
+    return "engine_error" if row.get("finish_reason") == "error" else ""
 
 
 def as_records(rows: Iterable[SampleRecord | Mapping[str, Any]]) -> list[SampleRecord]:
@@ -182,4 +195,7 @@ def summarize(rows: Iterable[SampleRecord | Mapping[str, Any]], ks: Sequence[int
             out[f"pass@{k}"] = mean_pass_at_k(records, k)
             out[f"maj@{k}"] = maj_at_k(records, k)
     out.update(usage_stats(records))
+    failures = [r.failure for r in records if r.failure]
+    out["failed_samples"] = len(failures)
+    out["failed_by_reason"] = {reason: failures.count(reason) for reason in sorted(set(failures))}
     return out

@@ -15,6 +15,11 @@ def metrics_table(results: dict[str, Any]) -> Table:
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("problems", str(m["problems"]))
+    failed = m.get("failed_samples", 0)
+    if failed:
+        reasons = ", ".join(f"{reason} {count}" for reason, count in m["failed_by_reason"].items())
+        t.add_row("[red]failed samples (scored 0)[/red]",
+                  f"[red]{failed} of {m['problems'] * n} ({reasons})[/red]")
     t.add_row(f"avg@{n} pass@1", f"{100 * m[f'avg@{n}']:.1f} % ± {100 * m[f'avg@{n}_std']:.1f}")
     for key in sorted((k for k in m if k.startswith(("pass@", "maj@"))), key=lambda k: (k[:3], int(k.split("@")[1]))):
         t.add_row(key, f"{100 * m[key]:.1f} %")
@@ -43,3 +48,7 @@ def print_report(results: dict[str, Any], out_dir: Path, console: Console | None
     if "engines" in results:
         console.print(engines_line(results["engines"]))
     console.print(f"results: {out_dir / 'results.json'}   samples: {out_dir / 'trajectories.jsonl'}")
+    failed = results["metrics"].get("failed_samples", 0)
+    if failed:
+        console.print(f"[red]{failed} sample(s) failed in the engine or sandbox, not by the model, and score 0: "
+                      f"run the same command again to draw them again[/red]")

@@ -4,7 +4,8 @@ Generation uses the same agent loop, sandbox and grader as the RL trainer, so an
 a training reward mean the same thing. Samples are graded and appended to `trajectories.jsonl`
 chunk by chunk (about `CHUNK_TRAJECTORIES` trajectories at a time, enough to keep the engine
 busy); a rerun with the same out dir skips problems whose samples are all
-there (resume), and the metrics are always recomputed from the file, never from memory alone.
+there (resume) and draws again the samples the infrastructure failed (an engine error; the report
+counts them until then), and the metrics are always recomputed from the file, never from memory alone.
 
 Engines: one vLLM replica per group in `gpu_groups` (launch/eval_engines.py plans them over every
 visible GPU for the commands), each with its own engine seed, `seed` + its index: requests that
@@ -24,7 +25,7 @@ from typing import Any
 from rstar2_cli.config import EngineConfig
 from rstar2_cli.eval.benchmarks import family_of
 from rstar2_cli.eval.family import grade_in_thread
-from rstar2_cli.eval.metrics import as_records, per_problem_summary, summarize
+from rstar2_cli.eval.metrics import as_records, failure_of, per_problem_summary, summarize
 from rstar2_cli.eval.reference import versions as reference_versions
 from rstar2_cli.eval.report import print_report
 from rstar2_cli.eval.settings import EvalSettings, context_length
@@ -45,7 +46,9 @@ def default_out_dir(s: EvalSettings) -> Path:
 
 
 def load_done(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    """Samples already written by an earlier (possibly interrupted) run, keyed by (id, index)."""
+    """Samples already written by an earlier (possibly interrupted) run, keyed by (id, index): the
+    first row of each, unless it failed (`metrics.failure_of`) and a later row of it did not (a
+    rerun redraws failed samples)."""
     done: dict[tuple[str, int], dict[str, Any]] = {}
     if not path.is_file():
         return done
@@ -58,7 +61,9 @@ def load_done(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a crash mid-write: that sample is simply redone
-            done.setdefault((rec["problem_id"], int(rec["sample_index"])), rec)
+            key = (rec["problem_id"], int(rec["sample_index"]))
+            if key not in done or (failure_of(done[key]) and not failure_of(rec)):
+                done[key] = rec
     return done
 
 
@@ -78,6 +83,7 @@ def sample_record(traj, grade: dict[str, Any]) -> dict[str, Any]:
         "tool_errors": traj.num_tool_errors,
         "finish_reason": traj.finish_reason,
         "error": traj.extra.get("error"),
+        "infra_error": traj.infra_error or None,
         "text": traj.text,
     }
     row.update({k: v for k, v in grade.items() if k not in row})
@@ -189,7 +195,7 @@ def run_eval(s: EvalSettings, *, engine=None, tools=None, console=None) -> dict[
         problems = problems[: s.limit]
     traj_path = out / TRAJ_FILE
     done = load_done(traj_path)
-    todo = [p for p in problems if any((p.id, i) not in done for i in range(s.samples))]
+    todo = [p for p in problems if any((p.id, i) not in done or failure_of(done[p.id, i]) for i in range(s.samples))]
     started = time.time()
     if todo:
         tokenizer = AutoTokenizer.from_pretrained(s.tokenizer or s.model)

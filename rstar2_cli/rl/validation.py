@@ -70,7 +70,8 @@ def _summary(name: str, results: dict[str, Any]) -> dict[str, float]:
     k = m["samples_per_problem"]
     out = {f"eval/{name}/accuracy": float(m[f"avg@{k}"]), f"eval/{name}/accuracy_std": float(m[f"avg@{k}_std"]),
            f"eval/{name}/samples_per_problem": float(k), f"eval/{name}/problems": float(results["num_problems"]),
-           f"eval/{name}/tool_error_rate": float(m["tool_error_rate"])}
+           f"eval/{name}/tool_error_rate": float(m["tool_error_rate"]),
+           f"eval/{name}/failed_samples": float(m.get("failed_samples", 0))}
     for key in ("response_tokens", "turns", "tool_calls"):
         for stat, value in m[key].items():
             out[f"eval/{name}/{key}_{stat}"] = float(value)
