@@ -59,7 +59,7 @@ class OneLineErrorsTyper(typer.Typer):
 app = OneLineErrorsTyper(
     name="rstar2",
     help="rStar2-Agent toolkit: prepare data, SFT, agentic RL with GRPO-RoC, sandbox, evaluation.",
-    rich_markup_mode="rich",
+    rich_markup_mode=None,   # click's plain help: it wraps at any width (rich's panels cut flag names at 80)
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     add_completion=False,
