@@ -320,15 +320,16 @@ def build_memory_plan(spec: MemorySpec) -> MemoryPlan:
         rows.append(MemoryRow("engine runtime (assumed)", (None, ENGINE_RUNTIME_GIB)))
     totals = tuple(sum(r.gib[i] or 0.0 for r in rows) for i in range(len(columns)))
     problems = []
+    resident = sum(value for _, value, freed in trainer if not freed) if spec.colocated else 0.0
     if kv <= 0:
         problems.append(f"engine: gpu_memory_utilization {spec.gpu_memory_utilization:g} x {gpu:g} GiB = "
                         f"{budget:.1f} GiB does not hold its weights ({weights:.1f} GiB) and activations "
-                        f"({engine_act + graphs:.1f} GiB): raise engine.gpu_memory_utilization or "
-                        "engine.tensor_parallel_size")
+                        f"({engine_act + graphs:.1f} GiB): "
+                        + _engine_room(spec, weights + engine_act + graphs, resident))
     elif kv_tokens < spec.max_model_len:
         problems.append(f"engine: the KV cache holds {kv_tokens:,} tokens, less than one "
-                        f"max_model_len={spec.max_model_len:,} sequence: raise engine.gpu_memory_utilization "
-                        "or engine.tensor_parallel_size")
+                        f"max_model_len={spec.max_model_len:,} sequence: "
+                        + _engine_room(spec, weights + engine_act + graphs, resident))
     for i, (column, total) in enumerate(zip(columns, totals)):
         if total > gpu:
             where = f"the {column} phase" if spec.colocated else f"a {column}"
@@ -336,6 +337,21 @@ def build_memory_plan(spec: MemorySpec) -> MemoryPlan:
                             f"{total - gpu:.1f} GiB over: " + _what_to_change(spec, column, total - gpu))
     return MemoryPlan(spec=spec, columns=columns, rows=tuple(rows), totals=totals, kv_cache_gib=kv,
                       kv_tokens_per_replica=kv_tokens, problems=tuple(problems))
+
+
+def _engine_room(spec: MemorySpec, fixed_gib: float, resident_gib: float) -> str:
+    """What gives an engine room for one `max_model_len` sequence: the `gpu_memory_utilization` that
+    holds it when the GPU has that much beside what stays on it through the rollout (the trainer's
+    resident state when colocated, the engine runtime), else a larger TP (each GPU holds less of the
+    weights and of each token's KV) or GPUs with more memory. Raising the fraction past what the GPU
+    has would only move the shortfall into the rollout phase."""
+    gpu = spec.gpu_memory_gib
+    needed = (fixed_gib + spec.max_model_len * kv_bytes_per_token(spec.shape, spec.tp_size) / GIB) / gpu
+    room = (gpu - resident_gib - ENGINE_RUNTIME_GIB) / gpu
+    if needed <= room:
+        return f"set engine.gpu_memory_utilization={math.ceil(needed * 100) / 100:.2f} (or leave it auto)"
+    return (f"even all of the GPU's room ({room:.2f} of it) is too little: set engine.tensor_parallel_size="
+            f"{2 * spec.tp_size}, or use GPUs with more memory")
 
 
 def _what_to_change(spec: MemorySpec, column: str, over_gib: float) -> str:

@@ -55,8 +55,9 @@ def _summary(plan: Plan) -> Table:
     else:
         t.add_row("sandbox", f"local, {sb.workers_per_node} workers ({sb.front_end_url})")
     if plan.samples_per_dp_rank is not None:
-        t.add_row("batch", f"{spec.prompts_per_step} prompts x {spec.rollouts_per_prompt} rollouts = "
-                           f"{plan.samples_per_dp_rank} per data-parallel rank")
+        total = spec.prompts_per_step * spec.rollouts_per_prompt
+        t.add_row("batch", f"{spec.prompts_per_step} prompts x {spec.rollouts_per_prompt} rollouts = {total:,} "
+                           f"trajectories a step, {plan.samples_per_dp_rank:,} per data-parallel rank")
     for note in plan.notes:
         t.add_row("note", Text(note, style="yellow"))
     return t

@@ -163,9 +163,27 @@ def test_a_plan_that_does_not_fit_says_which_phase_by_how_much_and_what_to_chang
     small = mp.build_memory_plan(stage2_spec(gpu_memory_gib=80.0, gpu_memory_utilization=0.15))
     assert small.problems[0].startswith("engine: gpu_memory_utilization 0.15 x 80 GiB = 12.0 GiB does not hold "
                                         "its weights (13.8 GiB)")
+    # 13.75 GiB of weights, 3.2 of activations and one max_model_len sequence of KV: 0.23 of 80 GiB
+    assert small.problems[0].endswith("set engine.gpu_memory_utilization=0.23 (or leave it auto)")
     long = mp.build_memory_plan(stage2_spec(max_model_len=3_000_000))
-    assert long.problems[0] == ("engine: the KV cache holds 2,067,287 tokens, less than one max_model_len=3,000,000 "
-                                "sequence: raise engine.gpu_memory_utilization or engine.tensor_parallel_size")
+    assert long.problems[0].startswith("engine: the KV cache holds 2,067,287 tokens, less than one "
+                                       "max_model_len=3,000,000 sequence: even all of the GPU's room")
+    assert long.problems[0].endswith("set engine.tensor_parallel_size=4, or use GPUs with more memory")
+
+
+def test_the_engine_advice_never_asks_for_more_than_the_gpu_has_beside_the_trainer():
+    """One node of 40 GiB GPUs, colocated with 8 trainer ranks (what `--gpus 8 --gpu-memory 40` sizes
+    to 0.34): the fraction that would hold one sequence is more than the GPU leaves beside the
+    trainer's resident state, so the advice is a larger TP, and the plan with that TP gives its
+    engine room; with 16 ranks the same GPU has the room, and the advice is that fraction."""
+    spec = stage2_spec(trainer_ranks=8, gpu_memory_gib=40.0, gpu_memory_utilization=0.34)
+    plan = mp.build_memory_plan(spec)
+    assert "set engine.tensor_parallel_size=4" in plan.problems[0] and "gpu_memory_utilization=" not in \
+        plan.problems[0].split(": ", 1)[1].split("sequence")[-1]
+    fixed = mp.build_memory_plan(dataclasses.replace(spec, tp_size=4))
+    assert not [p for p in fixed.problems if p.startswith("engine:")]
+    wider = mp.build_memory_plan(dataclasses.replace(spec, trainer_ranks=16))
+    assert wider.problems[0].endswith("set engine.gpu_memory_utilization=0.46 (or leave it auto)")
 
 
 def test_one_h100_node_at_32768_tokens_says_in_one_line_what_to_change():
