@@ -1,6 +1,8 @@
 """`rstar2 quickstart`: prepare -> sft -> rl -> eval on a toy task, on CPU, in one command."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -8,6 +10,8 @@ from rich.console import Console
 
 from rstar2_cli.commands import checks, fail
 from rstar2_cli.quickstart.report import results_table
+from rstar2_cli.rl.own_session import again_in_own_session, at_a_terminal
+from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, Preempted, continue_command
 
 
 def register(app: typer.Typer) -> None:
@@ -38,7 +42,7 @@ def register(app: typer.Typer) -> None:
         """Train a tiny model to use the Python tool, end to end on CPU, and write a report."""
         from pydantic import ValidationError  # lazy: pydantic, for --help's speed (cli.py)
 
-        from rstar2_cli.config import first_error  # lazy: pydantic, for --help's speed (cli.py)
+        from rstar2_cli.config import RESOLVED_RECIPE, first_error  # lazy: pydantic, for --help's speed (cli.py)
         from rstar2_cli.quickstart.seeds import parse_seeds, run_seeds, seeds_table  # lazy: pydantic (cli.py)
         from rstar2_cli.quickstart.settings import QuickstartSettings  # lazy: pydantic, for --help (cli.py)
 
@@ -55,11 +59,22 @@ def register(app: typer.Typer) -> None:
         checks.output_dir(settings.out, "--out")
         from rstar2_cli.quickstart.pipeline import run_quickstart  # lazy: torch (the trainer), after the checks
 
+        if at_a_terminal():   # the trainer and its engines out of reach of the terminal's Ctrl-C (rl/own_session.py)
+            raise typer.Exit(again_in_own_session("rstar2_cli.cli", sys.argv[1:]))
         console = Console()
-        if seed_list is not None:
-            summary = run_seeds(settings, seed_list, run_quickstart)
-            console.print(seeds_table(summary))
-        else:
-            console.print(results_table(run_quickstart(settings)))
+        try:
+            if seed_list is not None:
+                summary = run_seeds(settings, seed_list, run_quickstart)
+                console.print(seeds_table(summary))
+            else:
+                console.print(results_table(run_quickstart(settings)))
+        except Preempted as e:           # Ctrl-C or SIGTERM: the RL step finished and was saved
+            typer.echo(str(e), err=True)
+            if e.checkpoint is not None:
+                recipe = Path(e.checkpoint).parent / RESOLVED_RECIPE
+                typer.echo(f"continue its RL stage alone with: {continue_command(['rl', str(recipe)])} "
+                           f"(no report: that needs the whole quickstart, which starts over when run again)",
+                           err=True)
+            raise typer.Exit(PREEMPTED_EXIT_CODE) from None
         console.print(f"report: {settings.out / 'report.md'}  curves: {settings.out / 'report.png'}  "
                       f"numbers: {settings.out / 'report.json'}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -12,7 +13,7 @@ from rich.syntax import Syntax
 from typer.core import TyperCommand
 
 from rstar2_cli.commands import checks, fail
-from rstar2_cli.rl.preemption import RESUME_MODES, torchrun_env
+from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, RESUME_MODES, continue_command, torchrun_env
 
 
 def with_resume_default(args: list[str]) -> list[str]:
@@ -170,4 +171,7 @@ def register(app: typer.Typer) -> None:
         tmp = resolved_path.with_name(f".{resolved_path.name}.{os.getpid()}")   # every node may write it
         tmp.write_text(config.dump_recipe(cfg))
         tmp.replace(resolved_path)
-        raise typer.Exit(launch_entry.launch(plan, cfg, resume=resume, console=console, node_rank=sizes.node_rank))
+        code = launch_entry.launch(plan, cfg, resume=resume, console=console, node_rank=sizes.node_rank)
+        if code == PREEMPTED_EXIT_CODE:
+            typer.echo(f"continue with: {continue_command(sys.argv[1:])}", err=True)
+        raise typer.Exit(code)

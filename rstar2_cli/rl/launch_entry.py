@@ -6,26 +6,27 @@ executes the same code as a CPU run: `run`, which the one-device launch calls in
 
 Exit codes, of a trainer process and of `rstar2 rl`: 0 done; 75 (`PREEMPTED_EXIT_CODE`) stopped
 by SIGTERM/SIGUSR1 after a checkpoint, continue with `--resume auto` (`rl/preemption.py`); 1 the
-run aborted (`RunAborted`: one line saying why); 2 a bad recipe. The node launcher forwards
+run aborted (`RunAborted`: one line saying why); 2 a bad recipe or data file. The node launcher forwards
 SIGTERM and SIGUSR1 to torchrun, which forwards them to its workers (the plan's node environment,
-`preemption.torchrun_env`, tells it to).
+`preemption.torchrun_env`, tells it to). From a terminal, the trainer (or torchrun) runs in a session of
+its own and gets Ctrl-C from the launcher alone (`rl/own_session.py`).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from rstar2_cli.config import ConfigError, RecipeConfig, check_placement, load_recipe
+from rstar2_cli.data.problems import DataError
 from rstar2_cli.launch.plan_view import command_lines
 from rstar2_cli.rl.async_trainer import AsyncRLTrainer
 from rstar2_cli.rl.dist import setup_distributed
 from rstar2_cli.rl.faults import RunAborted
-from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, RESUME_MODES, Preempted
+from rstar2_cli.rl.own_session import again_in_own_session, at_a_terminal, call_forwarding_signals
+from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, RESUME_MODES, Preempted
 from rstar2_cli.rl.rollout_side import Collaborators
 from rstar2_cli.rl.trainer import RLTrainer
 
@@ -59,7 +60,7 @@ def run_for_exit_code(cfg, *, resume: bool | str, quiet: bool = False,
     code, why = 0, None
     try:
         return 0, run(cfg, resume=resume, parts=parts)
-    except ConfigError as e:
+    except (ConfigError, DataError) as e:
         code, why = 2, f"error: {e}"
     except Preempted as e:
         code, why = PREEMPTED_EXIT_CODE, str(e)
@@ -70,32 +71,14 @@ def run_for_exit_code(cfg, *, resume: bool | str, quiet: bool = False,
     return code, None
 
 
-def call_forwarding_signals(argv: list[str], env: dict[str, str]) -> int:
-    """Run `argv` (torchrun) and wait for it, passing SIGTERM and SIGUSR1 on to it; if one came,
-    the exit code is PREEMPTED_EXIT_CODE unless it succeeded (torchrun itself exits non-zero
-    when it is signalled, whatever its workers did)."""
-    proc = subprocess.Popen(argv, env=env)
-    got: list[int] = []
-
-    def forward(signum, frame):
-        got.append(signum)
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in PREEMPTION_SIGNALS}
-    try:
-        code = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return PREEMPTED_EXIT_CODE if got and code != 0 else code
-
-
 def launch(plan, cfg, *, resume: bool | str, console, node_rank: int | None = None) -> int:
     """Run the plan: in-process for one device; torchrun on one node, or on node `node_rank` of
     several (given, or SLURM_NODEID); else print every node's command. Returns the exit code
     (module docstring)."""
     if plan.launch_mode == "direct":
+        if at_a_terminal():   # the trainer and its engines out of reach of the terminal's Ctrl-C (own_session.py)
+            _, _, module, *args = plan.nodes[0].launch      # python -m rstar2_cli.rl.launch_entry ...
+            return again_in_own_session(module, args)
         code, final = run_for_exit_code(cfg, resume=resume)
         if final is not None:
             console.print(f"[green]done[/]: final checkpoint {final}")
@@ -103,7 +86,8 @@ def launch(plan, cfg, *, resume: bool | str, console, node_rank: int | None = No
     if len(plan.nodes) == 1 or node_rank is not None:
         node = plan.nodes[node_rank or 0]
         console.print(f"launching node {node.node_rank}: {node.command}")
-        return call_forwarding_signals(list(node.launch), {**os.environ, **dict(node.env)})
+        return call_forwarding_signals(list(node.launch), {**os.environ, **dict(node.env)},
+                                       own_session=at_a_terminal())
     console.print("[bold]Run these on each node[/] (sandbox cluster first):")
     for line in command_lines(plan):
         console.print(line, soft_wrap=True)
@@ -121,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return run_for_exit_code(cfg, resume=args.resume, quiet=os.environ.get("RANK", "0") != "0")[0]
+    quiet = os.environ.get("RANK", "0") != "0"
+    code, final = run_for_exit_code(cfg, resume=args.resume, quiet=quiet)
+    if final is not None and not quiet:
+        print(f"done: final checkpoint {final}", flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -20,6 +20,14 @@ What happens, in order:
      is still requeued before the cluster's SIGKILL; the requeued run resumes from the previous
      checkpoint (a checkpoint becomes `latest` only once complete: `checkpoint.py`).
 
+Ctrl-C (SIGINT) stops the run the same way, exit code 75 included; a second Ctrl-C at least
+`INTERRUPT_REPEAT_S` after the first stops at once (KeyboardInterrupt: the engines are shut down,
+no checkpoint). Why the interval: one keypress reaches a torchrun worker twice, from the terminal
+(every process of the foreground group) and forwarded by torchrun. The terminal's SIGINT reaches
+the engine-core processes too, and vLLM's EngineCore shuts down on it
+(vllm/v1/engine/core.py, `signal_handler`): the step then restarts those engines and rolls their
+trajectories out again, as for any engine death (below), before the checkpoint.
+
 A run whose last step finishes after the signal ends normally (exit 0): nothing is left to run.
 The step in progress is finished, never abandoned half-way (its rollout, update and weight push
 are not interrupted), so `preempt_grace_s` must cover one step and one checkpoint; the recipe's
@@ -42,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -54,6 +63,8 @@ log = logging.getLogger(__name__)
 # the job on it; any other non-zero exit is a real failure and is not requeued.
 PREEMPTED_EXIT_CODE = 75
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# a second Ctrl-C this many seconds or more after the first stops the run at once (module docstring)
+INTERRUPT_REPEAT_S = 1.0
 # `--resume` values: "latest" (the latest checkpoint, which must exist), "auto" (it if there is one,
 # else a fresh start: what a requeued job runs)
 RESUME_MODES = ("latest", "auto")
@@ -70,7 +81,21 @@ class Preempted(Exception):
         self.step, self.checkpoint, self.signal_name = step, checkpoint, signal_name
         where = f"checkpoint {checkpoint}" if checkpoint is not None else "no step ran, no checkpoint"
         super().__init__(f"preempted by {signal_name} after step {step}: {where}; "
-                         f"continue with `rstar2 rl --resume auto`")
+                         f"the same command with `--resume auto` continues")
+
+
+def continue_command(argv: list[str], program: str = "rstar2") -> str:
+    """The command line that continues a preempted run: `argv` (a command's own arguments, e.g.
+    `rl recipe.yaml --set a=b`) with its `--resume` value, if any, replaced by `--resume auto`."""
+    kept, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = i + 1 < len(argv) and argv[i + 1] in RESUME_MODES
+        elif not arg.startswith("--resume="):
+            kept.append(arg)
+    return shlex.join([program, *kept, "--resume", "auto"])
 
 
 def torchrun_env(grace_s: float) -> dict[str, str]:
@@ -98,7 +123,7 @@ class PreemptionWatch:
         if threading.current_thread() is not threading.main_thread():
             log.warning("preemption: not the main thread, SIGTERM/SIGUSR1 are not handled")
             return self
-        for sig in PREEMPTION_SIGNALS:
+        for sig in (*PREEMPTION_SIGNALS, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._on_signal)
         return self
 
@@ -111,11 +136,15 @@ class PreemptionWatch:
 
     def _on_signal(self, signum, frame) -> None:
         if self.signalled is not None:
+            if signum == signal.SIGINT and time.monotonic() - self.signalled_at >= INTERRUPT_REPEAT_S:
+                print("preemption: Ctrl-C again: stopping now, without a checkpoint", file=sys.stderr, flush=True)
+                raise KeyboardInterrupt
             return
         self.signalled, self.signalled_at = signum, time.monotonic()
         # stderr directly: a handler must not take the logging module's locks
+        again = "; Ctrl-C again stops at once, without one" if signum == signal.SIGINT else ""
         print(f"preemption: {signal.Signals(signum).name}: finishing this step, then a checkpoint "
-              f"(at most train.preempt_grace_s={self.grace_s:g} s)", file=sys.stderr, flush=True)
+              f"(at most train.preempt_grace_s={self.grace_s:g} s){again}", file=sys.stderr, flush=True)
         self._watchdog = threading.Thread(target=self._expire, name="rstar2-preempt-grace", daemon=True)
         self._watchdog.start()
 

@@ -99,7 +99,8 @@ def test_known_node_rank_starts_that_nodes_torchrun_with_its_engine_env(monkeypa
 
     plan = plan_from_args(16, 2, master_addr="h", tp_size=2, recipe_args=["--config", "r.yaml"])
     calls = []
-    monkeypatch.setattr(launch_entry, "call_forwarding_signals", lambda argv, env: calls.append((argv, env)) or 0)
+    monkeypatch.setattr(launch_entry, "call_forwarding_signals",
+                        lambda argv, env, own_session: calls.append((argv, env)) or 0)
     assert launch_entry.launch(plan, None, resume=False, console=Console(quiet=True), node_rank=1) == 0
     (argv, env), = calls
     assert argv == list(plan.nodes[1].launch) and "--node-rank" in argv and argv[argv.index("--node-rank") + 1] == "1"

@@ -102,7 +102,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("mode,expected", [("checkpoints", PREEMPTED_EXIT_CODE), ("torchrun", PREEMPTED_EXIT_CODE),
                                            ("finishes", 0)])
 def test_the_node_launcher_forwards_the_signal_and_exits_with_the_preempted_code(tmp_path, mode, expected):
-    from rstar2_cli.rl.launch_entry import call_forwarding_signals
+    from rstar2_cli.rl.own_session import call_forwarding_signals
 
     ready = tmp_path / "ready"
 
@@ -117,7 +117,7 @@ def test_the_node_launcher_forwards_the_signal_and_exits_with_the_preempted_code
 
 
 def test_without_a_signal_the_launcher_returns_the_child_code():
-    from rstar2_cli.rl.launch_entry import call_forwarding_signals
+    from rstar2_cli.rl.own_session import call_forwarding_signals
 
     assert call_forwarding_signals([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ)) == 3
 
@@ -206,3 +206,61 @@ def test_a_trainer_process_exits_with_the_outcome_code_and_one_line(tmp_path, mo
     assert len(err.splitlines()) == (0 if raised == "done" else 1)
     if raised == "preempted":
         assert "preempted by SIGUSR1 after step 3" in err and "--resume auto" in err
+
+
+def test_ctrl_c_stops_at_the_step_boundary_and_a_second_one_later_stops_at_once(monkeypatch):
+    """The first SIGINT only marks the run, as SIGTERM does; a repeat within INTERRUPT_REPEAT_S is the
+    same keypress arriving twice (terminal and torchrun); a later one raises KeyboardInterrupt."""
+    from rstar2_cli.rl import preemption
+
+    monkeypatch.setattr(preemption, "INTERRUPT_REPEAT_S", 0.3)
+    before = signal.getsignal(signal.SIGINT)
+    watch = PreemptionWatch(grace_s=60).install()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert watch.agreed() and watch.signal_name == "SIGINT"
+        os.kill(os.getpid(), signal.SIGINT)      # the same keypress, forwarded: still finishing the step
+        time.sleep(0.4)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)                        # the handler runs between bytecodes
+    finally:
+        watch.uninstall()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["rl", "r.yaml"], "rstar2 rl r.yaml --resume auto"),
+    (["rl", "r.yaml", "--resume"], "rstar2 rl r.yaml --resume auto"),
+    (["rl", "--resume", "latest", "r.yaml", "--set", "a=b c"], "rstar2 rl r.yaml --set 'a=b c' --resume auto"),
+    (["rl", "--resume=auto", "--stage", "2"], "rstar2 rl --stage 2 --resume auto"),
+])
+def test_the_continue_command_is_the_same_command_with_resume_auto(argv, expected):
+    from rstar2_cli.rl.preemption import continue_command
+
+    assert continue_command(argv) == expected
+
+
+def test_the_node_launcher_survives_ctrl_c_and_leaves_it_to_torchrun(tmp_path):
+    """A terminal's SIGINT reaches torchrun itself: the launcher does not pass it on (torchrun would
+    end its workers at once on a second one) and reports the preemption code torchrun ends with."""
+    from rstar2_cli.rl.own_session import call_forwarding_signals
+
+    ready = tmp_path / "ready"
+    child = textwrap.dedent("""
+        import pathlib, signal, sys, time
+        signal.signal(signal.SIGINT, lambda s, f: pathlib.Path(sys.argv[1] + ".got").write_text("x"))
+        pathlib.Path(sys.argv[1]).write_text("ready")
+        time.sleep(2)
+        sys.exit(75)
+    """)
+
+    def interrupt_when_ready():
+        while not ready.exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_ready, daemon=True).start()
+    code = call_forwarding_signals([sys.executable, "-c", child, str(ready)], dict(os.environ))
+    assert code == PREEMPTED_EXIT_CODE
+    assert not (tmp_path / "ready.got").exists()

@@ -1,13 +1,18 @@
 """A run stopped by a preemption signal and resumed has the same per-step metrics (rewards, kept
 groups, loss, gradients, ...) as the run that was never stopped: in-process for k = 0 and k = 1,
-and as `rstar2 rl` killed with SIGTERM and continued with `--resume auto`."""
+and as `rstar2 rl` stopped by SIGTERM, or by Ctrl-C at a real terminal (a pseudo-terminal), and
+continued with `--resume auto`."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
+import termios
+import threading
 import time
 from pathlib import Path
 
@@ -105,7 +110,52 @@ def _run_rl(recipe: Path, *extra: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
 
 
-def test_rstar2_rl_stopped_by_sigterm_exits_75_and_resume_auto_continues_identically(tiny_model, tmp_path):
+class AtATerminal:
+    """`rstar2 rl ...` as a user runs it in a terminal: the controlling terminal is a pseudo-terminal
+    whose foreground group the command leads, so `ctrl_c()` (the ^C byte) is SIGINT from the line
+    discipline to that whole group, as a keypress is; `output` collects what the terminal shows."""
+
+    def __init__(self, recipe: Path, *extra: str):
+        master, slave = pty.openpty()
+        env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+
+        def controlling_terminal():   # a new session whose controlling terminal is the pty (fd 0)
+            os.setsid()
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "rstar2_cli.cli", "rl", str(recipe), *extra], env=env,
+                                     stdin=slave, stdout=slave, stderr=slave, preexec_fn=controlling_terminal)
+        os.close(slave)
+        self.master, self.chunks = master, []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:     # EIO: every process holding the terminal has exited
+                return
+            if not data:
+                return
+            self.chunks.append(data)
+
+    def ctrl_c(self):
+        os.write(self.master, b"\x03")
+
+    def wait(self, timeout: float) -> tuple[int, str]:
+        code = self.proc.wait(timeout=timeout)
+        self.reader.join(30)
+        os.close(self.master)
+        return code, b"".join(self.chunks).decode(errors="replace")
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])
+def test_rstar2_rl_stopped_by_sigterm_or_ctrl_c_exits_75_and_resume_auto_continues_identically(tiny_model, tmp_path,
+                                                                                              stop):
+    """SIGTERM to `rstar2 rl`, as a cluster sends it; or Ctrl-C at a terminal, SIGINT to the whole
+    foreground group: the trainer and its engines run in a session of their own and get it from the
+    launcher alone (rl/own_session.py), so the step finishes on the same engines."""
     from rstar2_cli.rl.launch_entry import train
 
     data = _data(tmp_path)
@@ -114,21 +164,30 @@ def test_rstar2_rl_stopped_by_sigterm_exits_75_and_resume_auto_continues_identic
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw))
 
-    # --resume auto with nothing to resume starts fresh; SIGTERM once step 1 is logged
-    proc = _run_rl(recipe, "--resume", "auto")
+    # --resume auto with nothing to resume starts fresh; the signal once step 1 is logged
+    proc = _run_rl(recipe, "--resume", "auto") if stop == "sigterm" else AtATerminal(recipe, "--resume", "auto")
+    running = proc.poll if stop == "sigterm" else proc.proc.poll
     metrics = cut / "metrics.jsonl"
     deadline = time.monotonic() + 600
-    while not (metrics.is_file() and metrics.read_text().strip()) and proc.poll() is None:
+    while not (metrics.is_file() and metrics.read_text().strip()) and running() is None:
         assert time.monotonic() < deadline, "no step logged in 600 s"
         time.sleep(0.2)
-    assert proc.poll() is None, proc.stderr.read()
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == PREEMPTED_EXIT_CODE, err
+    assert running() is None, "the run ended before its first step was logged"
+    if stop == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=600)[1]
+        code = proc.returncode
+    else:
+        proc.ctrl_c()
+        code, err = proc.wait(timeout=600)
+        assert "Ctrl-C again stops at once" in err
+        assert "restart" not in err.lower(), err    # the engines never saw the keypress
+    assert code == PREEMPTED_EXIT_CODE, err
     stopped_at = len(_stable_rows(cut))
     assert 1 <= stopped_at < 4
     assert (cut / "latest").read_text().strip() == f"step_{stopped_at:06d}"
-    assert f"preempted by SIGTERM after step {stopped_at}" in err
+    assert f"preempted by {'SIGTERM' if stop == 'sigterm' else 'SIGINT'} after step {stopped_at}" in err
+    assert f"continue with: rstar2 rl {recipe} --resume auto" in err
 
     proc = _run_rl(recipe, "--resume", "auto")
     _, err = proc.communicate(timeout=900)
