@@ -55,9 +55,27 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"{p}: recipe file not found")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read the recipe ({e})") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(f"{yaml_error_place(p, e)}: not valid YAML ({yaml_problem(e)})") from None
+    if raw is None:    # an empty file (or only comments) would silently mean every default
+        raise ConfigError(f"{p}: the recipe is empty; give its settings (rstar2_cli/recipes/stage1.yaml shows them)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: top level must be a mapping, got {type(raw).__name__}")
     return raw
+
+
+def yaml_error_place(path: Path, e: yaml.YAMLError) -> str:
+    """`file:line:column` of a YAML error (1-based, where the parser says the problem is)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    return f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """The parser's own words for a YAML error, on one line."""
+    words = ": ".join(w for w in (getattr(e, "context", None), getattr(e, "problem", None)) if w)
+    return words or str(e).splitlines()[0]

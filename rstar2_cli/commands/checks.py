@@ -30,13 +30,15 @@ import re
 import socket
 import tempfile
 import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import urlsplit
 
 from rstar2_cli.commands import fail, shown
 from rstar2_cli.data.problems import (
-    DATA_DIR_ENV, HUB_IDS, NAMED_SETS, find_named_set_file, resolve_data_dir, unreadable,
+    DATA_DIR_ENV, HUB_IDS, NAMED_SETS, DataError, find_named_set_file, load_problems, resolve_data_dir, unreadable,
 )
 
 HUB_PROBE_S = 3.0               # how long a Hub reachability probe may take before it counts as down
@@ -212,6 +214,21 @@ def url(value: str, what: str, schemes: tuple[str, ...] = ("http", "https")) -> 
         fail(f"{what} {shown(value)}: expected a URL like {schemes[0]}://host:port ({', '.join(schemes)})")
 
 
+def server_answers(value: str, what: str, timeout: float = 5.0) -> None:
+    """An OpenAI-compatible server answers HTTP at `value` (its `/models`), so a run does not start
+    its tokenizer and sandbox only to find nothing there. Any HTTP answer counts (an auth error or a
+    404 is the server's own word, which the run then shows)."""
+    try:
+        with urllib.request.urlopen(value.rstrip("/") + "/models", timeout=timeout):
+            pass
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", None) or e
+        fail(f"{what} {shown(value)}: no server answers there ({reason}); start it first "
+             f"(e.g. vllm serve MODEL --port 8000) or give its address")
+
+
 def free_port(host: str, port: int, what: str = "--port") -> None:
     """Nothing else listens on `host:port` (bound and released at once, as uvicorn binds it)."""
     try:
@@ -267,6 +284,8 @@ def eval_settings(s: Any, *, data: bool = True) -> None:
         tokenizer_source(s.tokenizer or s.model, "--tokenizer" if s.tokenizer else "MODEL (the tokenizer)")
     if s.base_url:
         url(s.base_url, "--base-url")
+        if s.engine == "openai":
+            server_answers(s.base_url, "--base-url")
     if s.sandbox_url:
         url(s.sandbox_url, "--sandbox-url")
     output_dir(s.out_dir or "runs/eval", "--out")
@@ -307,11 +326,21 @@ def _hub_up(endpoint: str, offline_flag: str) -> bool:
 
 def rl_recipe(cfg: Any) -> None:
     """An RL recipe's paths, checked on the machine that trains: the starting checkpoint, the output
-    folder, the training problems and the held-out sets (when validation is on)."""
+    folder, the training problems (every row read) and the held-out sets (when validation is on)."""
     hint = f" (init_from: {cfg.init_from}; that stage's final checkpoint)" if cfg.init_from else ""
     model_dir(cfg.model.path, "model.path", hint=hint)
     output_dir(cfg.train.out_dir, "train.out_dir")
     problem_source(cfg.data.train, "data.train", cfg.data.data_dir)
+    local = Path(cfg.data.train).expanduser()
+    if not local.exists():    # a named set: its local copy, if any (a Hub set is the trainer's to load)
+        local = find_named_set_file(cfg.data.train, resolve_data_dir(cfg.data.data_dir))
+    if local is not None:     # every row, before an engine starts: a row without an answer would fail a step
+        try:
+            problems = load_problems(local)
+        except DataError as e:
+            fail(f"data.train: {e}")
+        if not problems:
+            fail(f"data.train {shown(cfg.data.train)}: no problems in it")
     if cfg.train.eval_every > 0:
         for name in cfg.train.eval_sets:
             problem_source(name, "train.eval_sets", cfg.data.data_dir)

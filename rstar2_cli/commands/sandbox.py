@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
             600.0, help="Seconds a long-batch call waits for room before queue_timeout."
         ),
         lease: float = typer.Option(10.0, help="Redis: seconds without heartbeat before a worker counts as dead."),
+        redis_wait: float = typer.Option(30.0, help="Redis: seconds a start waits for it to answer, then refuses."),
         max_attempts: int = typer.Option(
             2, min=1, help="Redis: runs of a call before a worker death becomes an error result."
         ),
@@ -68,7 +69,7 @@ def register(app: typer.Typer) -> None:
         checks.choice(isolation, ISOLATIONS, "--isolation")
         checks.choice(log_level, LOG_LEVELS, "--log-level")
         for flag, value in (("--timeout", timeout), ("--max-body-mb", max_body_mb),
-                            ("--long-batch-wait", long_batch_wait), ("--lease", lease)):
+                            ("--long-batch-wait", long_batch_wait), ("--lease", lease), ("--redis-wait", redis_wait)):
             checks.positive(value, flag)
         if redis is not None:
             checks.url(redis, "--redis", ("redis", "rediss", "unix"))
@@ -89,7 +90,7 @@ def register(app: typer.Typer) -> None:
             if worker:
                 if rcfg is None:
                     fail("--worker needs --redis redis://host:port")
-                serve_workers(rcfg, kwargs, concurrency or 2 * (workers or _cpu_count()), procs)
+                serve_workers(rcfg, kwargs, concurrency or 2 * (workers or _cpu_count()), procs, redis_wait)
             else:
                 scfg = ServiceConfig(max_queue=max_queue, max_batch=max_batch,
                                      max_body_bytes=int(max_body_mb * 1024 * 1024), long_batch_wait=long_batch_wait,
@@ -97,7 +98,7 @@ def register(app: typer.Typer) -> None:
                 if rcfg is None:
                     serve_http(host, port, kwargs, scfg, log_level)
                 else:
-                    serve_frontend(host, port, rcfg, scfg, log_level)
+                    serve_frontend(host, port, rcfg, scfg, log_level, redis_wait)
         except SandboxUnavailable as e:
             fail(f"{e} [to serve anyway: --unsafe-no-isolation]")
         except ValueError as e:

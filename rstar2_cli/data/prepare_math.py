@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rstar2_cli.data import answer_checks, math_text
 from rstar2_cli.data.decontaminate import DecontaminationConfig, decontaminate
 from rstar2_cli.data.dedup import exact_dedup, near_dedup
+from rstar2_cli.recipe_text import yaml_error_place, yaml_problem
 from rstar2_cli.data.problems import (
     EVAL_SET_NAMES, HUB_IDS, NAMED_SETS, DataError, HubSource, Problem, data_stem, find_named_set_file, iter_rows,
     load_hub_source, load_problems, resolve_data_dir, rows_to_problems,
@@ -85,8 +86,10 @@ class PrepareMathConfig(BaseModel):
     def from_yaml(cls, path: Path, **overrides: Any) -> "PrepareMathConfig":
         try:
             data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as e:
+        except OSError as e:
             raise DataError(f"{path}: cannot read spec: {e}") from None
+        except yaml.YAMLError as e:
+            raise DataError(f"{yaml_error_place(Path(path), e)}: not valid YAML ({yaml_problem(e)})") from None
         if not isinstance(data, dict):
             raise DataError(f"{path}: a spec is a mapping (sources:, out:, ...), got {type(data).__name__}")
         data.update({k: v for k, v in overrides.items() if v is not None})

@@ -116,8 +116,8 @@ def unreadable(path: Path) -> str | None:
     for any size: a gzip stream (`GZIP_MAGIC`) is accepted for `GZIP_FORMATS` and read as its text,
     elsewhere refused. Bytes that are not UTF-8, or a NUL byte, are not text: the error names the
     first, or the file's kind where its signature is known (`NOT_TEXT`: Parquet, zip, bzip2, xz,
-    zstd, UTF-16) with what to do. A .parquet file must start with PAR1. A bad byte past the head
-    is `iter_rows`' to find, with its line.
+    zstd, UTF-16) with what to do. A .parquet file must start with PAR1. A text file of nothing but
+    whitespace has no rows. A bad byte past the head is `iter_rows`' to find, with its line.
     """
     fmt = data_format(path)
     try:
@@ -150,6 +150,8 @@ def unreadable(path: Path) -> str | None:
         bad = f"binary: a NUL byte at offset {nul}"
     elif first_bad is not None:
         bad = f"byte 0x{head[first_bad]:02x} at offset {first_bad}"
+    elif complete and not head.strip():
+        return "empty: no rows"
     else:
         return None
     known = next((what for magic, what in NOT_TEXT if head.startswith(magic)), bad)

@@ -210,7 +210,12 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m sandbox.redis_mode.worker SPEC_JSON`: one worker process hosting one Sandbox."""
     spec = json.loads((argv or sys.argv[1:])[0])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_worker(RedisConfig(**spec["redis"]), sandbox_from_kwargs(spec["sandbox"]), int(spec["concurrency"]))
+    cfg = RedisConfig(**spec["redis"])
+    try:
+        run_worker(cfg, sandbox_from_kwargs(spec["sandbox"]), int(spec["concurrency"]))
+    except RETRIED_ERRORS as e:   # Redis gone past redis-py's retries: one line; the supervisor decides
+        print(f"sandbox worker: Redis {cfg.url} does not answer ({e}); exiting", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

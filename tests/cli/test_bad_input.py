@@ -5,11 +5,13 @@ attempt (an audit hook ends the process at the first lookup or connection to a n
 
 The cases start from placeholders the fixture fills: {model} (a folder that passes the checkpoint
 checks, though it holds no real weights: nothing may load it), {empty} (a plain folder), {file}
-(a plain file), {problems} (a problems .jsonl), {sft} (an SFT .jsonl), {binary} (binary bytes named
-.jsonl), {bindata} (a data dir whose aime25.jsonl is binary), {badgz} (a gzip stream cut short),
-{notparquet} (text named .parquet), {gzcsv} (a gzipped .csv), {tmp}, {busy} (a port this test
-listens on) and {closed} (a local port nothing listens on). Each process gets $RSTAR2_DATA_DIR with
-copies of the four eval sets, an empty Hugging Face cache, and runs in {tmp}.
+(a plain file), {badyaml} (a recipe with a YAML error), {emptyyaml} (a recipe of comments only),
+{emptyjsonl} (a data file of no rows), {noanswer} and {emptyanswer} (a row without an answer),
+{problems} (a problems .jsonl), {sft} (an SFT .jsonl), {binary} (binary bytes named .jsonl),
+{bindata} (a data dir whose aime25.jsonl is binary), {badgz} (a gzip stream cut short), {notparquet}
+(text named .parquet), {gzcsv} (a gzipped .csv), {tmp}, {busy} (a port this test listens on),
+{closed} (a local port nothing listens on) and {free} (a port free to listen on). Each process gets
+$RSTAR2_DATA_DIR with copies of the four eval sets, an empty Hugging Face cache, and runs in {tmp}.
 """
 from __future__ import annotations
 
@@ -56,6 +58,11 @@ CASES = [
     ("eval-folder-not-a-model", ["eval", "aime25", "{empty}"], "{empty}: not a model folder (no config.json)", {}),
     ("eval-folder-not-a-model-no-data", ["eval", "aime25", "{empty}"], "not a model folder",
      {"RSTAR2_DATA_DIR": UNSET}),
+    ("serve-sandbox-redis-down", ["serve-sandbox", "--redis", "redis://127.0.0.1:{closed}/0", "--redis-wait", "1",
+                                  "--port", "{free}"], "--redis redis://127.0.0.1:{closed}/0: no Redis answered", {}),
+    ("serve-sandbox-worker-redis-down", ["serve-sandbox", "--worker", "--redis", "redis://127.0.0.1:{closed}/0",
+                                         "--redis-wait", "1", "--unsafe-no-isolation"],
+     "--redis redis://127.0.0.1:{closed}/0: no Redis answered within 1 s", {}),
     ("serve-sandbox-port-out-of-range", ["serve-sandbox", "--port", "99999"], "--port 99999", {}),
     # eval
     ("eval-checkpoint-is-a-file", ["eval", "aime25", "{file}"], "a file, not a model folder", {}),
@@ -64,6 +71,11 @@ CASES = [
     ("eval-no-weights", ["eval", "aime25", "{noweights}"], "no weights", {}),
     ("eval-no-tokenizer", ["eval", "aime25", "{notokenizer}"], "no tokenizer files", {}),
     ("eval-unknown-benchmark", ["eval", "aime26", "{model}"], "aime26", {}),
+    ("eval-empty-data", ["eval", "custom", "{model}", "--data", "{emptyjsonl}"], "--data {emptyjsonl}: empty: no rows",
+     {}),
+    ("eval-openai-nothing-there", ["eval", "aime25", "served-model", "--engine", "openai", "--base-url",
+                                   "http://127.0.0.1:{closed}/v1", "--tokenizer", "{model}"],
+     "--base-url http://127.0.0.1:{closed}/v1: no server answers there", {}),
     ("eval-zero-samples", ["eval", "aime25", "{model}", "--samples", "0"], "samples", {}),
     ("eval-negative-temperature", ["eval", "aime25", "{model}", "--temperature", "-1"], "temperature", {}),
     ("eval-missing-data-file", ["eval", "custom", "{model}", "--data", "/nonexistent.jsonl"],
@@ -115,6 +127,7 @@ CASES = [
     ("prepare-math-output-type", ["prepare", "math", "--source", "{problems}", "--out", "{tmp}/o.csv"], "o.csv", {}),
     ("prepare-math-missing-spec", ["prepare", "math", "--spec", "/nonexistent.yaml"], "/nonexistent.yaml", {}),
     ("prepare-math-spec-not-a-mapping", ["prepare", "math", "--spec", "{listyaml}"], "{listyaml}", {}),
+    ("prepare-math-spec-bad-yaml", ["prepare", "math", "--spec", "{badyaml}"], "{badyaml}:3:11: not valid YAML", {}),
     ("prepare-math-threshold-above-one", ["prepare", "math", "--source", "{problems}", "--out", "{tmp}/o.jsonl",
                                           "--near-dup-threshold", "2"], "near_dup_threshold", {}),
     ("prepare-math-zero-ngram", ["prepare", "math", "--ngram", "0"], "--ngram 0", {}),
@@ -180,6 +193,9 @@ CASES = [
     # rl
     ("rl-no-recipe-or-stage", ["rl"], "--stage", {}),
     ("rl-missing-recipe", ["rl", "/nonexistent.yaml"], "/nonexistent.yaml", {}),
+    ("rl-recipe-bad-yaml", ["rl", "{badyaml}"], "{badyaml}:3:11: not valid YAML (mapping values are not allowed", {}),
+    ("rl-recipe-empty", ["rl", "{emptyyaml}"], "{emptyyaml}: the recipe is empty", {}),
+    ("sft-recipe-bad-yaml", ["sft", "{badyaml}"], "{badyaml}:3:11: not valid YAML", {}),
     ("rl-stage-out-of-range", ["rl", "--stage", "4"], "--stage 4", {}),
     ("rl-unknown-field", ["rl", "--stage", "1", "--set", "optim.lrr=1"], "optim.lrr: unknown field", {}),
     ("rl-stage-2-before-stage-1", ["rl", "--stage", "2"], "model.path runs/stage1/final: no such folder", {}),
@@ -189,6 +205,12 @@ CASES = [
                              "--set", "train.eval_sets=[aime26]"], "train.eval_sets aime26", {}),
     ("rl-binary-train-data", ["rl", "--stage", "1", "--set", "model.path={model}", "--set", "data.train={binary}"],
      "data.train {binary}: not UTF-8 text", {}),
+    ("rl-train-row-without-answer", ["rl", "--stage", "1", "--set", "model.path={model}", "--set",
+                                     "data.train={noanswer}"], "data.train: {noanswer}:2: missing field 'answer'", {}),
+    ("rl-train-empty-answer", ["rl", "--stage", "1", "--set", "model.path={model}", "--set",
+                               "data.train={emptyanswer}"], "data.train: {emptyanswer}:1: empty field 'answer'", {}),
+    ("rl-train-no-rows", ["rl", "--stage", "1", "--set", "model.path={model}", "--set", "data.train={emptyjsonl}"],
+     "data.train {emptyjsonl}: empty: no rows", {}),
     ("rl-output-under-a-file", ["rl", "--stage", "1", "--set", "model.path={model}", "--set",
                                 "data.train={problems}", "--set", "train.out_dir={file}/rl"],
      "train.out_dir {file}/rl", {}),
@@ -233,6 +255,11 @@ def places(tmp_path_factory):
     (root / "sft.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
                                                              {"role": "assistant", "content": "hello"}]}) + "\n")
     (root / "list.yaml").write_text("- a\n")
+    (root / "bad.yaml").write_text("name: x\ntrain:\n  steps: 3: 4\n")     # a colon too many, line 3 column 11
+    (root / "empty.yaml").write_text("# settings to come\n")
+    (root / "empty.jsonl").write_text("\n")
+    (root / "noanswer.jsonl").write_text(row + "\n" + json.dumps({"id": "2", "problem": "What is 2+2?"}) + "\n")
+    (root / "emptyanswer.jsonl").write_text(json.dumps({"id": "1", "problem": "What is 1+1?", "answer": ""}) + "\n")
     # what a new user hands over by mistake: binary data, a gzip file cut short, a csv still gzipped
     (root / "binary.jsonl").write_bytes(bytes(range(256)) * 4)
     (root / "bindata").mkdir()
@@ -245,11 +272,16 @@ def places(tmp_path_factory):
     busy.listen()
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))     # bound, never listening: connections are refused
+    with socket.socket() as probe:    # a port free to listen on
+        probe.bind(("127.0.0.1", 0))
+        free = str(probe.getsockname()[1])
     p.update(empty=str(root / "empty"), file=str(root / "file"), problems=str(data / "problems.jsonl"),
              sft=str(root / "sft.jsonl"), listyaml=str(root / "list.yaml"), data=str(data),
+             badyaml=str(root / "bad.yaml"), emptyyaml=str(root / "empty.yaml"), emptyjsonl=str(root / "empty.jsonl"),
+             noanswer=str(root / "noanswer.jsonl"), emptyanswer=str(root / "emptyanswer.jsonl"),
              binary=str(root / "binary.jsonl"), badgz=str(root / "cut.jsonl"), notparquet=str(root / "table.parquet"),
              gzcsv=str(root / "gpqa.csv"), bindata=str(root / "bindata"),
-             busy=str(busy.getsockname()[1]), closed=str(closed.getsockname()[1]))
+             busy=str(busy.getsockname()[1]), closed=str(closed.getsockname()[1]), free=free)
     yield p
     busy.close()
     closed.close()
