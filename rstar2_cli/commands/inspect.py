@@ -12,8 +12,9 @@ from rstar2_cli.commands import fail
 def register(app: typer.Typer) -> None:
     @app.command("inspect")
     def inspect_cmd(
-        run_dir: Path = typer.Argument(..., help="An RL run folder (metrics.jsonl, rollouts/) or an eval output "
-                                                 "folder (results.json, trajectories.jsonl; `eval all`'s too)."),
+        run_dir: Path = typer.Argument(..., help="An RL run folder (metrics.jsonl, rollouts/), an eval output "
+                                                 "folder (results.json, trajectories.jsonl; `eval all`'s too), or "
+                                                 "a folder of RL runs (a quickstart's: a page for each)."),
         out: Optional[Path] = typer.Option(None, "--out", "-o",
                                            help="The page to write [default: RUN_DIR/inspect.html]."),
         serve: Optional[int] = typer.Option(
@@ -27,11 +28,24 @@ def register(app: typer.Typer) -> None:
         """Write a self-contained HTML page to browse a run's trajectories: curves, steps, groups, turns,
         RoC decisions, filters. Prints the page's path (with --serve, the address instead)."""
         from rstar2_cli.inspect.page import PAGE_FILE, render_page, write_page  # lazy: pydantic, for --help (cli.py)
-        from rstar2_cli.inspect.reader import InspectError, read_folder  # lazy: pydantic, for --help (cli.py)
+        # lazy: pydantic, for --help (cli.py)
+        from rstar2_cli.inspect.reader import InspectError, read_folder, rl_runs_under
 
         if serve is not None and out is not None:
             fail(f"--out {out} with --serve: --serve writes no file (its page loads each step from the server); "
                  f"give one of them")
+        runs = rl_runs_under(run_dir) if run_dir.is_dir() else []
+        if len(runs) > 1 and (serve is not None or out is not None):
+            fail(f"{run_dir}: holds {len(runs)} RL runs ({', '.join(str(r) for r in runs)}); "
+                 f"{'--serve' if serve is not None else '--out'} takes one: give its folder")
+        if runs:    # a folder of runs (a quickstart's rl_roc/ and rl_grpo/): a page for each
+            for run in runs:
+                try:
+                    typer.echo(f"{run.relative_to(run_dir)}: "
+                               f"{write_page(read_folder(run, max_trajectories), out or run / PAGE_FILE)}")
+                except InspectError as e:
+                    fail(str(e))
+            return
         try:
             data = read_folder(run_dir, max_trajectories, on_demand=serve is not None)
         except InspectError as e:

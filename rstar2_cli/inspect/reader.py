@@ -56,6 +56,18 @@ def read_folder(path: str | Path, max_trajectories: int = 2000, on_demand: bool 
                        f"({RESULTS_FILE}, {TRAJ_FILE})")
 
 
+def rl_runs_under(root: Path, depth: int = 2) -> list[Path]:
+    """The RL run folders in `root`'s subfolders, `depth` levels down at most (a quickstart folder:
+    rl_roc/ and rl_grpo/, or seed_<n>/rl_roc/ with --seeds), when `root` is neither a run nor an eval."""
+    if is_rl_run(root) or eval_folders(root):
+        return []
+    found: list[Path] = []
+    for level in range(1, depth + 1):
+        found += [d for d in sorted(root.glob("/".join(["*"] * level))) if d.is_dir() and is_rl_run(d)
+                  and not any(run in d.parents for run in found)]
+    return found
+
+
 def is_rl_run(root: Path) -> bool:
     return (root / METRICS_FILE).is_file() or (root / ROLLOUTS_DIR).is_dir()
 

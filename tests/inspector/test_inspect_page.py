@@ -73,6 +73,22 @@ def test_the_command_prints_the_page_path(tmp_path):
     assert embedded(out.read_text())["kind"] == "eval"
 
 
+def test_a_quickstart_folder_gets_a_page_for_each_of_its_rl_runs(tmp_path):
+    """`rstar2 inspect runs/quickstart`: the RoC and GRPO runs (its held-out evals, under each run's
+    own folder, are not runs of their own), one page each, in order."""
+    qs = tmp_path / "quickstart"
+    (qs / "sft").mkdir(parents=True)
+    (qs / "settings.json").write_text("{}")
+    roc, grpo = write_rl_run(qs / "rl_roc", steps=1), write_rl_run(qs / "rl_grpo", steps=2)
+    write_eval(roc / "heldout" / "step_0000")
+    result = CliRunner().invoke(app, ["inspect", str(qs)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [f"rl_grpo: {grpo / 'inspect.html'}", f"rl_roc: {roc / 'inspect.html'}"]
+    assert [len(embedded((run / "inspect.html").read_text())["sections"]) for run in (roc, grpo)] == [1, 2]
+    result = CliRunner().invoke(app, ["inspect", str(qs), "--serve", "0"])
+    assert result.exit_code == 2 and "holds 2 RL runs" in result.output and "--serve takes one" in result.output
+
+
 @pytest.mark.parametrize("setup, message", [
     (lambda p: p / "nope", "no such folder"),
     (lambda p: (p / "empty").mkdir() or p / "empty", "neither an RL run folder"),
