@@ -52,10 +52,25 @@
     (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(d)) : v == null ? "-" : String(v));
 
   // ---- state in the URL hash: #filter=a,b&section=3&traj=2.5.1 -------------------------------
+  // a filter, section or trajectory in the URL that the page does not have is named on it (#url-note)
   function readHash() {
     const p = new URLSearchParams(location.hash.replace(/^#/, ""));
-    const filters = (p.get("filter") || "").split(",").filter((f) => FILTERS.some(([k]) => k === f));
-    return { filters, section: p.has("section") ? Number(p.get("section")) : null, traj: p.get("traj") };
+    const asked = (p.get("filter") || "").split(",").filter((f) => f);
+    const filters = asked.filter((f) => FILTERS.some(([k]) => k === f));
+    const problems = asked.filter((f) => !filters.includes(f)).map((f) => "filter " + JSON.stringify(f) +
+      " is not one of this page's (" + FILTERS.map(([k]) => k).join(", ") + ")");
+    let section = p.has("section") ? Number(p.get("section")) : null;
+    if (section !== null && !(Number.isInteger(section) && section >= 0 && section < DATA.sections.length)) {
+      problems.push("section " + JSON.stringify(p.get("section")) + " is not one of this page's " +
+        (DATA.sections.length ? "0.." + (DATA.sections.length - 1) : "(it has none)"));
+      section = null;
+    }
+    return { filters, section, traj: p.get("traj"), problems };
+  }
+  function drawUrlNote() {
+    const box = document.getElementById("url-note");
+    box.replaceChildren(...state.problems.map((m) => el("div", {}, "in the URL: " + m + "; left aside")));
+    box.hidden = !state.problems.length;
   }
   let state = readHash();
   function writeHash() {
@@ -328,8 +343,9 @@
         (DATA.skipped ? " (" + DATA.skipped + " unreadable lines skipped)" : "");
   }
   drawCounts();
+  drawUrlNote();
   drawCurves();
   drawFilters();
   render();
-  window.addEventListener("hashchange", () => { state = readHash(); drawFilters(); render(); });
+  window.addEventListener("hashchange", () => { state = readHash(); drawUrlNote(); drawFilters(); render(); });
 })();

@@ -71,6 +71,18 @@ class Dom(HTMLParser):
 
 @pytest.mark.slow
 @needs_chromium
+def test_a_filter_or_step_the_page_does_not_have_is_named_on_it(tmp_path):
+    page, _ = inspect(str(write_rl_run(tmp_path / "run")))
+    text = Dom(chromium("--dump-dom", page.as_uri() + "#filter=faults,wrong&section=9")).all_text
+    assert 'in the URL: filter "faults" is not one of this page\'s (tool_error_positive, void_turns, ' in text
+    assert 'in the URL: section "9" is not one of this page\'s 0..2; left aside' in text
+    assert "step 1" in text and "sample" in text     # the known filter applied, the first step shown
+    clean = Dom(chromium("--dump-dom", page.as_uri() + "#filter=fault")).all_text
+    assert "in the URL" not in clean
+
+
+@pytest.mark.slow
+@needs_chromium
 def test_the_page_in_a_browser(tmp_path):
     run = write_rl_run(tmp_path / "run")
     page, _ = inspect(str(run))
