@@ -1,6 +1,7 @@
 """`rstar2 quickstart`: prepare -> sft -> rl -> eval on a toy task, on CPU, in one command."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -10,6 +11,7 @@ from rich.console import Console
 
 from rstar2_cli.commands import checks, fail
 from rstar2_cli.quickstart.report import results_table
+from rstar2_cli.rollout.engine_logs import VERBOSE_ENV
 from rstar2_cli.rl.own_session import again_in_own_session, at_a_terminal
 from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, Preempted, continue_command
 
@@ -29,6 +31,8 @@ def register(app: typer.Typer) -> None:
             False, "--compare-grpo", help="also run plain GRPO (RoC off) from the same SFT start"
         ),
         smoke: bool = typer.Option(False, "--smoke", help="a few-minute size preset (CI)"),
+        verbose: bool = typer.Option(False, "--verbose",
+                                     help="vLLM's log lines on the terminal too (default: OUT/rl_*/logs/)"),
         sft_steps: Optional[int] = typer.Option(None, "--sft-steps", min=1, help="override the preset's SFT steps"),
         steps: Optional[int] = typer.Option(None, "--steps", min=1, help="override the preset's RL steps"),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", min=1, help="RL steps between held-out points"),
@@ -59,6 +63,8 @@ def register(app: typer.Typer) -> None:
         checks.output_dir(settings.out, "--out")
         from rstar2_cli.quickstart.pipeline import run_quickstart  # lazy: torch (the trainer), after the checks
 
+        if verbose:      # read where the trainer starts its engines (rollout/engine_logs.py)
+            os.environ[VERBOSE_ENV] = "1"
         if at_a_terminal():   # the trainer and its engines out of reach of the terminal's Ctrl-C (rl/own_session.py)
             raise typer.Exit(again_in_own_session("rstar2_cli.cli", sys.argv[1:]))
         console = Console()

@@ -13,6 +13,7 @@ from rich.syntax import Syntax
 from typer.core import TyperCommand
 
 from rstar2_cli.commands import checks, fail
+from rstar2_cli.rollout.engine_logs import VERBOSE_ENV
 from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, RESUME_MODES, continue_command, torchrun_env
 
 
@@ -65,6 +66,8 @@ def register(app: typer.Typer) -> None:
             help="continue from the latest checkpoint in train.out_dir (`--resume`: it must exist); "
                  "`--resume auto`: from it if there is one, else start fresh (a requeued job)"),
         dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and launch plan, run nothing"),
+        verbose: bool = typer.Option(False, "--verbose",
+                                     help="vLLM's log lines on the terminal too (default: TRAIN.OUT_DIR/logs/)"),
         gpu_memory: Optional[str] = typer.Option(
             None, "--gpu-memory",
             help="the GPU to plan memory for (a dry run from a login node): GiB as torch reports them, or h100 (79.1), "
@@ -81,6 +84,8 @@ def register(app: typer.Typer) -> None:
         from rstar2_cli.rl import launch_entry, stages  # lazy: the trainer's entry and pydantic (cli.py)
 
         console = Console()
+        if verbose:      # read by every trainer process this command starts (rollout/engine_logs.py)
+            os.environ[VERBOSE_ENV] = "1"
         if resume is not None and resume not in RESUME_MODES:
             fail(f"--resume {resume!r}: expected {' or '.join(RESUME_MODES)} (or no value: latest)")
         try:

@@ -18,11 +18,14 @@ optimizer step) leave freed blocks in the caching allocator, and vLLM's worker r
 the GPU's free memory is under gpu_memory_utilization x total (vllm/v1/worker/gpu_worker.py
 `Worker.init_device` -> vllm/v1/worker/utils.py `request_memory`; the worker's own empty_cache runs in
 the engine's process). The barrier: a TP engine's workers sit on other ranks' GPUs.
+
+vLLM's own log lines go to `<out_dir>/logs/` unless `--verbose` (`rollout/engine_logs.py`).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.rl.policy import compute_dtype
 from rstar2_cli.rl.rollout_hosts import RolloutHostPlan, host_ranks
 from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
+from rstar2_cli.rollout.engine_logs import route_engine_logs
 from rstar2_cli.rollout.engines import VLLMEngine
 from rstar2_cli.rollout.fleet import EngineFleet, start_engines
 from rstar2_cli.rollout.roll_out import grade
@@ -109,6 +113,9 @@ def start_rollout_side(cfg: RecipeConfig, host: RolloutHostPlan, info: rl_dist.D
     if host.is_host:
         if host.warning:
             log.warning(host.warning)
+        routed = route_engine_logs(cfg.train.out_dir, info.rank)
+        if routed is not None and info.rank == 0:
+            print(f"vLLM's log lines: {routed} (--verbose shows them here)", file=sys.stderr, flush=True)
         engines = start_engines(cfg, [slot.gpu_ids for slot in host.engines], tp_size=host.tp_size,
                                 first_replica=host.node_index * len(host.engines), weights=weights,
                                 weight_transfer=backend, priority=partial, make_engine=parts.make_engine)

@@ -147,7 +147,8 @@ def test_dry_run_text_has_key_lines():
     plan = plan_from_args(16, 2, tp_size=2, master_addr="node001", prompts_per_step=64, rollouts_per_prompt=16)
     text = plan_text(plan).replace(" \\\n  ", " ")  # undo the shell line continuations
     for needle in ("16 GPUs = 2 node(s) x 8", "FSDP2 world size 16", "8 vLLM replicas x TP 2, colocated",
-                   "Redis redis://node001:6379/0", "64 prompts x 16 rollouts = 1,024 trajectories a step, 64 per data-parallel rank",
+                   "Redis redis://node001:6379/0",
+                   "64 prompts x 16 rollouts = 1,024 trajectories a step, 64 per data-parallel rank",
                    "#7[6,7]", "8..15", "--node-rank 1 --rdzv-backend c10d --rdzv-endpoint node001:29500"):
         assert needle in text, needle
     lines = command_lines(plan)

@@ -1,0 +1,76 @@
+"""vLLM's own log lines (and Python warnings) go to a file in the run folder, not the terminal.
+
+Why: every engine start, sleep, wake and weight load prints vLLM INFO lines, and a reload prints
+`RotaryEmbedding: Failed to load weights` for the rotary cache, which is computed from the config,
+not loaded, and which vLLM restores itself (vllm/model_executor/model_loader/reload/layerwise.py,
+`finalize_layerwise_processing`). In a terminal these bury the run's own progress lines. So, unless
+`RSTAR2_VERBOSE=1` (`rstar2 rl --verbose`, `rstar2 quickstart --verbose`) or the user set
+`VLLM_LOGGING_CONFIG_PATH` themselves, `route_engine_logs` sends them to `<out_dir>/logs/vllm_rank<R>.log`:
+- in this process, by giving the `vllm` logger a file handler (its client side logs here);
+- in every engine process spawned after it, through `VLLM_LOGGING_CONFIG_PATH`, the dictConfig vLLM
+  applies when it is imported (vllm/logger.py `_configure_vllm_root_logger`), inherited with the
+  environment. Errors still reach the terminal too (a second handler at ERROR on stderr).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+VERBOSE_ENV = "RSTAR2_VERBOSE"
+VLLM_CONFIG_ENV = "VLLM_LOGGING_CONFIG_PATH"
+FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
+_ours: set[str] = set()     # the VLLM_LOGGING_CONFIG_PATH values this process set (a later run moves them)
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def logging_config(log_file: Path) -> dict:
+    """The dictConfig an engine process applies: vLLM's loggers to `log_file`, errors to stderr too."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": FORMAT}},
+        "handlers": {
+            "file": {"class": "logging.FileHandler", "filename": str(log_file), "formatter": "plain",
+                     "level": "DEBUG"},
+            "errors": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "plain",
+                       "level": "ERROR"},
+        },
+        "loggers": {"vllm": {"handlers": ["file", "errors"], "level": "INFO", "propagate": False}},
+    }
+
+
+def route_engine_logs(out_dir: str | Path, rank: int = 0) -> Path | None:
+    """Send vLLM's log lines and Python warnings of this process and of the engines it starts next to
+    `<out_dir>/logs/vllm_rank<rank>.log` (module docstring); the file, or None when they stay on the
+    terminal (`RSTAR2_VERBOSE`, or a `VLLM_LOGGING_CONFIG_PATH` of the user's)."""
+    if verbose() or os.environ.get(VLLM_CONFIG_ENV, "") not in ("", *_ours):
+        return None
+    logs = Path(out_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_file = logs / f"vllm_rank{rank}.log"
+    config = logs / f"vllm_logging_rank{rank}.json"
+    config.write_text(json.dumps(logging_config(log_file), indent=1))
+    os.environ[VLLM_CONFIG_ENV] = str(config)
+    _ours.add(str(config))
+    handler = logging.FileHandler(log_file)
+    handler.setFormatter(logging.Formatter(FORMAT))
+    errors = logging.StreamHandler()
+    errors.setLevel(logging.ERROR)
+    errors.setFormatter(logging.Formatter(FORMAT))
+    for name in ("vllm", "py.warnings"):
+        logger = logging.getLogger(name)
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+            old.close()
+        logger.addHandler(handler)
+        logger.addHandler(errors)
+        logger.propagate = False
+    logger.setLevel(logging.WARNING)    # py.warnings
+    logging.getLogger("vllm").setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    return log_file
