@@ -138,20 +138,28 @@ def run_quickstart(s: QuickstartSettings, *, progress: bool = True) -> dict[str,
     (s.out / "settings.json").write_text(s.model_dump_json(indent=2))
     started = time.perf_counter()
     timings: dict[str, float] = {}
+    stages = 4 + s.compare_grpo
+    banner = Console(stderr=True).rule if progress else (lambda text: None)
+    banner(f"quickstart 1/{stages}: the toy task, {s.n_train} training and {s.n_heldout} held-out problems "
+           f"(seed {s.seed})")
     t = time.perf_counter()
     prep = prepare_toy(s, s.out)
     timings["prepare"] = time.perf_counter() - t
+    banner(f"quickstart 2/{stages}: non-reasoning SFT, {s.sft_steps} steps")
     t = time.perf_counter()
     sft_model = sft_stage(s, prep, progress)
     timings["sft"] = time.perf_counter() - t
+    banner(f"quickstart 3/{stages}: RL with GRPO-RoC, {s.rl_steps} steps, a held-out point every {s.eval_every}")
     roc_run = rl_stage(s, prep, sft_model, roc=True, progress=progress)
     timings["rl_roc"] = roc_run.seconds
     minutes = (time.perf_counter() - started) / 60
     runs = [roc_run]
     if s.compare_grpo:
+        banner(f"quickstart 4/{stages}: plain GRPO (RoC off) from the same SFT start, {s.rl_steps} steps")
         grpo_run = rl_stage(s, prep, sft_model, roc=False, progress=progress)
         timings["rl_grpo"] = grpo_run.seconds
         runs.append(grpo_run)
+    banner(f"quickstart {stages}/{stages}: the report")
     report = build_report(s, runs, timings, prep.behaviours, minutes=minutes,
                           total_minutes=(time.perf_counter() - started) / 60)
     write_report(s.out, report, runs)

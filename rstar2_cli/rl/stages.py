@@ -103,6 +103,14 @@ def continues_optimizer(cfg: RecipeConfig) -> bool:
     return bool(cfg.init_from) and not cfg.optim.reset
 
 
+def banner_text(cfg: RecipeConfig, done_steps: int) -> str:
+    """The line a run opens with: which stage, which steps are left, where from and where to."""
+    steps = (f"steps {done_steps + 1}..{cfg.train.steps}" if done_steps < cfg.train.steps
+             else f"all {cfg.train.steps} steps done")
+    where = f"resumed at step {done_steps}" if done_steps else start_text(cfg)
+    return f"RL {cfg.name} (stage {cfg.stage}): {steps}, {where}; into {cfg.train.out_dir}"
+
+
 def start_text(cfg: RecipeConfig) -> str:
     """What a fresh run of this recipe starts from, for the dry-run plan."""
     if not cfg.init_from:

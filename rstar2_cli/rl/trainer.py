@@ -38,6 +38,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from rich.console import Console
 from transformers import AutoTokenizer
 
 from rstar2_cli.config import RESOLVED_RECIPE, RecipeConfig, dump_recipe
@@ -52,6 +53,7 @@ from rstar2_cli.rl.loss import advantages_for_groups
 from rstar2_cli.rl.metrics import MetricsWriter, StepTimer
 from rstar2_cli.rl.policy import policy_for
 from rstar2_cli.rl.preemption import Preempted, PreemptionWatch
+from rstar2_cli.rl.stages import banner_text
 from rstar2_cli.rl.resume import resume_mode, start_run
 from rstar2_cli.rl.roc import group_rng, select_for_training
 from rstar2_cli.rl.rollout_hosts import plan_rollout_host
@@ -111,6 +113,8 @@ class RLTrainer:
         if self.info.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / RESOLVED_RECIPE).write_text(dump_recipe(cfg))
+            if progress:
+                Console(stderr=True).rule(banner_text(cfg, self.step))
         self.side: RolloutSide = self._start_rollout_side(start.engine_weights)
         self._restarts_seen = 0                           # the fleet's restarts already logged
 

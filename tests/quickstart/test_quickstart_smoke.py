@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -20,6 +21,13 @@ def test_smoke_quickstart_improves_heldout_accuracy(tmp_path):
     out = tmp_path / "qs"
     result = CliRunner().invoke(app, ["quickstart", "--smoke", "--seed", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output + repr(result.exception)
+    # what the terminal shows: a banner per stage and the RL run's own, none of vLLM's INFO lines
+    # (they are in the run's logs/), one table row per RL step
+    for banner in ("quickstart 1/4: the toy task", "quickstart 2/4: non-reasoning SFT",
+                   "quickstart 3/4: RL with GRPO-RoC, 6 steps", "quickstart 4/4: the report", "): steps 1..6, starts"):
+        assert banner in result.output, banner
+    assert not re.search(r"^(INFO|DEBUG) \d\d-\d\d ", result.output, re.M), result.output[-3000:]
+    assert "engine" in (out / "rl_roc" / "logs" / "vllm_rank0.log").read_text().lower()
     report = json.loads((out / "report.json").read_text())
     assert report["final_accuracy"] > report["sft_accuracy"], report
     assert (out / "report.png").stat().st_size > 10_000
