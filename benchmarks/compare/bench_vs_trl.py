@@ -44,6 +44,7 @@ from rstar2_cli.quickstart.prepare import PreparedToy, prepare_toy  # noqa: E402
 from rstar2_cli.quickstart.settings import QuickstartSettings, TOY_SYSTEM_PROMPT, toy_rl_recipe  # noqa: E402
 from rstar2_cli.rl.launch_entry import trainer_for  # noqa: E402
 from rstar2_cli.rollout.engines import VLLMEngine  # noqa: E402
+from rstar2_cli.source_commit import source_commit  # noqa: E402
 from sandbox import Limits, Sandbox  # noqa: E402
 import trl_baseline as tb  # noqa: E402
 
@@ -365,6 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print_seed_summary(result["summary"])
     else:
         result = run_seed(args, args.seed, args.out)
+    result["commit"] = source_commit()
     for path in filter(None, (args.out / "result.json", args.json)):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1))

@@ -32,6 +32,7 @@ from rstar2_cli.rl.launch_entry import trainer_for
 from rstar2_cli.rl.trainer import RLTrainer
 from rstar2_cli.sft.settings import SftConfig
 from rstar2_cli.sft.trainer import run_sft
+from rstar2_cli.source_commit import source_commit
 
 # Fig. 4's quantity is measured on the training rollouts; one step is noisy (and both methods
 # reach 0 once the errors are gone), so the "final" value is the mean over the second half of RL.
@@ -171,7 +172,7 @@ def build_report(s: QuickstartSettings, runs: list[RlRun], timings: dict[str, fl
     """report.json's numbers from the RL runs (RoC first, then GRPO with --compare-grpo)."""
     roc_run = runs[0]
     report: dict[str, Any] = {
-        "seed": s.seed, "preset": s.preset,
+        "seed": s.seed, "preset": s.preset, "commit": source_commit(),
         "sft_accuracy": roc_run.heldout[0][1]["accuracy"],
         "final_accuracy": roc_run.heldout[-1][1]["accuracy"],
         "minutes": round(minutes, 2),

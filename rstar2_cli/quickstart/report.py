@@ -88,7 +88,8 @@ def markdown_summary(report: dict[str, Any]) -> str:
         f"| after RL (GRPO-RoC) | {100 * report['final_accuracy']:.1f} % |",
         f"| change | {pts:+.1f} points |", "",
         f"Held-out: {report['heldout_problems']} problems x {report['heldout_samples']} samples. "
-        f"Main pipeline wall time: {report['minutes']:.1f} min (whole run {report['total_minutes']:.1f} min).", "",
+        f"Main pipeline wall time: {report['minutes']:.1f} min (whole run {report['total_minutes']:.1f} min). "
+        f"Code: {report.get('commit', 'unknown')}.", "",
     ]
     if "grpo" in report:
         roc, grpo = report["roc"], report["grpo"]

@@ -30,7 +30,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 FLOORS = (
-    ("rstar2_cli", "recipe_text", "sandbox", "sandbox.inside", "sandbox.jail", "sandbox.core"),
+    ("rstar2_cli", "recipe_text", "source_commit", "sandbox", "sandbox.inside", "sandbox.jail", "sandbox.core"),
     ("config", "hosts", "reward", "data", "protocol"),
     ("models", "inspect", "sandbox.service", "sandbox.redis_mode"),
     ("rollout",),
