@@ -82,6 +82,7 @@ def register(app: typer.Typer) -> None:
         # lazy: pydantic and asyncio, for --help's speed (cli.py)
         from rstar2_cli.launch import cluster_env, engine_sizing, memory_plan, model_shape, plan_view, topology
         from rstar2_cli.rl import launch_entry, stages  # lazy: the trainer's entry and pydantic (cli.py)
+        from rstar2_cli.rl.resume import ResumeError, resume_point  # lazy: torch (the checkpoint check)
 
         console = Console()
         if verbose:      # read by every trainer process this command starts (rollout/engine_logs.py)
@@ -171,6 +172,10 @@ def register(app: typer.Typer) -> None:
             console.print(gpu.note)
         if plan.launch_mode == "direct" or len(plan.nodes) == 1 or sizes.node_rank is not None:
             checks.rl_recipe(cfg)        # this machine trains: the recipe's paths must be here
+            try:                         # the checkpoint --resume takes is there and whole, before torchrun
+                resume_point(cfg.train.out_dir, resume)
+            except ResumeError as e:
+                fail(str(e))
 
         resolved_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = resolved_path.with_name(f".{resolved_path.name}.{os.getpid()}")   # every node may write it

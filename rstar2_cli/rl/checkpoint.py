@@ -302,6 +302,11 @@ def prune_checkpoints(out_dir: str | Path, keep: int) -> list[Path]:
     return doomed
 
 
+def complete_step_folders(out_dir: str | Path) -> list[Path]:
+    """The complete step_<n> folders of a run, oldest first."""
+    return _step_folders(Path(out_dir))
+
+
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
     """The folder `out_dir/latest` names, else the highest complete step_* folder, else None."""
     out_dir = Path(out_dir)

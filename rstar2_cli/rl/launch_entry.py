@@ -27,6 +27,7 @@ from rstar2_cli.rl.dist import setup_distributed
 from rstar2_cli.rl.faults import RunAborted
 from rstar2_cli.rl.own_session import again_in_own_session, at_a_terminal, call_forwarding_signals
 from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, RESUME_MODES, Preempted
+from rstar2_cli.rl.resume import ResumeError
 from rstar2_cli.rl.rollout_side import Collaborators
 from rstar2_cli.rl.trainer import RLTrainer
 
@@ -60,7 +61,7 @@ def run_for_exit_code(cfg, *, resume: bool | str, quiet: bool = False,
     code, why = 0, None
     try:
         return 0, run(cfg, resume=resume, parts=parts)
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, ResumeError) as e:
         code, why = 2, f"error: {e}"
     except Preempted as e:
         code, why = PREEMPTED_EXIT_CODE, str(e)
