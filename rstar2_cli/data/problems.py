@@ -151,7 +151,7 @@ def unreadable(path: Path) -> str | None:
     elif first_bad is not None:
         bad = f"byte 0x{head[first_bad]:02x} at offset {first_bad}"
     elif complete and not head.strip():
-        return "empty: no rows"
+        return "no rows (the file is empty)"
     else:
         return None
     known = next((what for magic, what in NOT_TEXT if head.startswith(magic)), bad)
