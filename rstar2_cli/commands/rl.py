@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -157,6 +158,12 @@ def register(app: typer.Typer) -> None:
                 f"experimental: batches roll out up to {k} step(s) ahead on the engines ({where}); "
                 f"weight updates pause them between requests",))
 
+        if dry_run and not resolved_path.is_file():   # the node commands read it; a dry run writes nothing
+            argv = [a for a in sys.argv[1:] if a != "--dry-run"]
+            plan = dataclasses.replace(plan, notes=plan.notes + (
+                f"the commands below read {resolved_path}, which this dry run does not write: "
+                f"`{shlex.join(['rstar2', *argv])}` writes it and starts this node's "
+                f"command (give --node-rank N, or run it under SLURM, on each node)",))
         problems = plan.memory.problems if plan.memory else ()
         if dry_run:
             console.rule(f"resolved recipe: {cfg.name} (stage {cfg.stage})")

@@ -1,12 +1,17 @@
 """The CLI surface: help is fast and lists every command; `rl --dry-run` shows config and plan."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+from pathlib import Path
 
 from typer.testing import CliRunner
 
 from rstar2_cli.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
 
 runner = CliRunner()
 
@@ -41,6 +46,18 @@ def test_rl_dry_run_multi_node():
     assert "max_response_tokens: 12288" in text and "path: runs/stage1/final" in text
     assert "--nnodes 8" in text and "--node-rank 7" in text and "head0:29500" in text
     assert "serve-sandbox --worker --redis redis://head0:6379/0" in text
+
+
+def test_rl_dry_run_says_its_node_commands_need_the_recipe_rl_writes(tmp_path):
+    """The torchrun lines read resolved_recipe.yaml; a dry run writes none, so it names the command
+    that does (the same one, without --dry-run), in a fresh process as a user runs it."""
+    out = subprocess.run([sys.executable, "-m", "rstar2_cli.cli", "rl", "--stage", "2", "--gpus", "16",
+                          "--master-addr", "head0", "--dry-run"], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "COLUMNS": "400", "PYTHONPATH": str(REPO)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert ("the commands below read runs/stage2/resolved_recipe.yaml, which this dry run does not write: "
+            "`rstar2 rl --stage 2 --gpus 16 --master-addr head0` writes it") in out.stdout
+    assert not (tmp_path / "runs").exists()
 
 
 def test_rl_dry_run_multi_node_without_a_head_names_a_placeholder(monkeypatch):
