@@ -8,8 +8,9 @@ checks, though it holds no real weights: nothing may load it), {empty} (a plain 
 (a plain file), {problems} (a problems .jsonl), {sft} (an SFT .jsonl), {binary} (binary bytes named
 .jsonl), {bindata} (a data dir whose aime25.jsonl is binary), {badgz} (a gzip stream cut short),
 {notparquet} (text named .parquet), {gzcsv} (a gzipped .csv), {tmp}, {busy} (a port this test
-listens on) and {closed} (a local port nothing listens on). Each process gets $RSTAR2_DATA_DIR with
-copies of the four eval sets, an empty Hugging Face cache, and runs in {tmp}.
+listens on) and {closed} (a local port nothing listens on).
+Each process gets $RSTAR2_DATA_DIR with one-row versions of the four eval sets (they win over the
+copies shipped in the package), an empty Hugging Face cache, and runs in {tmp}.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ CASES = [
      "--data /nonexistent.jsonl: no such file", {}),
     ("eval-output-under-a-file", ["eval", "aime25", "{model}", "--out", "{file}/out"], "--out {file}/out", {}),
     ("eval-data-dir-missing", ["eval", "aime25", "{model}", "--data-dir", "/nonexistent"], "/nonexistent", {}),
-    ("eval-no-local-set-and-hub-down", ["eval", "aime25", "{model}"], "benchmark aime25",
+    ("eval-no-local-set-and-hub-down", ["eval", "gpqa_diamond", "{model}"], "benchmark gpqa_diamond",
      {"RSTAR2_DATA_DIR": UNSET, "HF_ENDPOINT": "http://127.0.0.1:{closed}"}),
     ("eval-openai-bad-base-url", ["eval", "aime25", "served", "--engine", "openai", "--tokenizer", "{model}",
                                   "--base-url", "ftp://host/v1"], "--base-url ftp://host/v1", {}),
@@ -82,7 +83,9 @@ CASES = [
     ("eval-missing-arguments", ["eval"], "Missing argument", {}),
     ("eval-binary-data", ["eval", "custom", "{model}", "--data", "{binary}"], "--data {binary}: not UTF-8 text", {}),
     ("eval-binary-named-set", ["eval", "aime25", "{model}"], "benchmark aime25: {bindata}/aime25.jsonl: not UTF-8",
-     {"RSTAR2_DATA_DIR": "{bindata}"}),
+     {"RSTAR2_DATA_DIR": "{bindata}"}),     # a file in the data folder wins over the packaged set
+    ("eval-binary-named-set-data-dir", ["eval", "aime25", "{model}", "--data-dir", "{bindata}"],
+     "benchmark aime25: {bindata}/aime25.jsonl: not UTF-8", {"RSTAR2_DATA_DIR": UNSET}),
     ("eval-broken-gzip-data", ["eval", "custom", "{model}", "--data", "{badgz}"], "--data {badgz}: gzip", {}),
     # serve-sandbox and bench-tools
     ("serve-sandbox-port-zero", ["serve-sandbox", "--port", "0"], "--port 0", {}),
