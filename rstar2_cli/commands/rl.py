@@ -12,6 +12,7 @@ from rich.syntax import Syntax
 from typer.core import TyperCommand
 
 from rstar2_cli.commands import checks, fail
+from rstar2_cli.rl import run_folder
 from rstar2_cli.rl.preemption import RESUME_MODES, torchrun_env
 
 
@@ -165,6 +166,10 @@ def register(app: typer.Typer) -> None:
             console.print(gpu.note)
         if plan.launch_mode == "direct" or len(plan.nodes) == 1 or sizes.node_rank is not None:
             checks.rl_recipe(cfg)        # this machine trains: the recipe's paths must be here
+            # A folder holding a run is continued (--resume) or left alone. Every node of a multi-node
+            # launch passes this at once: steps start only once all have joined the rendezvous.
+            if (refused := run_folder.refusal(cfg.train.out_dir, resume)) is not None:
+                fail(refused)
 
         resolved_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = resolved_path.with_name(f".{resolved_path.name}.{os.getpid()}")   # every node may write it

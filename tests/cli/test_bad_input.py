@@ -5,10 +5,11 @@ attempt (an audit hook ends the process at the first lookup or connection to a n
 
 The cases start from placeholders the fixture fills: {model} (a folder that passes the checkpoint
 checks, though it holds no real weights: nothing may load it), {empty} (a plain folder), {file}
-(a plain file), {problems} (a problems .jsonl), {sft} (an SFT .jsonl), {binary} (binary bytes named
-.jsonl), {bindata} (a data dir whose aime25.jsonl is binary), {badgz} (a gzip stream cut short),
-{notparquet} (text named .parquet), {gzcsv} (a gzipped .csv), {tmp}, {busy} (a port this test
-listens on) and {closed} (a local port nothing listens on).
+(a plain file), {problems} (a problems .jsonl), {sft} (an SFT .jsonl), {usedrun} (an RL run folder
+with checkpoints through step 4), {loggedrun} (one with metrics.jsonl rows through step 3 and no
+checkpoint), {binary} (binary bytes named .jsonl), {bindata} (a data dir whose aime25.jsonl is
+binary), {badgz} (a gzip stream cut short), {notparquet} (text named .parquet), {gzcsv} (a gzipped
+.csv), {tmp}, {busy} (a port this test listens on) and {closed} (a local port nothing listens on).
 Each process gets $RSTAR2_DATA_DIR with one-row versions of the four eval sets (they win over the
 copies shipped in the package), an empty Hugging Face cache, and runs in {tmp}.
 """
@@ -195,6 +196,14 @@ CASES = [
     ("rl-output-under-a-file", ["rl", "--stage", "1", "--set", "model.path={model}", "--set",
                                 "data.train={problems}", "--set", "train.out_dir={file}/rl"],
      "train.out_dir {file}/rl", {}),
+    ("rl-out-dir-holds-a-run", ["rl", "--stage", "1", "--set", "model.path={model}", "--set", "data.train={problems}",
+                                "--set", "train.out_dir={usedrun}"],
+     "train.out_dir {usedrun}: already holds a run, at step 4 (latest -> step_000004", {}),
+    ("rl-out-dir-holds-metrics-rows", ["rl", "--stage", "1", "--set", "model.path={model}", "--set",
+                                       "data.train={problems}", "--set", "train.out_dir={loggedrun}"],
+     "train.out_dir {loggedrun}: already holds a run, at step 3 (metrics.jsonl through step 3); a new run there would "
+     "mix with it. Continue it with --resume (its latest checkpoint) or --resume auto (that, else a fresh start), or "
+     "give this run another train.out_dir (--set train.out_dir=DIR)", {}),
     ("rl-master-port-out-of-range", ["rl", "--stage", "1", "--master-port", "70000"], "--master-port 70000", {}),
     ("rl-bad-sizes", ["rl", "--stage", "1", "--gpus", "12", "--nodes", "8", "--master-addr", "h", "--dry-run"],
      "not divisible by nodes", {}),
@@ -236,6 +245,13 @@ def places(tmp_path_factory):
     (root / "sft.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
                                                              {"role": "assistant", "content": "hello"}]}) + "\n")
     (root / "list.yaml").write_text("- a\n")
+    for n in (2, 4):                                      # what `rstar2 rl` leaves in train.out_dir
+        (root / "usedrun" / f"step_{n:06d}" / "state").mkdir(parents=True)
+    (root / "usedrun" / "latest").write_text("step_000004")
+    (root / "loggedrun").mkdir()
+    for folder, steps in (("usedrun", 4), ("loggedrun", 3)):
+        rows = "".join(json.dumps({"step": i}) + "\n" for i in range(1, steps + 1))
+        (root / folder / "metrics.jsonl").write_text(rows)
     # what a new user hands over by mistake: binary data, a gzip file cut short, a csv still gzipped
     (root / "binary.jsonl").write_bytes(bytes(range(256)) * 4)
     (root / "bindata").mkdir()
@@ -250,6 +266,7 @@ def places(tmp_path_factory):
     closed.bind(("127.0.0.1", 0))     # bound, never listening: connections are refused
     p.update(empty=str(root / "empty"), file=str(root / "file"), problems=str(data / "problems.jsonl"),
              sft=str(root / "sft.jsonl"), listyaml=str(root / "list.yaml"), data=str(data),
+             usedrun=str(root / "usedrun"), loggedrun=str(root / "loggedrun"),
              binary=str(root / "binary.jsonl"), badgz=str(root / "cut.jsonl"), notparquet=str(root / "table.parquet"),
              gzcsv=str(root / "gpqa.csv"), bindata=str(root / "bindata"),
              busy=str(busy.getsockname()[1]), closed=str(closed.getsockname()[1]))
