@@ -6,6 +6,7 @@ here, so the whole suite stays within CI's budget on 2 cores.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -44,6 +45,18 @@ def full_training_set_dir() -> Path:
     if not folder or not (Path(folder) / "dapo_math_17k.jsonl").is_file():
         pytest.skip("the full training set is not shipped: set RSTAR2_DATA_DIR to a folder with dapo_math_17k.jsonl")
     return Path(folder)
+
+
+@pytest.fixture
+def stub_checkpoint(tmp_path) -> Path:
+    """A folder that passes the checkpoint checks (config.json, weights, tokenizer files) though it
+    holds no real weights: nothing may load it."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    (folder / "model.safetensors").write_bytes(b"")
+    (folder / "tokenizer_config.json").write_text("{}")
+    return folder
 
 
 @pytest.fixture(scope="session")

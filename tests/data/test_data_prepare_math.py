@@ -106,12 +106,16 @@ def test_cli_with_yaml_spec(sources, data_dir, tmp_path):
     assert bad.exit_code == 2 and "missing.jsonl: no such file" in bad.output
 
 
+def _prepare_dapo(data_dir, out):
+    config = PrepareMathConfig(sources=[SourceSpec.parse("dapo_math_17k:Apache-2.0")], out=out,
+                               data_dir=str(data_dir), allow_hub=False)
+    return prepare_math(config)
+
+
 def test_dapo_pipeline_on_the_sample(data_dir, tmp_path):
     """Each filter on real rows (tests/data/fixtures/README.md says which row holds which case)."""
     out = tmp_path / "dapo.jsonl"
-    config = PrepareMathConfig(sources=[SourceSpec.parse("dapo_math_17k:Apache-2.0")], out=out,
-                               data_dir=str(data_dir), allow_hub=False)
-    report = prepare_math(config)
+    report = _prepare_dapo(data_dir, out)
     assert report.loaded == {"dapo_math_17k": 55}
     assert report.dropped == {
         "empty_problem": 0, "non_integer_answer": 0, "float_artifact_answer": 3,
@@ -128,9 +132,7 @@ def test_dapo_pipeline_on_the_sample(data_dir, tmp_path):
 @pytest.mark.slow
 def test_full_dapo_pipeline_counts(full_training_set_dir, tmp_path):
     out = tmp_path / "dapo.jsonl"
-    config = PrepareMathConfig(sources=[SourceSpec.parse("dapo_math_17k:Apache-2.0")], out=out,
-                               data_dir=str(full_training_set_dir), allow_hub=False)
-    report = prepare_math(config)
+    report = _prepare_dapo(full_training_set_dir, out)
     assert report.loaded == {"dapo_math_17k": 17917}
     assert report.dropped == {
         "empty_problem": 0, "non_integer_answer": 0, "float_artifact_answer": 3,

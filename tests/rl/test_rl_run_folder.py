@@ -16,16 +16,6 @@ from rstar2_cli.rl import launch_entry
 from rstar2_cli.rl.run_folder import previous_run, refusal
 
 
-def _model(root: Path) -> Path:
-    """A folder that passes the checkpoint checks (nothing loads it: the launch is stubbed)."""
-    model = root / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
-    (model / "model.safetensors").write_bytes(b"")
-    (model / "tokenizer_config.json").write_text("{}")
-    return model
-
-
 def _used(folder: Path, *, latest: bool = True, steps: tuple[int, ...] = (2, 4), rows: int = 4) -> Path:
     """What a run leaves: step folders, `latest` naming the newest, one metrics row per step."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -52,22 +42,26 @@ def launched(monkeypatch):
     return calls
 
 
-def _rl(tmp_path: Path, out_dir: Path, *extra: str):
-    model = tmp_path / "model" if (tmp_path / "model").is_dir() else _model(tmp_path)
+@pytest.fixture
+def rl(tmp_path, stub_checkpoint):
+    """`rstar2 rl --stage 1` on the stub checkpoint and one problem, into `out_dir`."""
     data = tmp_path / "problems.jsonl"
     data.write_text(json.dumps({"id": "1", "problem": "What is 1+1?", "answer": "2"}) + "\n")
-    return CliRunner().invoke(app, ["rl", "--stage", "1", "--set", f"model.path={model}", "--set", f"data.train={data}",
-                                    "--set", f"train.out_dir={out_dir}", *extra])
+
+    def invoke(out_dir: Path, *extra: str):
+        return CliRunner().invoke(app, ["rl", "--stage", "1", "--set", f"model.path={stub_checkpoint}", "--set",
+                                        f"data.train={data}", "--set", f"train.out_dir={out_dir}", *extra])
+    return invoke
 
 
 def _snapshot(folder: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
 
 
-def test_a_fresh_start_into_a_folder_holding_a_run_is_one_line_naming_the_step_and_the_ways_on(tmp_path, launched):
+def test_a_fresh_start_into_a_folder_holding_a_run_is_one_line_naming_the_step_and_the_ways_on(tmp_path, launched, rl):
     used = _used(tmp_path / "run")
     before = _snapshot(used)
-    out = _rl(tmp_path, used)
+    out = rl(used)
     assert out.exit_code == 2, out.output
     lines = [line for line in out.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), out.output
@@ -81,7 +75,7 @@ def test_a_fresh_start_into_a_folder_holding_a_run_is_one_line_naming_the_step_a
 
 
 @pytest.mark.parametrize("kind", ["latest only", "step folder only", "metrics only"])
-def test_each_trace_of_a_run_is_enough_to_refuse(tmp_path, launched, kind):
+def test_each_trace_of_a_run_is_enough_to_refuse(tmp_path, launched, rl, kind):
     folder = tmp_path / "run"
     if kind == "latest only":
         folder.mkdir()
@@ -91,20 +85,20 @@ def test_each_trace_of_a_run_is_enough_to_refuse(tmp_path, launched, kind):
         (folder / "metrics.jsonl").unlink()
     else:
         _used(folder, latest=False, steps=(), rows=7)
-    out = _rl(tmp_path, folder)
+    out = rl(folder)
     assert out.exit_code == 2 and "already holds a run, at step 7" in out.output, out.output
     assert launched == []
 
 
 @pytest.mark.parametrize("resume", ["auto", "latest"])
-def test_resume_continues_a_used_folder(tmp_path, launched, resume):
+def test_resume_continues_a_used_folder(tmp_path, launched, rl, resume):
     used = _used(tmp_path / "run")
-    out = _rl(tmp_path, used, "--resume", resume)
+    out = rl(used, "--resume", resume)
     assert out.exit_code == 0, out.output
     assert launched == [resume] and (used / RESOLVED_RECIPE).is_file()
 
 
-def test_a_new_an_empty_and_a_recipe_only_folder_start(tmp_path, launched):
+def test_a_new_an_empty_and_a_recipe_only_folder_start(tmp_path, launched, rl):
     empty = tmp_path / "empty"
     empty.mkdir()
     recipe_only = tmp_path / "recipe_only"
@@ -112,7 +106,7 @@ def test_a_new_an_empty_and_a_recipe_only_folder_start(tmp_path, launched):
     (recipe_only / RESOLVED_RECIPE).write_text("name: x\n")        # a launch that failed before step 1
     (recipe_only / "metrics.jsonl").write_text("")
     for folder in (tmp_path / "new", empty, recipe_only):
-        out = _rl(tmp_path, folder)
+        out = rl(folder)
         assert out.exit_code == 0, out.output
     assert launched == [None, None, None]
 
