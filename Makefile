@@ -16,8 +16,6 @@ VENV ?= .venv
 STAMP := $(VENV)/.installed
 OUT ?= runs/quickstart
 ARGS ?=
-# The evaluation sets: $RSTAR2_DATA_DIR, default ../shared/data (beside the clone).
-export RSTAR2_DATA_DIR ?= $(abspath ../shared/data)
 APT_HINT := apt-get install bubblewrap redis-server
 
 .PHONY: help quickstart test install system-check

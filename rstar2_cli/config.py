@@ -45,7 +45,7 @@ class ModelConfig(_Section):
 
 class DataConfig(_Section):
     train: str = "data/math42k.jsonl"          # problems with id, problem, answer
-    data_dir: str | None = None                # local eval-set folder (else $RSTAR2_DATA_DIR)
+    data_dir: str | None = None                # <set>.jsonl folder (else $RSTAR2_DATA_DIR); wins over shipped sets
     shuffle: bool = True
 
 

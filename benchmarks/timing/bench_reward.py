@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import random
 import re
 import time
@@ -26,9 +25,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from rstar2_cli.data.problems import find_named_set_file, resolve_data_dir
 from rstar2_cli.reward import GraderPool
 
-REPO = Path(__file__).resolve().parents[2]
 _INTEGER = re.compile(r"-?\d+")
 
 
@@ -47,8 +46,8 @@ def integer_batch(n: int, rng: random.Random) -> list[tuple[str, str]]:
     return pairs
 
 
-def symbolic_batch(data_dir: Path, rng: random.Random) -> list[tuple[str, str]]:
-    rows = [json.loads(line) for line in (data_dir / "math500.jsonl").read_text(encoding="utf-8").splitlines()]
+def symbolic_batch(math500: Path, rng: random.Random) -> list[tuple[str, str]]:
+    rows = [json.loads(line) for line in math500.read_text(encoding="utf-8").splitlines()]
     golds = [r["answer"] for r in rows if not _INTEGER.fullmatch(r["answer"].strip())]
     pairs = [(_response(g, rng), g) for g in golds]
     pairs += [(f"<answer>\\boxed{{{golds[(i + 1) % len(golds)]}}}</answer>", g) for i, g in enumerate(golds)]
@@ -85,16 +84,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="grader processes (default: all cores)")
     parser.add_argument("--timeout", type=float, default=5.0, help="per-item grading timeout, seconds")
     parser.add_argument(
-        "--data-dir", type=Path, default=Path(os.environ.get("RSTAR2_DATA_DIR", REPO.parent / "shared" / "data"))
+        "--data-dir", type=Path, default=None,
+        help="folder with math500.jsonl (default $RSTAR2_DATA_DIR, else the copy shipped with rstar2)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
-    if not (args.data_dir / "math500.jsonl").is_file():
-        parser.error(f"--data-dir: {args.data_dir / 'math500.jsonl'} not found (set RSTAR2_DATA_DIR)")
+    math500 = find_named_set_file("math500", resolve_data_dir(args.data_dir))
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     rng = random.Random(0)
     ints = integer_batch(args.n_integer, rng)
-    symbolic = symbolic_batch(args.data_dir, rng)
+    symbolic = symbolic_batch(math500, rng)
     console = Console()
     rows = []
     with GraderPool(args.workers) as pool, Progress(console=console, transient=True) as progress:

@@ -52,7 +52,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--data-dir",
             envvar="RSTAR2_DATA_DIR",
-            help="folder holding <set>.jsonl (as `rstar2 prepare eval-data --out` writes it)",
+            help="folder holding <set>.jsonl (as `rstar2 prepare eval-data --out` writes it); a file there "
+            "wins over the copies of aime24, aime25, math500 and hmmt25 shipped with rstar2",
         ),
         out: Optional[str] = typer.Option(
             None, "--out", help="output folder (default runs/eval/SET-MODEL); reruns resume"

@@ -28,7 +28,8 @@ def math_command(
     eval_set: list[str] = typer.Option([], "--eval-set", help="Eval set to decontaminate against (repeatable; "
                                                                "default aime24 aime25 math500 hmmt25)."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Directory of <name>.jsonl sets "
-                                                                     "(default $RSTAR2_DATA_DIR)."),
+                                                                     "(default $RSTAR2_DATA_DIR; the eval "
+                                                                     "sets ship with rstar2)."),
     integer_only: bool = typer.Option(True, "--integer-only/--no-integer-only", help="Keep integer answers only."),
     near_dup_threshold: float = typer.Option(0.9, "--near-dup-threshold", help="MinHash Jaccard threshold."),
     ngram: int = typer.Option(8, "--ngram", min=1, help="Word n-gram size for decontamination."),

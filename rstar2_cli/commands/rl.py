@@ -14,8 +14,9 @@ from rich.syntax import Syntax
 from typer.core import TyperCommand
 
 from rstar2_cli.commands import checks, fail
-from rstar2_cli.rollout.engine_logs import VERBOSE_ENV
+from rstar2_cli.rl import run_folder
 from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, RESUME_MODES, continue_command, torchrun_env
+from rstar2_cli.rollout.engine_logs import VERBOSE_ENV
 
 
 def with_resume_default(args: list[str]) -> list[str]:
@@ -179,6 +180,10 @@ def register(app: typer.Typer) -> None:
             console.print(gpu.note)
         if plan.launch_mode == "direct" or len(plan.nodes) == 1 or sizes.node_rank is not None:
             checks.rl_recipe(cfg)        # this machine trains: the recipe's paths must be here
+            # A folder holding a run is continued (--resume) or left alone. Every node of a multi-node
+            # launch passes this at once: steps start only once all have joined the rendezvous.
+            if (refused := run_folder.refusal(cfg.train.out_dir, resume)) is not None:
+                fail(refused)
             try:                         # the checkpoint --resume takes is there and whole, before torchrun
                 resume_point(cfg.train.out_dir, resume)
             except ResumeError as e:

@@ -1,7 +1,8 @@
 """Detectors for reference answers that are wrong by construction, by class of error.
 
 A wrong reference answer is worse than a missing problem in RL: the policy is rewarded for
-reproducing the error. Two error classes occur in DAPO-Math-17k (see /work/shared/data/SOURCES.md):
+reproducing the error. Two error classes occur in DAPO-Math-17k (tests/data/fixtures/README.md names
+rows of each):
 
 * float round-trip corruption: a large integer passed through a float64 and back
   (`int(float("105263157894736842"))` == 105263157894736848), and

@@ -1,4 +1,5 @@
-"""Math problem sets as one `Problem` type, read from local files or the Hugging Face hub.
+"""Math problem sets as one `Problem` type, read from local files, the evaluation sets shipped in
+the package, or the Hugging Face hub.
 
 Training (RL), hard-subset mining and evaluation all need the same `(id, problem, answer)`
 triples, but every source names its fields differently (DAPO keeps the problem inside a chat
@@ -22,6 +23,9 @@ from typing import IO, Any, Callable, Iterator
 
 DATA_DIR_ENV = "RSTAR2_DATA_DIR"
 EVAL_SET_NAMES = ("aime24", "aime25", "math500", "hmmt25")
+# Copies of EVAL_SET_NAMES shipped in the package, read when no data folder holds the set, so the
+# paper's evaluation runs offline (sources, licences and checksums: eval_sets/SOURCES.md).
+PACKAGED_SETS_DIR = Path(__file__).with_name("eval_sets")
 NAMED_SETS = (*EVAL_SET_NAMES, "dapo_math_17k")
 GZIP_MAGIC = b"\x1f\x8b"                 # RFC 1952's ID1 ID2
 GZIP_FORMATS = (".jsonl", ".json")       # read through gzip when compressed; .parquet compresses its own columns
@@ -288,10 +292,15 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
 
 
 def find_named_set_file(name: str, root: Path | None) -> Path | None:
-    """`<root>/<name>.jsonl` (else .parquet, else .json), the first that exists; None if none."""
-    if root is None:
-        return None
-    return next((c for c in (root / f"{name}{s}" for s in (".jsonl", ".parquet", ".json")) if c.is_file()), None)
+    """`<root>/<name>.jsonl` (else .parquet, else .json), the first that exists; else the packaged
+    copy of an evaluation set (PACKAGED_SETS_DIR); None if neither. A file in the data folder
+    wins, so a user's own version of a set replaces the shipped one."""
+    if root is not None:
+        found = next((c for c in (root / f"{name}{s}" for s in (".jsonl", ".parquet", ".json")) if c.is_file()), None)
+        if found is not None:
+            return found
+    packaged = PACKAGED_SETS_DIR / f"{name}.jsonl"
+    return packaged if name in EVAL_SET_NAMES and packaged.is_file() else None
 
 
 def load_hub_source(spec: HubSource, source: str) -> list[Problem]:
@@ -314,8 +323,9 @@ def load_problems(
 ) -> list[Problem]:
     """Problems from a file path, or from a named set (`aime24`, `math500`, ...).
 
-    A named set is read from `<data_dir>/<name>.jsonl` (or .parquet/.json); when no local file
-    exists it is fetched from the hub id in `HUB_IDS` (if `allow_hub`). Field names may be dotted
+    A named set is read from `<data_dir>/<name>.jsonl` (or .parquet/.json), else from the copy
+    shipped in the package (the evaluation sets); when neither exists it is fetched from the hub id
+    in `HUB_IDS` (if `allow_hub`). Field names may be dotted
     paths into nested rows. Raises DataError naming the file and line for any bad row.
     """
     text = str(path_or_name)

@@ -50,13 +50,14 @@ def final_turn(text: str) -> str:
 
 
 def named_set_file(name: str, data_dir: str | None) -> Path | None:
-    """`<data dir>/<name>.jsonl` (or .parquet / .json) when it exists. A benchmark name is never
+    """`<data dir>/<name>.jsonl` (or .parquet / .json) when it exists, else the copy shipped in the
+    package (aime24, aime25, math500, hmmt25: data/problems.py). A benchmark name is never
     read as a path: a folder `ifeval/` in the working directory does not shadow the benchmark."""
     return find_named_set_file(name, resolve_data_dir(data_dir))
 
 
 def set_rows(name: str, data: str | None, data_dir: str | None) -> tuple[str, Iterator[tuple[int, dict[str, Any]]]]:
-    """(where, rows) of a named set: `--data FILE`, else `<data_dir>/<name>.jsonl`, else the Hub
+    """(where, rows) of a named set: `--data FILE`, else `<data_dir>/<name>.jsonl` or the shipped copy, else the Hub
     dataset in HUB_IDS (the local datasets cache when HF_HUB_OFFLINE is set). `where` names the
     source in DataError messages."""
     if data:

@@ -84,7 +84,7 @@ class EvalSettings(BaseModel):
     benchmark: str                                   # eval.benchmarks.BENCHMARKS, or custom with `data`
     model: str                                       # checkpoint folder, or the served model name
     data: str | None = None                          # a jsonl with id, problem, answer (custom set)
-    data_dir: str | None = None                      # local folder laid out like shared/data
+    data_dir: str | None = None                      # folder of <set>.jsonl; wins over the shipped sets
     out_dir: str | None = None
     samples: int = Field(D["samples"], ge=1)         # k in avg@k (defaults: eval/protocol_defaults.py)
     temperature: Temperature = D["temperature"]      # bounds: config.Temperature / TopP, as a recipe's

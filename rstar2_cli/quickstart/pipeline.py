@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,13 @@ from rstar2_cli.source_commit import source_commit
 # Fig. 4's quantity is measured on the training rollouts; one step is noisy (and both methods
 # reach 0 once the errors are gone), so the "final" value is the mean over the second half of RL.
 FINAL_WINDOW = 0.5
+# What a quickstart run writes in its --out folder (prepare_toy, sft_stage, rl_stage, write_report).
+# A rerun would add to them: its RL steps to the old metrics.jsonl, its checkpoints beside the old
+# ones, and its held-out evals would resume the old model's trajectories. The quickstart owns these
+# names and removes them before it starts; anything else in the folder stays.
+OWN_FOLDERS = ("data", "model_init", "sft")
+OWN_RL_FOLDERS = ("rl_roc*", "rl_grpo*")
+OWN_FILES = ("settings.json", "report.json", "report.md", "report.png")
 
 
 @dataclass
@@ -133,8 +141,29 @@ def rl_stage(s: QuickstartSettings, prep: PreparedToy, sft_model: str, *, roc: b
     return run
 
 
+def clear_previous_run(out: Path) -> list[str]:
+    """Remove what an earlier quickstart run left in `out` (OWN_FOLDERS, OWN_RL_FOLDERS, OWN_FILES);
+    the names removed, in that order."""
+    found = [out / name for name in OWN_FOLDERS] + sorted(p for pattern in OWN_RL_FOLDERS for p in out.glob(pattern))
+    removed = []
+    for path in found + [out / name for name in OWN_FILES]:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.is_file() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(path.name)
+    return removed
+
+
 def run_quickstart(s: QuickstartSettings, *, progress: bool = True) -> dict[str, Any]:
-    """Run the whole quickstart; writes report.json, report.md and report.png under s.out_dir."""
+    """Run the whole quickstart; writes report.json, report.md and report.png under s.out_dir,
+    after removing an earlier run's files there (`clear_previous_run`)."""
+    removed = clear_previous_run(s.out) if s.out.is_dir() else []
+    if removed:
+        Console().print(f"quickstart: {s.out} held an earlier run; removed its {', '.join(removed)} "
+                                   f"and starting clean (the quickstart owns these)", soft_wrap=True, highlight=False)
     s.out.mkdir(parents=True, exist_ok=True)
     (s.out / "settings.json").write_text(s.model_dump_json(indent=2))
     started = time.perf_counter()

@@ -7,11 +7,13 @@ The cases start from placeholders the fixture fills: {model} (a folder that pass
 checks, though it holds no real weights: nothing may load it), {empty} (a plain folder), {file}
 (a plain file), {badyaml} (a recipe with a YAML error), {emptyyaml} (a recipe of comments only),
 {emptyjsonl} (a data file of no rows), {noanswer} and {emptyanswer} (a row without an answer),
-{problems} (a problems .jsonl), {sft} (an SFT .jsonl), {binary} (binary bytes named .jsonl),
-{bindata} (a data dir whose aime25.jsonl is binary), {badgz} (a gzip stream cut short), {notparquet}
-(text named .parquet), {gzcsv} (a gzipped .csv), {tmp}, {busy} (a port this test listens on),
-{closed} (a local port nothing listens on) and {free} (a port free to listen on). Each process gets
-$RSTAR2_DATA_DIR with copies of the four eval sets, an empty Hugging Face cache, and runs in {tmp}.
+{problems} (a problems .jsonl), {sft} (an SFT .jsonl), {usedrun} (an RL run folder with checkpoints
+through step 4), {loggedrun} (one with metrics.jsonl rows through step 3 and no checkpoint),
+{binary} (binary bytes named .jsonl), {bindata} (a data dir whose aime25.jsonl is binary), {badgz}
+(a gzip stream cut short), {notparquet} (text named .parquet), {gzcsv} (a gzipped .csv), {tmp},
+{busy} (a port this test listens on), {closed} (a local port nothing listens on) and {free} (a port
+free to listen on). Each process gets $RSTAR2_DATA_DIR with one-row versions of the four eval sets
+(they win over the copies shipped in the package), an empty Hugging Face cache, and runs in {tmp}.
 """
 from __future__ import annotations
 
@@ -71,8 +73,8 @@ CASES = [
     ("eval-no-weights", ["eval", "aime25", "{noweights}"], "no weights", {}),
     ("eval-no-tokenizer", ["eval", "aime25", "{notokenizer}"], "no tokenizer files", {}),
     ("eval-unknown-benchmark", ["eval", "aime26", "{model}"], "aime26", {}),
-    ("eval-empty-data", ["eval", "custom", "{model}", "--data", "{emptyjsonl}"], "--data {emptyjsonl}: no rows (the file is empty)",
-     {}),
+    ("eval-empty-data", ["eval", "custom", "{model}", "--data", "{emptyjsonl}"],
+     "--data {emptyjsonl}: no rows (the file is empty)", {}),
     ("eval-openai-nothing-there", ["eval", "aime25", "served-model", "--engine", "openai", "--base-url",
                                    "http://127.0.0.1:{closed}/v1", "--tokenizer", "{model}"],
      "--base-url http://127.0.0.1:{closed}/v1: no server answers there", {}),
@@ -82,7 +84,7 @@ CASES = [
      "--data /nonexistent.jsonl: no such file", {}),
     ("eval-output-under-a-file", ["eval", "aime25", "{model}", "--out", "{file}/out"], "--out {file}/out", {}),
     ("eval-data-dir-missing", ["eval", "aime25", "{model}", "--data-dir", "/nonexistent"], "/nonexistent", {}),
-    ("eval-no-local-set-and-hub-down", ["eval", "aime25", "{model}"], "benchmark aime25",
+    ("eval-no-local-set-and-hub-down", ["eval", "gpqa_diamond", "{model}"], "benchmark gpqa_diamond",
      {"RSTAR2_DATA_DIR": UNSET, "HF_ENDPOINT": "http://127.0.0.1:{closed}"}),
     ("eval-openai-bad-base-url", ["eval", "aime25", "served", "--engine", "openai", "--tokenizer", "{model}",
                                   "--base-url", "ftp://host/v1"], "--base-url ftp://host/v1", {}),
@@ -94,7 +96,9 @@ CASES = [
     ("eval-missing-arguments", ["eval"], "Missing argument", {}),
     ("eval-binary-data", ["eval", "custom", "{model}", "--data", "{binary}"], "--data {binary}: not UTF-8 text", {}),
     ("eval-binary-named-set", ["eval", "aime25", "{model}"], "benchmark aime25: {bindata}/aime25.jsonl: not UTF-8",
-     {"RSTAR2_DATA_DIR": "{bindata}"}),
+     {"RSTAR2_DATA_DIR": "{bindata}"}),     # a file in the data folder wins over the packaged set
+    ("eval-binary-named-set-data-dir", ["eval", "aime25", "{model}", "--data-dir", "{bindata}"],
+     "benchmark aime25: {bindata}/aime25.jsonl: not UTF-8", {"RSTAR2_DATA_DIR": UNSET}),
     ("eval-broken-gzip-data", ["eval", "custom", "{model}", "--data", "{badgz}"], "--data {badgz}: gzip", {}),
     # serve-sandbox and bench-tools
     ("serve-sandbox-port-zero", ["serve-sandbox", "--port", "0"], "--port 0", {}),
@@ -217,6 +221,14 @@ CASES = [
     ("rl-output-under-a-file", ["rl", "--stage", "1", "--set", "model.path={model}", "--set",
                                 "data.train={problems}", "--set", "train.out_dir={file}/rl"],
      "train.out_dir {file}/rl", {}),
+    ("rl-out-dir-holds-a-run", ["rl", "--stage", "1", "--set", "model.path={model}", "--set", "data.train={problems}",
+                                "--set", "train.out_dir={usedrun}"],
+     "train.out_dir {usedrun}: already holds a run, at step 4 (latest -> step_000004", {}),
+    ("rl-out-dir-holds-metrics-rows", ["rl", "--stage", "1", "--set", "model.path={model}", "--set",
+                                       "data.train={problems}", "--set", "train.out_dir={loggedrun}"],
+     "train.out_dir {loggedrun}: already holds a run, at step 3 (metrics.jsonl through step 3); a new run there would "
+     "mix with it. Continue it with --resume (its latest checkpoint) or --resume auto (that, else a fresh start), or "
+     "give this run another train.out_dir (--set train.out_dir=DIR)", {}),
     ("rl-master-port-out-of-range", ["rl", "--stage", "1", "--master-port", "70000"], "--master-port 70000", {}),
     ("rl-bad-sizes", ["rl", "--stage", "1", "--gpus", "12", "--nodes", "8", "--master-addr", "h", "--dry-run"],
      "not divisible by nodes", {}),
@@ -263,6 +275,13 @@ def places(tmp_path_factory):
     (root / "empty.jsonl").write_text("\n")
     (root / "noanswer.jsonl").write_text(row + "\n" + json.dumps({"id": "2", "problem": "What is 2+2?"}) + "\n")
     (root / "emptyanswer.jsonl").write_text(json.dumps({"id": "1", "problem": "What is 1+1?", "answer": ""}) + "\n")
+    for n in (2, 4):                                      # what `rstar2 rl` leaves in train.out_dir
+        (root / "usedrun" / f"step_{n:06d}" / "state").mkdir(parents=True)
+    (root / "usedrun" / "latest").write_text("step_000004")
+    (root / "loggedrun").mkdir()
+    for folder, steps in (("usedrun", 4), ("loggedrun", 3)):
+        rows = "".join(json.dumps({"step": i}) + "\n" for i in range(1, steps + 1))
+        (root / folder / "metrics.jsonl").write_text(rows)
     # what a new user hands over by mistake: binary data, a gzip file cut short, a csv still gzipped
     (root / "binary.jsonl").write_bytes(bytes(range(256)) * 4)
     (root / "bindata").mkdir()
@@ -282,6 +301,7 @@ def places(tmp_path_factory):
              sft=str(root / "sft.jsonl"), listyaml=str(root / "list.yaml"), data=str(data),
              badyaml=str(root / "bad.yaml"), emptyyaml=str(root / "empty.yaml"), emptyjsonl=str(root / "empty.jsonl"),
              noanswer=str(root / "noanswer.jsonl"), emptyanswer=str(root / "emptyanswer.jsonl"),
+             usedrun=str(root / "usedrun"), loggedrun=str(root / "loggedrun"),
              binary=str(root / "binary.jsonl"), badgz=str(root / "cut.jsonl"), notparquet=str(root / "table.parquet"),
              gzcsv=str(root / "gpqa.csv"), bindata=str(root / "bindata"),
              busy=str(busy.getsockname()[1]), closed=str(closed.getsockname()[1]), free=free)

@@ -40,24 +40,13 @@ def jsonl(rows: list[dict]) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
-@pytest.fixture
-def model(tmp_path) -> Path:
-    """A folder that passes the checkpoint checks; nothing may load it."""
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
-    (folder / "model.safetensors").write_bytes(b"")
-    (folder / "tokenizer_config.json").write_text("{}")
-    return folder
-
-
 @pytest.mark.parametrize("content", [bytes(range(256)) * 4, gzip.compress(jsonl([ROW] * 300))[:60]],
                          ids=["binary", "gzip-cut-short"])
-def test_eval_refuses_unreadable_data_before_importing_the_engine(tmp_path, model, content):
+def test_eval_refuses_unreadable_data_before_importing_the_engine(tmp_path, stub_checkpoint, content):
     data = tmp_path / "set.jsonl"
     data.write_bytes(content)
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-c", RUNNER, "eval", "custom", str(model), "--data", str(data),
+    proc = subprocess.run([sys.executable, "-c", RUNNER, "eval", "custom", str(stub_checkpoint), "--data", str(data),
                            "--out", str(tmp_path / "ev")], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.startswith(f"error: --data {data}: ") and proc.stderr.count("\n") == 1, proc.stderr

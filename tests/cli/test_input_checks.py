@@ -52,6 +52,20 @@ def test_a_named_set_with_a_local_copy_passes_without_the_hub(tmp_path, monkeypa
     assert not refused(checks.problem_source, "aime24", "benchmark", str(tmp_path), allow_hub=False)
 
 
+def test_eval_of_a_shipped_set_passes_with_no_data_folder_and_no_hub(tiny_model, tmp_path, monkeypatch):
+    """`rstar2 eval aime25 CKPT` offline on a fresh install: the set ships with rstar2."""
+    from rstar2_cli.eval.settings import EvalSettings
+
+    monkeypatch.delenv("RSTAR2_DATA_DIR", raising=False)
+    monkeypatch.setattr(checks, "hub_reachable", lambda *a: pytest.fail("the Hub was probed"))
+    for name in ("aime24", "aime25", "math500", "hmmt25"):
+        settings = EvalSettings(benchmark=name, model=str(tiny_model), out_dir=str(tmp_path / name))
+        assert not refused(checks.eval_settings, settings)
+        assert checks.eval_data_missing(name, None) is None
+        assert not refused(checks.problem_source, name, "train.eval_sets", None, allow_hub=False)
+    assert refused(checks.problem_source, "dapo_math_17k", "data.train", None, allow_hub=False)   # not shipped
+
+
 def test_the_hub_probe_sees_a_listening_endpoint_and_a_refusing_one(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with socket.socket() as server, socket.socket() as closed:

@@ -7,19 +7,20 @@ from rstar2_cli.data.decontaminate import DecontaminationConfig, decontaminate
 from rstar2_cli.data.problems import Problem, load_problems
 
 # Shares only boilerplate 8-grams with AIME ("... is \frac{m}{n}, where m and n are relatively prime
-# positive integers. Find m+n"), each found in dozens of training problems.
+# positive integers. Find m+n"), each found in more than ten training problems (12 rows of the sample).
 BOILERPLATE_ROW = ("A jar holds red and green coins and one is drawn. The chance it is red is $\\frac{m}{n}$, "
                    "where $m$ and $n$ are relatively prime positive integers. Find $m+n$.")
 
 
 @pytest.fixture(scope="module")
-def eval_sets(data_dir):
-    return {n: load_problems(n, data_dir=data_dir, allow_hub=False) for n in ("aime24", "aime25", "math500", "hmmt25")}
+def eval_sets():
+    return {n: load_problems(n, allow_hub=False) for n in ("aime24", "aime25", "math500", "hmmt25")}
 
 
 @pytest.fixture(scope="module")
 def dapo_sample(data_dir):
-    return load_problems("dapo_math_17k", data_dir=data_dir, allow_hub=False)[:3000]
+    """55 real rows, 12 of them with the m/n boilerplate (tests/data/fixtures/README.md)."""
+    return load_problems("dapo_math_17k", data_dir=data_dir, allow_hub=False)
 
 
 def test_planted_aime_sentence_is_removed_and_clean_rows_kept(eval_sets, dapo_sample):

@@ -1,12 +1,29 @@
-"""Exact and near-duplicate removal, on the real DAPO-Math-17k copy and on synthetic rows."""
+"""Exact and near-duplicate removal, on rows of the real DAPO-Math-17k and on synthetic rows."""
 from __future__ import annotations
 
 from rstar2_cli.data.dedup import exact_dedup, near_dedup
 from rstar2_cli.data.problems import Problem, load_problems
 
 
-def test_exact_dedup_counts_on_dapo(data_dir):
+def test_exact_dedup_on_dapo_rows(data_dir):
+    """The 55-row sample (tests/data/fixtures/README.md): raw copies with one answer are kept once,
+    copies with two answers are dropped, normalisation merges "$1000$" with "1000"."""
     rows = load_problems("dapo_math_17k", data_dir=data_dir, allow_hub=False)
+    assert len(rows) == 55
+    result = exact_dedup(rows)
+    assert {frozenset(p.id for p in g) for g in result.conflict_groups} == {
+        frozenset(pair) for pair in (("dapo-00035", "dapo-00179"), ("dapo-02432", "dapo-05306"),
+                                     ("dapo-05785", "dapo-10267"), ("dapo-05885", "dapo-09921"),
+                                     ("dapo-11659", "dapo-11771"), ("dapo-12075", "dapo-12174"))}
+    assert len(result.conflicts) == 12
+    assert sorted(p.id for p in result.duplicates) == ["dapo-00733", "dapo-03110", "dapo-07586", "dapo-11896",
+                                                       "dapo-14985"]
+    assert len(result.kept) == 55 - 12 - 5
+    assert {"dapo-00055", "dapo-00154", "dapo-10437", "dapo-11573"} <= {p.id for p in result.kept}
+
+
+def test_exact_dedup_counts_on_the_full_dapo(full_training_set_dir):
+    rows = load_problems("dapo_math_17k", data_dir=full_training_set_dir, allow_hub=False)
     assert len(rows) == 17917
     assert len({p.problem for p in rows}) == 17290  # SOURCES.md: distinct raw problem texts
     # Raw identical texts: SOURCES.md's 11 conflicting groups.

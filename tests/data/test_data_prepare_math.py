@@ -106,12 +106,33 @@ def test_cli_with_yaml_spec(sources, data_dir, tmp_path):
     assert bad.exit_code == 2 and "missing.jsonl: no such file" in bad.output
 
 
-@pytest.mark.slow
-def test_full_dapo_pipeline_counts(data_dir, tmp_path):
-    out = tmp_path / "dapo.jsonl"
+def _prepare_dapo(data_dir, out):
     config = PrepareMathConfig(sources=[SourceSpec.parse("dapo_math_17k:Apache-2.0")], out=out,
                                data_dir=str(data_dir), allow_hub=False)
-    report = prepare_math(config)
+    return prepare_math(config)
+
+
+def test_dapo_pipeline_on_the_sample(data_dir, tmp_path):
+    """Each filter on real rows (tests/data/fixtures/README.md says which row holds which case)."""
+    out = tmp_path / "dapo.jsonl"
+    report = _prepare_dapo(data_dir, out)
+    assert report.loaded == {"dapo_math_17k": 55}
+    assert report.dropped == {
+        "empty_problem": 0, "non_integer_answer": 0, "float_artifact_answer": 3,
+        "positive_placeholder_answer": 2, "exact_duplicate": 5, "answer_conflict": 8,
+        "near_duplicate": 1, "contaminated": 8,
+    }
+    assert report.conflict_groups == 4
+    assert report.kept == 55 - sum(report.dropped.values()) == 28
+    kept = {json.loads(line)["id"] for line in out.read_text().splitlines()}
+    assert {"dapo-00055", "dapo-00086", "dapo-00081", "dapo-05546"} <= kept
+    assert not kept & {"dapo-01000", "dapo-05785", "dapo-00733", "dapo-00253", "dapo-00255", "dapo-01159"}
+
+
+@pytest.mark.slow
+def test_full_dapo_pipeline_counts(full_training_set_dir, tmp_path):
+    out = tmp_path / "dapo.jsonl"
+    report = _prepare_dapo(full_training_set_dir, out)
     assert report.loaded == {"dapo_math_17k": 17917}
     assert report.dropped == {
         "empty_problem": 0, "non_integer_answer": 0, "float_artifact_answer": 3,

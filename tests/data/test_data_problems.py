@@ -2,32 +2,54 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rstar2_cli.data.problems import DataError, load_problems
+from rstar2_cli.data.problems import EVAL_SET_NAMES, PACKAGED_SETS_DIR, DataError, load_problems
 
 
-def test_named_sets_load_from_data_dir(data_dir):
-    sizes = {name: len(load_problems(name, data_dir=data_dir, allow_hub=False))
-             for name in ("aime24", "aime25", "math500", "hmmt25", "dapo_math_17k")}
-    assert sizes == {"aime24": 30, "aime25": 30, "math500": 500, "hmmt25": 30, "dapo_math_17k": 17917}
-    aime = load_problems("aime24", data_dir=data_dir, allow_hub=False)
+def test_eval_sets_ship_with_the_package_and_need_no_data_dir(monkeypatch):
+    monkeypatch.delenv("RSTAR2_DATA_DIR", raising=False)
+    sizes = {name: len(load_problems(name, allow_hub=False)) for name in ("aime24", "aime25", "math500", "hmmt25")}
+    assert sizes == {"aime24": 30, "aime25": 30, "math500": 500, "hmmt25": 30}
+    aime = load_problems("aime24", allow_hub=False)
     assert (aime[0].id, aime[0].answer, aime[0].source) == ("2024-I-1", "204", "aime24")
     assert aime[0].extra["year"] == 2024
+    assert load_problems("aime25", allow_hub=False)[-1].answer == "240"     # 2025-II-15 (SOURCES.md)
 
 
-def test_named_set_found_via_env(data_dir, monkeypatch):
+def test_packaged_sets_match_their_recorded_checksums():
+    """SOURCES.md beside the sets names each file's sha256: a changed file must change its note."""
+    notes = (PACKAGED_SETS_DIR / "SOURCES.md").read_text(encoding="utf-8")
+    for name in EVAL_SET_NAMES:
+        digest = hashlib.sha256((PACKAGED_SETS_DIR / f"{name}.jsonl").read_bytes()).hexdigest()
+        assert f"| {name}.jsonl |" in notes and f"`{digest}`" in notes, name
+    for licence in ("qwen2.5-math-evaluation-MIT.txt", "matharena-MIT.txt", "areal-Apache-2.0.txt"):
+        assert (PACKAGED_SETS_DIR / "licenses" / licence).is_file() and f"licenses/{licence}" in notes
+
+
+def test_a_file_in_the_data_dir_wins_over_the_packaged_set(tmp_path, monkeypatch):
+    (tmp_path / "aime25.jsonl").write_text(json.dumps({"id": "mine", "problem": "1+1?", "answer": "2"}) + "\n")
+    [mine] = load_problems("aime25", data_dir=tmp_path, allow_hub=False)
+    assert mine.id == "mine" and mine.source == "aime25"
+    monkeypatch.setenv("RSTAR2_DATA_DIR", str(tmp_path))
+    assert [p.id for p in load_problems("aime25", allow_hub=False)] == ["mine"]
+    assert len(load_problems("aime24", allow_hub=False)) == 30             # not in the folder: the packaged one
+
+
+def test_training_set_found_via_env(data_dir, monkeypatch):
     monkeypatch.setenv("RSTAR2_DATA_DIR", str(data_dir))
-    assert len(load_problems("aime25", allow_hub=False)) == 30
+    assert len(load_problems("dapo_math_17k", allow_hub=False)) == 55
 
 
 def test_missing_named_set_without_hub_is_one_line_error(tmp_path):
-    with pytest.raises(DataError, match=r"aime24: no aime24.jsonl in"):
-        load_problems("aime24", data_dir=tmp_path, allow_hub=False)
+    """The training set is not shipped: without a data folder holding it, one line says where it looked."""
+    with pytest.raises(DataError, match=r"dapo_math_17k: no dapo_math_17k.jsonl in"):
+        load_problems("dapo_math_17k", data_dir=tmp_path, allow_hub=False)
 
 
 def test_malformed_row_names_file_and_line(tmp_path):
@@ -65,17 +87,19 @@ def test_unsupported_suffix(tmp_path):
 
 
 def test_hub_fallback_offline_is_one_line_error(tmp_path):
-    """No local file and no network: the named hub id is tried and the failure is one line."""
+    """No local file (the training set is not shipped) and no network: the named hub id is tried and
+    the failure is one line."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     code = ("from rstar2_cli.data.problems import load_problems, DataError\n"
-            "try:\n    load_problems('aime24', data_dir=%r)\nexcept DataError as e:\n    print(e)\n" % str(tmp_path))
+            "try:\n    load_problems('dapo_math_17k', data_dir=%r)\nexcept DataError as e:\n    print(e)\n"
+            % str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("hub:HuggingFaceH4/aime_2024: load failed:"), (
+    assert len(lines) == 1 and lines[0].startswith("hub:BytedTsinghua-SIA/DAPO-Math-17k: load failed:"), (
         proc.stdout + proc.stderr
     )
 

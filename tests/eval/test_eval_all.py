@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rstar2_cli.eval.benchmarks import BENCHMARKS, LEFT_OUT, MATH_SETS
+from rstar2_cli.eval.benchmarks import BENCHMARKS, LEFT_OUT
 from rstar2_cli.eval.paper_table import JSON_FILE, MD_FILE, ROWS, run_table
 from rstar2_cli.eval.runner import TRAJ_FILE, run_eval
 from rstar2_cli.eval.settings import EvalSettings
@@ -23,11 +23,10 @@ IFEVAL = [{"key": 1, "prompt": "Describe the sea without commas.", "instruction_
 
 
 @pytest.fixture
-def all_data(tmp_path, data_dir):
+def all_data(tmp_path):
+    """GPQA and IFEval rows; the math sets come from the package, bfcl's from bfcl-eval."""
     d = tmp_path / "data"
     d.mkdir()
-    for name in MATH_SETS:
-        (d / f"{name}.jsonl").symlink_to(data_dir / f"{name}.jsonl")
     (d / "gpqa_diamond.jsonl").write_text("".join(json.dumps(r) + "\n" for r in GPQA))
     (d / "ifeval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in IFEVAL))
     return d   # bfcl reads the questions bundled in bfcl-eval

@@ -1,4 +1,5 @@
-"""`rstar2 eval` end to end on the tiny model: every shared set, resume, custom data, bad data."""
+"""`rstar2 eval` end to end on the tiny model: every set shipped with rstar2 (no data folder), a data
+folder's own copy of a set, resume, custom data, bad data."""
 from __future__ import annotations
 
 import json
@@ -23,15 +24,16 @@ def tools(sandbox_pool):
 
 
 def _settings(tiny_model, data_dir, out, **kw) -> EvalSettings:
-    base = dict(benchmark="aime24", model=str(tiny_model), data_dir=str(data_dir), out_dir=str(out),
-                samples=2, max_tokens=48, max_turns=2, limit=2, progress=False)
+    base = dict(benchmark="aime24", model=str(tiny_model), data_dir=str(data_dir) if data_dir else None,
+                out_dir=str(out), samples=2, max_tokens=48, max_turns=2, limit=2, progress=False)
     base.update(kw)
     return EvalSettings(**base)
 
 
 @pytest.mark.parametrize("bench", BENCHMARKS)
-def test_eval_each_shared_set(bench, tiny_model, data_dir, tmp_path, engine, tools):
-    res = run_eval(_settings(tiny_model, data_dir, tmp_path / bench, benchmark=bench), engine=engine, tools=tools)
+def test_eval_each_shipped_set(bench, tiny_model, tmp_path, engine, tools, monkeypatch):
+    monkeypatch.delenv("RSTAR2_DATA_DIR", raising=False)
+    res = run_eval(_settings(tiny_model, None, tmp_path / bench, benchmark=bench), engine=engine, tools=tools)
     m = res["metrics"]
     assert m["problems"] == 2 and m["samples_per_problem"] == 2
     assert 0.0 <= m["avg@2"] <= 1.0 and "pass@2" in m and "maj@2" in m
@@ -44,6 +46,17 @@ def test_eval_each_shared_set(bench, tiny_model, data_dir, tmp_path, engine, too
     saved = json.loads((tmp_path / bench / RESULTS_FILE).read_text())
     assert saved["settings"]["temperature"] == 0.6 and saved["settings"]["max_turns"] == 2
     assert len(saved["per_problem"]) == 2
+
+
+def test_a_set_in_the_data_dir_wins_over_the_shipped_one(tiny_model, tmp_path, engine, tools):
+    mine = tmp_path / "data"
+    mine.mkdir()
+    (mine / "aime25.jsonl").write_text(json.dumps({"id": "mine-1", "problem": "What is 2+3?", "answer": "5"}) + "\n")
+    res = run_eval(_settings(tiny_model, mine, tmp_path / "o", benchmark="aime25", samples=1), engine=engine,
+                   tools=tools)
+    assert res["metrics"]["problems"] == 1
+    assert [json.loads(line)["problem_id"] for line in (tmp_path / "o" / TRAJ_FILE).read_text().splitlines()] == [
+        "mine-1"]
 
 
 def test_eval_resume_skips_done_samples(tiny_model, data_dir, tmp_path, engine, tools):

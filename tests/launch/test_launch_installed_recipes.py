@@ -1,7 +1,8 @@
 """A non-editable install (a wheel, as `pip install .` and the ROCm image make) works as the checkout
 does: `rstar2 rl --stage 2 --dry-run` finds stage 2 from any folder and prints its launch plan, a
-`recipes/stage1.yaml` or a `stage1` folder in that folder changes nothing, and the sandbox's jail
-hides the working folder and imports the dependencies from another site-packages. The wheel is
+`recipes/stage1.yaml` or a `stage1` folder in that folder changes nothing, the evaluation sets load
+with no data folder and no network, and the sandbox's jail hides the working folder and imports the
+dependencies from another site-packages. The wheel is
 built and installed once per session."""
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ def installed_wheel(tmp_path_factory) -> tuple[Path, dict]:
     names = zipfile.ZipFile(wheel).namelist()
     for name in ("stage1.yaml", "stage2.yaml", "stage3.yaml", "sft.yaml", "slurm_rl.sbatch"):
         assert f"rstar2_cli/recipes/{name}" in names, f"{name} is not in {wheel.name}"
+    licences = ("matharena-MIT.txt", "qwen2.5-math-evaluation-MIT.txt", "areal-Apache-2.0.txt")
+    for name in ("aime24.jsonl", "aime25.jsonl", "math500.jsonl", "hmmt25.jsonl", "SOURCES.md",
+                 *(f"licenses/{licence}" for licence in licences)):
+        assert f"rstar2_cli/data/eval_sets/{name}" in names, f"{name} is not in {wheel.name}"
+    assert not [n for n in names if "dapo" in n.lower()], "the training set must not ship"
 
     # A fresh venv with the wheel alone; the dependencies come from this interpreter's site-packages,
     # appended by a .pth (a plain path line: that folder's own .pth files, an editable rstar2's
@@ -44,7 +50,7 @@ def installed_wheel(tmp_path_factory) -> tuple[Path, dict]:
     (site / "shared_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
                    check=True, timeout=600)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "RSTAR2_DATA_DIR")}
     env["COLUMNS"] = "200"
     where = subprocess.run([str(py), "-c", "import rstar2_cli, sandbox; print(rstar2_cli.__file__, sandbox.__file__)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout.split()
@@ -89,6 +95,34 @@ def test_a_recipes_copy_or_a_stage_folder_in_the_working_folder_changes_nothing(
     assert [r.stdout for r in again] == [r.stdout for r in plain]
     assert "recipes/stage1.yaml differs from the packaged recipe" in again[0].stderr
     assert "continues stage1 (runs/stage1/final)" in " ".join(again[1].stdout.split())
+
+
+EVAL_SET_SNIPPET = """
+import json
+from rstar2_cli.commands.checks import eval_data_missing
+from rstar2_cli.data.problems import load_problems
+from rstar2_cli.eval.benchmarks import family_of
+from rstar2_cli.eval.settings import EvalSettings
+aime = family_of("aime25").load(EvalSettings(benchmark="aime25", model="m"))
+sizes = {n: len(load_problems(n, allow_hub=False)) for n in ("aime24", "math500", "hmmt25")}
+print(json.dumps([len(aime), aime[0].id, aime[-1].answer, sizes, eval_data_missing("aime25", None)]))
+"""
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_reads_the_eval_sets_offline_from_any_folder(installed_wheel, tmp_path):
+    """`rstar2 eval aime25`'s lookup from the wheel in an empty folder, with no data folder, no network
+    (the Hub's address refuses) and no HF cache: the packaged sets, all rows."""
+    venv, env = installed_wheel
+    work = tmp_path / "empty"
+    work.mkdir()
+    offline = {**env, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    run = subprocess.run([str(venv / "bin" / "python"), "-c", EVAL_SET_SNIPPET], cwd=work, env=offline,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    count, first, last_answer, sizes, missing = json.loads(run.stdout.strip().splitlines()[-1])
+    assert (count, first, last_answer) == (30, "2025-I-1", "240")
+    assert sizes == {"aime24": 30, "math500": 500, "hmmt25": 30} and missing is None
 
 
 SNIPPET = """

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import random
 import string
-from pathlib import Path
 
 import pytest
 
+from rstar2_cli.data.problems import PACKAGED_SETS_DIR
 from rstar2_cli.reward import REASONS, GraderPool
 
 N_ITEMS = 10_000
@@ -42,11 +42,11 @@ def _truncated(rng: random.Random, text: str) -> str:
     return text[:cut]
 
 
-def _items(data_dir: Path, n: int = N_ITEMS) -> list[tuple[str, str]]:
+def _items(n: int = N_ITEMS) -> list[tuple[str, str]]:
     """`n` items: 35 % arbitrary text, 30 % cut solutions, 27 % number-like answers, the rest LaTeX
     soup in a box, then five very long inputs (the same items as ever at n = N_ITEMS)."""
     rng = random.Random(20250915)
-    rows = [json.loads(line) for line in (data_dir / "math500.jsonl").read_text(encoding="utf-8").splitlines()]
+    rows = [json.loads(line) for line in (PACKAGED_SETS_DIR / "math500.jsonl").read_text(encoding="utf-8").splitlines()]
     golds = [r["answer"] for r in rows]
     items: list[tuple[str, str]] = []
     for _ in range(n * 35 // 100):  # arbitrary text, occasionally with tags: extraction only
@@ -77,8 +77,8 @@ def _items(data_dir: Path, n: int = N_ITEMS) -> list[tuple[str, str]]:
 
 # (items, per-item timeout): the nested-brace input runs into the timeout, which bounds the fast run
 @pytest.mark.parametrize("n, timeout", [(N_FAST, 1.0), pytest.param(N_ITEMS, 3.0, marks=pytest.mark.slow)])
-def test_hostile_responses_all_get_a_valid_verdict(data_dir: Path, n: int, timeout: float):
-    items = _items(data_dir, n)
+def test_hostile_responses_all_get_a_valid_verdict(n: int, timeout: float):
+    items = _items(n)
     assert len(items) == n
     with GraderPool(workers=2) as pool:
         results = pool.grade_batch(items, timeout=timeout, mode="strict_answer_tag")
@@ -91,8 +91,8 @@ def test_hostile_responses_all_get_a_valid_verdict(data_dir: Path, n: int, timeo
         assert pool.grade("<answer>\\boxed{0.5}</answer>", "\\frac{1}{2}").reason == "correct"
 
 
-def test_hostile_box_less_responses_get_a_verdict_in_outcome_mode(data_dir: Path):
-    items = _items(data_dir)
+def test_hostile_box_less_responses_get_a_verdict_in_outcome_mode():
+    items = _items()
     sample = items[:30] + items[3500:3510] + items[-2:-1]   # random text, cut solutions, a very long one
     with GraderPool(workers=2) as pool:
         results = pool.grade_batch(sample, timeout=2.0)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rstar2_cli.data.problems import PACKAGED_SETS_DIR
 from rstar2_cli.reward import grade_batch
 
 CASES = Path(__file__).with_name("grading_cases.tsv")
@@ -52,9 +53,9 @@ def _answers(path: Path) -> list[str]:
     return [json.loads(line)["answer"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def test_real_gold_answers_match_themselves_and_not_their_neighbours(data_dir: Path):
+def test_real_gold_answers_match_themselves_and_not_their_neighbours():
     """HMMT 2025 + a MATH-500 slice: each gold answer is correct for itself, wrong for the next one."""
-    golds = _answers(data_dir / "hmmt25.jsonl") + _answers(data_dir / "math500.jsonl")[:60]
+    golds = _answers(PACKAGED_SETS_DIR / "hmmt25.jsonl") + _answers(PACKAGED_SETS_DIR / "math500.jsonl")[:60]
     golds = list(dict.fromkeys(golds))  # distinct, in order
     pairs = [(f"<answer>\\boxed{{{g}}}</answer>", g) for g in golds]
     pairs += [(f"<answer>\\boxed{{{golds[i + 1]}}}</answer>", golds[i]) for i in range(len(golds) - 1)]
