@@ -23,6 +23,8 @@ only the model's parameters and buffers (vllm/v1/worker/gpu_worker.py `sleep`/`w
 persistent GPU state (v1/worker/gpu/states.py, input buffers, CUDA graphs) has never been through
 a sleep/wake cycle in rstar2's tests, which all ran V1. A variable the user set is kept.
 
+vLLM's logging config: the run folder's (`engine_logs.spawn_env`, unless --verbose).
+
 Only the spawn sees these changes: `engine_spawn_env` restores this process's environment after it.
 """
 from __future__ import annotations
@@ -31,6 +33,8 @@ import contextlib
 import os
 import threading
 from typing import Iterator, MutableMapping
+
+from rstar2_cli.rollout.engine_logs import spawn_env
 
 AGENT_ENV_PREFIX = "TORCHELASTIC_"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
@@ -51,9 +55,13 @@ def engine_spawn_env(*, sleep_mode: bool, env: MutableMapping[str, str] = os.env
         pinned = sleep_mode and V2_RUNNER_ENV not in env
         if pinned:
             env[V2_RUNNER_ENV] = "0"
+        logs = {k: v for k, v in spawn_env().items() if k not in env}    # vLLM's log lines to the run folder
+        env.update(logs)
         try:
             yield
         finally:
             if pinned:
                 env.pop(V2_RUNNER_ENV, None)
+            for name in logs:
+                env.pop(name, None)
             env.update(removed)

@@ -7,9 +7,11 @@ not loaded, and which vLLM restores itself (vllm/model_executor/model_loader/rel
 `RSTAR2_VERBOSE=1` (`rstar2 rl --verbose`, `rstar2 quickstart --verbose`) or the user set
 `VLLM_LOGGING_CONFIG_PATH` themselves, `route_engine_logs` sends them to `<out_dir>/logs/vllm_rank<R>.log`:
 - in this process, by giving the `vllm` logger a file handler (its client side logs here);
-- in every engine process spawned after it, through `VLLM_LOGGING_CONFIG_PATH`, the dictConfig vLLM
-  applies when it is imported (vllm/logger.py `_configure_vllm_root_logger`), inherited with the
-  environment. Errors still reach the terminal too (a second handler at ERROR on stderr).
+- in every engine started after it, through `VLLM_LOGGING_CONFIG_PATH`, set only while the engine is
+  built (`engine_env.engine_spawn_env` adds `spawn_env()`): vLLM reads it into the VllmConfig's
+  LoggingConfig, which the engine core applies (vllm/v1/engine/core.py `run_engine_core`; in this
+  process too on CPU, `AsyncLLM` -> `configure_logging_if_needed`). Errors still reach the terminal
+  (a second handler at ERROR on stderr). This process's environment keeps no trace of it.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pathlib import Path
 VERBOSE_ENV = "RSTAR2_VERBOSE"
 VLLM_CONFIG_ENV = "VLLM_LOGGING_CONFIG_PATH"
 FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
-_ours: set[str] = set()     # the VLLM_LOGGING_CONFIG_PATH values this process set (a later run moves them)
+_routed: list[Path] = []    # the logging config the next engine is built with (route_engine_logs)
 
 
 def verbose() -> bool:
@@ -48,15 +50,15 @@ def route_engine_logs(out_dir: str | Path, rank: int = 0) -> Path | None:
     """Send vLLM's log lines and Python warnings of this process and of the engines it starts next to
     `<out_dir>/logs/vllm_rank<rank>.log` (module docstring); the file, or None when they stay on the
     terminal (`RSTAR2_VERBOSE`, or a `VLLM_LOGGING_CONFIG_PATH` of the user's)."""
-    if verbose() or os.environ.get(VLLM_CONFIG_ENV, "") not in ("", *_ours):
+    if verbose() or os.environ.get(VLLM_CONFIG_ENV):
+        _routed.clear()
         return None
     logs = Path(out_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_file = logs / f"vllm_rank{rank}.log"
     config = logs / f"vllm_logging_rank{rank}.json"
     config.write_text(json.dumps(logging_config(log_file), indent=1))
-    os.environ[VLLM_CONFIG_ENV] = str(config)
-    _ours.add(str(config))
+    _routed[:] = [config]
     handler = logging.FileHandler(log_file)
     handler.setFormatter(logging.Formatter(FORMAT))
     errors = logging.StreamHandler()
@@ -74,3 +76,8 @@ def route_engine_logs(out_dir: str | Path, rank: int = 0) -> Path | None:
     logging.getLogger("vllm").setLevel(logging.INFO)
     logging.captureWarnings(True)
     return log_file
+
+
+def spawn_env() -> dict[str, str]:
+    """What an engine is built with (`engine_env.engine_spawn_env`): the routed logging config, if any."""
+    return {VLLM_CONFIG_ENV: str(_routed[0])} if _routed and _routed[0].is_file() else {}

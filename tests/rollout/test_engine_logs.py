@@ -15,35 +15,42 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow     # four processes that import vLLM
 
-# What happens in a trainer that starts an engine: route, then an engine process applies the
-# LoggingConfig vLLM built in the trainer (vllm/v1/engine/core.py `run_engine_core`), and the
-# client side logs in the trainer itself.
+# What happens in a trainer that starts an engine: route, then build the engine's config inside
+# engine_spawn_env (vLLM's VllmConfig reads its LoggingConfig from the environment there); the engine
+# process applies that config (vllm/v1/engine/core.py `run_engine_core`), and so does the client side
+# in the trainer (AsyncLLM -> configure_logging_if_needed). The environment keeps no trace after.
 SCRIPT = textwrap.dedent("""
-    import subprocess, sys, warnings
-    from rstar2_cli.rollout.engine_logs import route_engine_logs
-    print("routed", route_engine_logs(sys.argv[1], rank=3))
-    engine = ("from vllm.config.logging import LoggingConfig; from vllm.logger import configure_logging, init_logger;"
-              "configure_logging(LoggingConfig()); log = init_logger('vllm.v1.engine.core');"
-              "log.info('engine core ready'); log.error('engine core trouble')")
-    subprocess.run([sys.executable, "-c", engine], check=True)
+    import os, subprocess, sys, warnings
     from vllm.config.logging import LoggingConfig
     from vllm.logger import configure_logging_if_needed, init_logger
-    configure_logging_if_needed(LoggingConfig())        # what AsyncLLM does in the trainer process
+    from rstar2_cli.rollout.engine_env import engine_spawn_env
+    from rstar2_cli.rollout.engine_logs import route_engine_logs
+    print("routed", route_engine_logs(sys.argv[1], rank=3))
+    with engine_spawn_env(sleep_mode=False):
+        config = LoggingConfig()
+    print("left in the environment:", os.environ.get("VLLM_LOGGING_CONFIG_PATH"))
+    engine = ("import sys; from vllm.config.logging import LoggingConfig; from vllm.logger import configure_logging,"
+              " init_logger; configure_logging(LoggingConfig(pylogging_config_file=sys.argv[1] or None));"
+              " log = init_logger('vllm.v1.engine.core'); log.info('engine core ready');"
+              " log.error('engine core trouble')")
+    subprocess.run([sys.executable, "-c", engine, config.pylogging_config_file or ""], check=True)
+    configure_logging_if_needed(config)
     init_logger("vllm.v1.engine.async_llm").info("client started")
     warnings.warn("a library's deprecation", DeprecationWarning)
 """)
 
 
 def run(tmp_path, **env) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in ("RSTAR2_VERBOSE", "VLLM_LOGGING_CONFIG_PATH")}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("RSTAR2_", "VLLM_LOGGING", "VLLM_CONFIGURE"))}
     return subprocess.run([sys.executable, "-W", "always", "-c", SCRIPT, str(tmp_path / "run")], capture_output=True,
-                          text=True, timeout=300, env={**environ, "PYTHONPATH": str(REPO), **env}, check=True)
+                          text=True, timeout=300, check=True,
+                          env={**environ, "PYTHONPATH": str(REPO), "VLLM_LOGGING_LEVEL": "INFO", **env})
 
 
 def test_engine_and_client_lines_go_to_the_run_folder_and_errors_to_stderr_too(tmp_path):
     out = run(tmp_path)
     log = tmp_path / "run" / "logs" / "vllm_rank3.log"
-    assert f"routed {log}" in out.stdout
+    assert f"routed {log}" in out.stdout and "left in the environment: None" in out.stdout
     text = log.read_text()
     for line in ("engine core ready", "engine core trouble", "client started", "a library's deprecation"):
         assert line in text, line
