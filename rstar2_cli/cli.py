@@ -73,6 +73,7 @@ COMMAND_MODULES = [
     "rl",
     "eval",
     "sandbox",
+    "preflight",
     "inspect",
 ]
 

@@ -56,7 +56,23 @@ KV cache per token per GPU: 2 (K and V) x L x max(1, kv_heads / TP) x head_dim x
 Phases, colocated (`engine.colocate`, the release's verl placement): during the update the
 engines sleep (weights and KV cache released from the GPU: level 1 offloads weights to host,
 level 2 drops them; vllm/v1/worker/gpu_worker.py `sleep`) and keep their process runtime; they
-wake before the weight sync and re-create the KV cache at the same size. The trainer's freed
+wake before the weight sync and re-create the KV cache at the same size.
+What a sleeping engine keeps, with vLLM 0.32's defaults (rstar2 sets only `enable_sleep_mode`,
+rollout/engines.py), is counted in the update column rather than offloaded:
+- its CUDA graphs (ENGINE_CUDA_GRAPHS_GIB). `ModelConfig.sleep_mode_offload_cudagraph`
+  (vllm/config/model.py:380, `AsyncEngineArgs.sleep_mode_offload_cudagraph`) is False, so graphs
+  are captured outside the cuMem pool that sleep backs up (vllm/config/vllm.py:688
+  `use_cumem_cudagraph_pool`; vllm/compilation/cudagraph_pool.py `capture_pool`) and stay on the
+  GPU. Not offloaded: with it, the TP all-reduce copies each graph buffer instead of registering it
+  (vllm/distributed/device_communicators/cuda_communicator.py:124) and vLLM sets
+  NCCL_GRAPH_REGISTER=0 (vllm/config/vllm.py:2243), a cost on every decode step of a TP engine
+  that no GPU run here has measured, against 1 GiB of an update phase with headroom to spare.
+- its TP communicator's buffers, in the engine runtime row of both columns (ENGINE_RUNTIME_GIB,
+  rollout/engine_args.py): `ModelConfig.enable_nccl_comm_suspend` (vllm/config/model.py:383) is
+  False, so `Worker.sleep` leaves them (vllm/v1/worker/gpu_worker.py:312). Not suspended: vLLM
+  marks it experimental, it needs ncclCommSuspend (NCCL >= 2.29.7; without it vLLM only warns and
+  keeps the buffers, vllm/distributed/device_communicators/pynccl.py:588), which RCCL builds for
+  the MI300X need not have, so the plan must count them either way. The trainer's freed
 tensors (gradients after `zero_grad(set_to_none=True)`, activations, FSDP buffers) go back to
 the GPU before the engines wake (`torch.cuda.empty_cache()` on every rank in
 `rollout/weight_sync/colocated.py`), so during rollouts the trainer holds only its parameters,
@@ -272,10 +288,15 @@ def trainer_resident_gib(shape: Qwen3Shape, ranks: int) -> float:
     return _gib(state["params"] + state["adamw"]) + TRAINER_RUNTIME_GIB
 
 
+def engine_graphs_gib(spec: MemorySpec) -> float:
+    """One engine worker's CUDA graphs (assumed), 0 without them (`engine.enforce_eager`)."""
+    return ENGINE_CUDA_GRAPHS_GIB if spec.cuda_graphs else 0.0
+
+
 def update_phase_gib(spec: MemorySpec) -> float:
-    """What one trainer GPU holds at the update's peak: the trainer rows, and colocated the
-    sleeping engine's runtime."""
-    engine_gib = ENGINE_RUNTIME_GIB if spec.colocated else 0.0
+    """What one trainer GPU holds at the update's peak: the trainer rows, and colocated what the
+    sleeping engine keeps: its runtime and its CUDA graphs (module docstring)."""
+    engine_gib = ENGINE_RUNTIME_GIB + engine_graphs_gib(spec) if spec.colocated else 0.0
     return sum(value for _, value, _ in trainer_rows(spec)) + engine_gib
 
 
@@ -295,27 +316,27 @@ def build_memory_plan(spec: MemorySpec) -> MemoryPlan:
     budget = spec.gpu_memory_utilization * gpu
     weights = _gib(engine_weight_bytes(s, tp))
     engine_act = _gib(engine_activation_bytes(s, tp, spec.max_num_seqs, spec.max_num_batched_tokens))
-    graphs = ENGINE_CUDA_GRAPHS_GIB if spec.cuda_graphs else 0.0
+    graphs = engine_graphs_gib(spec)
     kv = budget - weights - engine_act - graphs
     kv_tokens = max(0, int(kv * GIB // kv_bytes_per_token(s, tp)))
-    engine = [
-        (f"engine weights bf16 (1/TP {tp})", weights),
-        (f"engine KV cache ({kv_tokens:,} tokens per replica)", kv),
-        (f"engine activations (profile run, {spec.max_num_batched_tokens} tokens)", engine_act),
-    ] + ([("engine CUDA graphs (assumed)", graphs)] if spec.cuda_graphs else [])
+    engine = [   # (row, GiB, kept while the engine sleeps: module docstring)
+        (f"engine weights bf16 (1/TP {tp})", weights, False),
+        (f"engine KV cache ({kv_tokens:,} tokens per replica)", kv, False),
+        (f"engine activations (profile run, {spec.max_num_batched_tokens} tokens)", engine_act, False),
+    ] + ([("engine CUDA graphs (assumed)", graphs, True)] if spec.cuda_graphs else [])
     rows: list[MemoryRow] = []
     if spec.colocated:
         columns = ("rollout", "update")
         for name, value, freed in trainer:
             rows.append(MemoryRow(name, (None if freed else value, value)))   # freed: returned before the wake
-        for name, value in engine:
-            rows.append(MemoryRow(name, (value, None)))
+        for name, value, kept in engine:
+            rows.append(MemoryRow(name, (value, value if kept else None)))
         rows.append(MemoryRow("engine runtime (assumed)", (ENGINE_RUNTIME_GIB, ENGINE_RUNTIME_GIB)))
     else:
         columns = ("trainer GPU", "engine GPU")
         for name, value, _ in trainer:
             rows.append(MemoryRow(name, (value, None)))
-        for name, value in engine:
+        for name, value, _ in engine:
             rows.append(MemoryRow(name, (None, value)))
         rows.append(MemoryRow("engine runtime (assumed)", (None, ENGINE_RUNTIME_GIB)))
     totals = tuple(sum(r.gib[i] or 0.0 for r in rows) for i in range(len(columns)))

@@ -28,27 +28,22 @@ then starts with every source there: its timeout
 group's agreements) bounds only the transfer.
 
 Several nodes: without GLOO_SOCKET_IFNAME, gloo listens on the address this host's name resolves
-to, and on loopback when it resolves to nothing (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp,
-whose warning in the installed libtorch_cpu.so reads "Unable to resolve hostname to a (local)
-address. Using the loopback address as fallback. Manually set the network interface to bind to
-with GLOO_SOCKET_IFNAME."). A name on loopback (a Debian-style `127.0.1.1 hostname` line in
-/etc/hosts) leaves the other nodes nothing to connect to, and the run hangs at its first object
-collective. `setup_distributed` refuses that in one line naming GLOO_SOCKET_IFNAME (and
-NCCL_SOCKET_IFNAME, NCCL's own) unless the variable is set or MASTER_ADDR is loopback too (every
-"node" on this machine).
+to, and on loopback when it resolves to nothing (`hosts/addresses.py` says where torch does
+this): the other nodes could not connect, and the run would hang at its first object collective.
+`setup_distributed` refuses that in one line naming GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME,
+NCCL's own) unless the variable is set or MASTER_ADDR is loopback too (every "node" on this machine).
 """
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import os
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from rstar2_cli.hosts.addresses import host_address, loopback_refusal
 from rstar2_cli.rl.liveness import Liveness
 from rstar2_cli.rl.rollout_hosts import node_position
 
@@ -81,48 +76,13 @@ class NodeAddressError(RuntimeError):
     """A multi-node launch that gloo cannot connect (one-line message)."""
 
 
-def host_address(name: str) -> str:
-    """The first address `name` resolves to, as gloo's TCP transport takes it (getaddrinfo, the
-    first address it can bind)."""
-    return socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0]
-
-
-def _is_loopback(address: str | None) -> bool:
-    if address is None:
-        return True
-    try:
-        return ipaddress.ip_address(address.split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
 def check_node_address(env: Mapping[str, str], resolve: Callable[[str], str] = host_address,
                        hostname: str | None = None) -> None:
-    """Refuse, in one line, a job on several nodes whose gloo group would listen on loopback: this
-    host's name resolves to a loopback address (or to nothing: gloo then falls back to loopback)
-    and GLOO_SOCKET_IFNAME is unset. All "nodes" on one machine (MASTER_ADDR itself loopback, as
-    in a simulated multi-node test) connect fine and pass."""
-    nodes = node_position(env)[1]
-    if nodes < 2 or env.get("GLOO_SOCKET_IFNAME"):
-        return
-    master = env.get("MASTER_ADDR")
-    if master and _is_loopback(_resolved(master, resolve)):
-        return
-    name = hostname or socket.gethostname()
-    address = _resolved(name, resolve)
-    if _is_loopback(address):
-        raise NodeAddressError(
-            f"{nodes} nodes, but this host's name {name!r} resolves to {address or 'no address'}, so gloo would "
-            f"listen on loopback, where the other nodes cannot connect: set GLOO_SOCKET_IFNAME (and "
-            f"NCCL_SOCKET_IFNAME) to the network interface the nodes share, e.g. GLOO_SOCKET_IFNAME=eth0 "
-            f"NCCL_SOCKET_IFNAME=eth0 (`ip -br addr` lists them)")
-
-
-def _resolved(name: str, resolve: Callable[[str], str]) -> str | None:
-    try:
-        return resolve(name)
-    except OSError:
-        return None
+    """Refuse, in one line, a job on several nodes whose gloo group would listen on loopback
+    (`hosts.addresses.loopback_refusal`, MASTER_ADDR the head node)."""
+    why = loopback_refusal(node_position(env)[1], env, env.get("MASTER_ADDR"), resolve=resolve, hostname=hostname)
+    if why is not None:
+        raise NodeAddressError(why)
 
 
 def setup_distributed(*, resolve: Callable[[str], str] = host_address) -> DistInfo:

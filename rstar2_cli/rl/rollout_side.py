@@ -44,7 +44,7 @@ from rstar2_cli.rollout.tool_sandbox import rl_tool_sandbox
 from rstar2_cli.rollout.trajectory import Trajectory
 from rstar2_cli.rollout.weight_sync.backends import choose_backend
 from rstar2_cli.rollout.weight_sync.colocated import release_trainer_cache
-from rstar2_cli.rollout.weight_sync.engine_side import run_on_loop
+from rstar2_cli.rollout.weight_sync.engine_side import attempt, raise_failure, run_on_loop
 from rstar2_cli.rollout.weight_sync.pusher import WeightPusher
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,9 @@ def start_rollout_side(cfg: RecipeConfig, host: RolloutHostPlan, info: rl_dist.D
     pusher = WeightPusher(backend, model=model, engines=engines, is_host=host.is_host, rank=info.rank,
                           engine_dtype=compute_dtype("auto", info.device), loop=loop, pause=pause_for_updates,
                           ipc_buffer_mb=cfg.engine.ipc_buffer_mb,
-                          colocated=parts.engines_sleep(cfg, info.device), release=parts.release)
+                          colocated=parts.engines_sleep(cfg, info.device), release=parts.release,
+                          agree=lambda failure: agree_on_failure(failure, "the weight push, before the transfer,",
+                                                                 WeightPushFailed, node=host.node_index))
     refused = None
     if info.world_size > 1:
         refused = "a sharded (multi-rank) policy gathers its weights with collectives"
@@ -138,45 +140,54 @@ def start_rollout_side(cfg: RecipeConfig, host: RolloutHostPlan, info: rl_dist.D
     return RolloutSide(loop, fleet, tools, ranks)
 
 
-def agree_on_failure(failure: BaseException | None, what: str, kind: type[Exception]) -> None:
-    """Every rank raises if any rank failed at `what` (one agreement over the gloo group): the
-    rank that failed its own exception, the others `kind` naming `what`, so all ranks leave the
-    step alike (`EngineRestartsExhausted` on every rank: all of them join the abandoning
-    checkpoint). Without a process group, the failure itself."""
+class WeightPushFailed(RuntimeError):
+    """The weight push failed on a rollout host; every rank raises it with the same one line,
+    naming the node and the cause (`agree_on_failure`)."""
+
+
+def failure_line(failure: BaseException, node: int, rank: int) -> str:
+    """`node N (rank R): Kind: the first line of its message`: what every rank reports of it."""
+    first = (str(failure).splitlines() or [""])[0]
+    return f"node {node} (rank {rank}): {type(failure).__name__}: {first}"
+
+
+def agree_on_failure(failure: BaseException | None, what: str, kind: type[Exception], *, node: int) -> None:
+    """Every rank raises `kind` if any rank failed at `what` (one all-gather over the gloo group):
+    the same one line on every rank, naming the first failed rank's node and its error, so all
+    ranks leave the step alike and each log says why (`EngineRestartsExhausted` on every rank: all
+    of them join the abandoning checkpoint). Without a process group, the failure itself."""
     if not rl_dist.is_distributed():
-        if failure is not None:
-            raise failure
+        raise_failure(failure)
         return
+    mine = None
     if failure is not None:
         log.error("%s failed on this rank: %r", what, failure)
-    if rl_dist.agree_max([float(failure is not None)])[0] > 0:
-        if failure is not None:
-            raise failure
-        raise kind(f"{what} failed on another rank (its log says why); stopping on every rank")
+        mine = failure_line(failure, node, rl_dist.process_info().rank)
+    failed = [line for line in rl_dist.all_gather_objects(mine) if line is not None]
+    if failed:
+        more = f" (and {len(failed) - 1} other rank(s))" if len(failed) > 1 else ""
+        raise kind(f"{what} failed on {failed[0]}{more}; stopping on every rank") from failure
 
 
-def _attempt(action: Callable[[], None]) -> BaseException | None:
-    try:
-        action()
-    except Exception as e:
-        return e
-    return None
-
-
-def push_weights(fleet: EngineFleet, policy: Any, is_host: bool) -> None:
+def push_weights(fleet: EngineFleet, policy: Any, is_host: bool, *, node: int) -> None:
     """The policy's new weights into every node's engines (every rank: a collective); colocated,
     the engines' weights wake before the load and their KV cache after it. A replica found dead now
     is restarted first (or, past what the run allows, `EngineRestartsExhausted`).
 
-    A failure on one host fails the push on every rank: the ranks agree over the gloo group after
-    the host's check and after the transfer (`agree_on_failure`), so no rank goes on into the
-    gathers, or into the next step, while a host has given up. Not covered: a host that fails in
-    the middle of an ipc or nccl transfer, whose gathers run tensor by tensor (the others wait in
-    the next gather until the collective timeout)."""
+    A failure on one host fails the push on every rank, with one line naming that host's node
+    (`agree_on_failure` over the gloo group): after the host's restart check, before the transfer
+    (the pusher's `agree`, given by `start_rollout_side`: a busy engine, an out-of-memory on the
+    weights' wake) and after it. So no rank goes on into the gathers, or into the next step, while
+    a host has given up. Not covered: a host that fails in the middle of an ipc or nccl transfer,
+    whose gathers run tensor by tensor (the others wait in the next gather until the collective
+    timeout)."""
     with fleet.lock:
-        found = _attempt(fleet.heal) if is_host else None
-        agree_on_failure(found, "an engine found dead before the weight push", EngineRestartsExhausted)
-        agree_on_failure(_attempt(lambda: fleet.push(policy)), "the weight push", RuntimeError)
+        found = attempt(fleet.heal) if is_host else None
+        agree_on_failure(found, "the engine check before the weight push", EngineRestartsExhausted, node=node)
+        pushed = attempt(lambda: fleet.push(policy))
+        if isinstance(pushed, WeightPushFailed):     # agreed before the transfer: raised on every rank
+            raise pushed
+        agree_on_failure(pushed, "the weight push", WeightPushFailed, node=node)
 
 
 def sandbox_down_for(cfg: RecipeConfig, tools: Any) -> float:

@@ -25,8 +25,9 @@ checkpoint and exit code 75 (`preemption.py`); `--resume auto` continues from `l
 (`resume.py`). A NaN/inf step takes no optimizer step; `train.max_nonfinite_steps` in a row, a
 remote sandbox down for longer than `sandbox.outage_s`, a checkpoint that cannot be written, an
 engine death past `engine.max_restarts` (`rollout/engine_health.py`: a dead engine is restarted with
-the current weights and its trajectories rolled out again) or the tool-loop alarm with
-`train.stop_on_tool_loop` (`tool_loop.py`) checkpoint and abort (`RunAborted`).
+the current weights and its trajectories rolled out again), a weight push that failed on a
+host (every rank stops with the same line naming the node: `rollout_side.push_weights`) or the
+tool-loop alarm with `train.stop_on_tool_loop` (`tool_loop.py`) checkpoint and abort (`RunAborted`).
 """
 from __future__ import annotations
 
@@ -58,8 +59,8 @@ from rstar2_cli.rl.resume import resume_mode, start_run
 from rstar2_cli.rl.roc import group_rng, select_for_training
 from rstar2_cli.rl.rollout_hosts import plan_rollout_host
 from rstar2_cli.rl.rollout_log import RolloutLog
-from rstar2_cli.rl.rollout_side import (Collaborators, RolloutSide, push_weights, sandbox_down_for,
-                                        start_rollout_side)
+from rstar2_cli.rl.rollout_side import (Collaborators, RolloutSide, WeightPushFailed, push_weights,
+                                        sandbox_down_for, start_rollout_side)
 from rstar2_cli.rl.sampler import DataSampler
 from rstar2_cli.rl.step_summary import step_columns, summarise
 from rstar2_cli.rl.tool_loop import ToolLoopAlarm
@@ -200,9 +201,9 @@ class RLTrainer:
                     update = self.policy.update(shard.trajectories, advantages, shard.mini_batches, gaps=gaps)
             with timer("sync"):
                 try:
-                    push_weights(self.side.fleet, self.policy, self.host.is_host)
-                except EngineRestartsExhausted:   # the update stands: the abandoning checkpoint is this
-                    self.step += 1                # step's, and its batch is not drawn again on resume
+                    push_weights(self.side.fleet, self.policy, self.host.is_host, node=self.host.node_index)
+                except (EngineRestartsExhausted, WeightPushFailed):   # the update stands: the abandoning
+                    self.step += 1       # checkpoint is this step's, and its batch is not drawn again on resume
                     self._sampler_before = self.sampler.state_dict()
                     raise
         return update
@@ -307,7 +308,8 @@ class RLTrainer:
                 failing = self.step + 1
                 try:
                     self.train_step()
-                except EngineRestartsExhausted as e:   # the step's rollout is abandoned, drawn again on resume
+                # a rollout's engine death: its batch is drawn again on resume; at the push: the next batch
+                except (EngineRestartsExhausted, WeightPushFailed) as e:
                     self._abandon_batch()
                     saved = self._saved()
                     if watch.signalled is not None:   # SIGTERM to every process of a preempted job

@@ -13,7 +13,8 @@ import math
 from rstar2_cli.hosts.gpu_visibility import local_gpu_memory
 
 # Assumed, not measured: one vLLM worker process on a GPU (context, TP communicator, non-torch
-# memory); it stays while the engine sleeps.
+# memory); it stays while the engine sleeps (the communicator too: enable_nccl_comm_suspend is left
+# False, launch/memory_plan.py says why).
 ENGINE_RUNTIME_GIB = 1.5
 PROMPT_BUDGET_TOKENS = 2048   # context room for the prompt when max_model_len is not set
 # vLLM 0.32's offline default for GPUs of 70 GiB and more (engine/arg_utils.py `get_batch_defaults`,

@@ -50,7 +50,7 @@ def sized_stage2(gpu_gib: float, *overrides: str, gpus: int = 8):
 def test_auto_is_the_largest_multiple_of_1024_that_fits_at_most_the_releases_budget():
     cfg, plan = sized_stage2(66.0)
     tokens = cfg.train.micro_batch_tokens
-    assert tokens == 15360
+    assert tokens == 14336
     spec = es.memory_spec_for(cfg, plan, 66.0, "custom")
     assert mp.build_memory_plan(spec).fits
     assert not mp.build_memory_plan(dataclasses.replace(spec, micro_batch_tokens=tokens + 1024)).fits
@@ -75,8 +75,8 @@ def test_a_plan_that_does_not_fit_prints_its_table_then_exits_2_with_one_line():
     out = rl("--stage", "2", "--gpus", "8", "--dry-run", "--gpu-memory", "h100",
              "--set", "train.micro_batch_tokens=65536")
     assert out.exit_code == 2 and out.stderr.count("\n") == 1
-    assert "does not fit: the update phase needs 112.6 GiB of 79.1 GiB per GPU" in out.stderr
-    assert out.stderr.rstrip().endswith("set train.micro_batch_tokens=29696 (or more GPUs)")
+    assert "does not fit: the update phase needs 113.6 GiB of 79.1 GiB per GPU" in out.stderr
+    assert out.stderr.rstrip().endswith("set train.micro_batch_tokens=28672 (or more GPUs)")
 
 
 def test_a_launch_that_does_not_fit_refuses_before_anything_starts(tmp_path, monkeypatch):
@@ -115,7 +115,7 @@ def test_a_visible_gpu_sizes_the_micro_batch_from_its_real_memory(monkeypatch):
     out = rl("--stage", "2", "--gpus", "8", "--dry-run")
     assert out.exit_code == 0, out.output
     assert "memory per GPU (GiB): 66 GiB GPU (Some GPU 66GB)" in out.output
-    assert printed_micro_batch(out.output) == 15360
+    assert printed_micro_batch(out.output) == 14336
 
 
 def test_on_cpu_auto_is_a_fixed_number():

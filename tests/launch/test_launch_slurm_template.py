@@ -107,7 +107,7 @@ def test_every_step_is_given_its_cpus(tmp_path):
     all of the node's CPUs (srun gives a task one CPU unless told, and binding keeps it there)."""
     env, log, _ = _step_stubs(tmp_path)
     steps = _run_steps(tmp_path, env, log)
-    assert len(steps) == 6
+    assert len(steps) == 7
     assert all("--cpus-per-task=" in s for s in steps), steps
     trainers = next(s for s in steps if "--kill-on-bad-exit=1" in s)
     workers = next(s for s in steps if "serve-sandbox --worker" in s)
@@ -115,6 +115,20 @@ def test_every_step_is_given_its_cpus(tmp_path):
     assert "--cpus-per-task=2" in next(s for s in steps if "redis-server" in s)
     env["CPUS_PER_NODE"] = "96"     # a site that keeps cores for itself
     assert "--cpus-per-task=96" in next(s for s in _run_steps(tmp_path, env, log) if "--kill-on-bad-exit=1" in s)
+
+
+def test_every_node_runs_the_preflight_before_the_sandbox_workers_and_the_trainers(tmp_path):
+    """`rstar2 preflight` once per node, against the head node's Redis and sandbox front end, for
+    the GPUs each node should have; it runs in the foreground, so a refusal ends the job before
+    any worker or trainer starts (`set -e`)."""
+    env, log, _ = _step_stubs(tmp_path)
+    steps = _run_steps(tmp_path, env, log)
+    at = {key: next(i for i, s in enumerate(steps) if key in s)
+          for key in ("rstar2 preflight", "serve-sandbox --worker", "--kill-on-bad-exit=1")}
+    assert at["rstar2 preflight"] < min(at["serve-sandbox --worker"], at["--kill-on-bad-exit=1"]), steps
+    assert steps[at["rstar2 preflight"]] == (
+        "--overlap --export=ALL --nodes=2 --ntasks-per-node=1 --cpus-per-task=1 rstar2 preflight "
+        "--redis redis://n01:6379/0 --sandbox-url http://n01:8088 --gpus-per-node 8")
 
 
 def test_every_step_runs_from_the_container_and_gets_the_socket_interfaces(tmp_path):
@@ -130,7 +144,7 @@ def test_every_step_runs_from_the_container_and_gets_the_socket_interfaces(tmp_p
     env.update(RSTAR2_SRUN_ARGS=pyxis, RSTAR2_EXEC="apptainer exec --nv /images/rstar2.sif",
                GLOO_SOCKET_IFNAME="ib0", NCCL_SOCKET_IFNAME="ib0")
     steps = _run_steps(tmp_path, env, log)
-    assert len(steps) == len(plain) == 6
+    assert len(steps) == len(plain) == 7
     for step in steps:
         options, command = step.split(" apptainer exec --nv /images/rstar2.sif ", 1)
         assert options.startswith("--overlap --export=ALL,GLOO_SOCKET_IFNAME=ib0,NCCL_SOCKET_IFNAME=ib0 "), step
@@ -162,7 +176,7 @@ def _preemption_stubs(tmp_path, rl_exit_on_usr1: int):
         "scontrol": f'if [[ "$1" == requeue ]]; then echo "requeue $2" >> {log}; else echo n01; fi\n',
         "redis-cli": "exit 0\n", "python3": "exit 0\n", "redis-server": "exec sleep 120\n",
         "rstar2": f'''if [[ "$1" == serve-sandbox ]]; then [[ " $* " == *" --check "* ]] && exit 0; exec sleep 120; fi
-if [[ " $* " == *" --dry-run "* ]]; then exit 0; fi
+if [[ " $* " == *" --dry-run "* || "$1" == preflight ]]; then exit 0; fi
 echo "rl $*" >> {log}
 trap 'echo "trainer got USR1" >> {log}; exit {rl_exit_on_usr1}' USR1
 touch {ready}

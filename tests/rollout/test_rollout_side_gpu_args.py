@@ -46,6 +46,8 @@ def test_a_gpu_host_places_its_replicas_as_the_launch_plan_says(monkeypatch):
             assert args.seed == seed and args.dtype == "bfloat16" and args.enable_sleep_mode
             assert args.logprobs_mode == "processed_logprobs"                  # T = 0.7: what was sampled
             assert args.scheduling_policy == "fcfs" and args.max_model_len >= 12288
+            # vLLM's defaults, which the memory plan counts: graphs and TP buffers stay through the sleep
+            assert args.sleep_mode_offload_cudagraph is False and args.enable_nccl_comm_suspend is False
             assert engine.weights_version == 4
         assert side.fleet.pusher.cycle is not None and side.host_ranks == [0, 1] and released == [1]
         assert side.fleet.supervisor.why_not is None          # one rank, chunked: restarts allowed

@@ -51,13 +51,8 @@ class ColocatedCycle:
         if self.engines:
             self.run(each(self.engines, "sleep", level=SLEEP_LEVEL))
 
-    def _wake(self, tag: str) -> None:
-        self.release()
+    def wake(self, tag: str) -> None:
+        """This node's engines take back their `tag` memory ("weights", "kv_cache"); nothing off
+        the host. The caller runs `release` first, on every rank (a collective)."""
         if self.engines:
             self.run(each(self.engines, "wake_up", [tag]))
-
-    def wake_weights(self) -> None:
-        self._wake("weights")
-
-    def wake_kv_cache(self) -> None:
-        self._wake("kv_cache")

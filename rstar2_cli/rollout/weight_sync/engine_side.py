@@ -3,7 +3,7 @@ caches and bump their `weights_version` once the new weights are in."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -13,6 +13,22 @@ def check_idle(engines: Sequence[Any], paused: bool) -> None:
     busy = [e.inflight for e in engines if e.inflight]
     if busy and not paused:
         raise RuntimeError(f"weight update with {busy[0]} generation(s) in flight; finish the rollout first")
+
+
+def attempt(action: Callable[[], Any]) -> Exception | None:
+    """Run `action`; the exception it raised, or None. For a rank that must still reach the
+    collectives after it (a barrier, an agreement) before it raises."""
+    try:
+        action()
+    except Exception as e:
+        return e
+    return None
+
+
+def raise_failure(failure: BaseException | None) -> None:
+    """The agreement of a process alone: its own failure, raised (nothing when None)."""
+    if failure is not None:
+        raise failure
 
 
 async def weights_loaded(engines: Sequence[Any]) -> None:
