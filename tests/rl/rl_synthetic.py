@@ -98,3 +98,17 @@ def alternating():
     from rstar2_cli.rl.rollout_side import Collaborators
 
     return Collaborators(grade=alternating_grades)
+
+
+def write_checkpoint(folder, step: int):
+    """A small checkpoint folder laid out as rl/checkpoint.py writes one (HF safetensors and a DCP
+    `state/`), whole as far as `--resume`'s check reads it (rl/checkpoint_check.py)."""
+    import torch   # lazy: the other helpers here need no torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"w": torch.full((64, 64), float(step))}, str(folder / "model-00001-of-00001.safetensors"))
+    dcp.save({"m": torch.arange(4096.0) * step}, storage_writer=dcp.FileSystemWriter(str(folder / "state")),
+             no_dist=True)
+    return folder

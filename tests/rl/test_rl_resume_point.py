@@ -3,19 +3,9 @@ that names the file and the way on, never a silent fall back to an older checkpo
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.distributed.checkpoint as dcp
-from safetensors.torch import save_file
+from rl_synthetic import write_checkpoint
 
 from rstar2_cli.rl.resume import ResumeError, resume_point
-
-
-def checkpoint(folder, step: int):
-    """A checkpoint folder as rl/checkpoint.py writes one: HF safetensors and a DCP state/ folder."""
-    folder.mkdir(parents=True)
-    save_file({"w": torch.full((64, 64), float(step))}, str(folder / "model-00001-of-00001.safetensors"))
-    dcp.save({"m": torch.arange(4096.0) * step}, storage_writer=dcp.FileSystemWriter(str(folder / "state")))
-    return folder
 
 
 def cut(path, keep: int = 100):
@@ -25,7 +15,7 @@ def cut(path, keep: int = 100):
 @pytest.fixture
 def run(tmp_path):
     for step in (2, 4):
-        checkpoint(tmp_path / f"step_{step:06d}", step)
+        write_checkpoint(tmp_path / f"step_{step:06d}", step)
     (tmp_path / "latest").write_text("step_000004\n")
     return tmp_path
 

@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 
 from rstar2_cli.cli import app
 from rstar2_cli.config import RESOLVED_RECIPE
+from rl_synthetic import write_checkpoint
+
 from rstar2_cli.rl import launch_entry
 from rstar2_cli.rl.run_folder import previous_run, refusal
 
@@ -20,7 +22,7 @@ def _used(folder: Path, *, latest: bool = True, steps: tuple[int, ...] = (2, 4),
     """What a run leaves: step folders, `latest` naming the newest, one metrics row per step."""
     folder.mkdir(parents=True, exist_ok=True)
     for n in steps:
-        (folder / f"step_{n:06d}" / "state").mkdir(parents=True)
+        write_checkpoint(folder / f"step_{n:06d}", n)
     if latest and steps:
         (folder / "latest").write_text(f"step_{max(steps):06d}")
     (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "rollout/reward_mean": 0.5}) + "\n"
