@@ -36,7 +36,7 @@ from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.rl.policy import compute_dtype
 from rstar2_cli.rl.rollout_hosts import RolloutHostPlan, host_ranks
 from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
-from rstar2_cli.rollout.engine_logs import route_engine_logs
+from rstar2_cli.rollout.engine_logs import release_engine_logs, route_engine_logs
 from rstar2_cli.rollout.engines import VLLMEngine
 from rstar2_cli.rollout.fleet import EngineFleet, start_engines
 from rstar2_cli.rollout.roll_out import grade
@@ -94,6 +94,7 @@ class RolloutSide:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=60)
         self.loop.close()
+        release_engine_logs()
 
 
 def start_rollout_side(cfg: RecipeConfig, host: RolloutHostPlan, info: rl_dist.DistInfo, *, model: Any,

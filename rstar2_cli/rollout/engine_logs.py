@@ -24,6 +24,7 @@ VERBOSE_ENV = "RSTAR2_VERBOSE"
 VLLM_CONFIG_ENV = "VLLM_LOGGING_CONFIG_PATH"
 FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
 _routed: list[Path] = []    # the logging config the next engine is built with (route_engine_logs)
+_saved: list[tuple[logging.Logger, list[logging.Handler], bool, int]] = []   # what routing replaced
 
 
 def verbose() -> bool:
@@ -51,29 +52,29 @@ def route_engine_logs(out_dir: str | Path, rank: int = 0) -> Path | None:
     `<out_dir>/logs/vllm_rank<rank>.log` (module docstring); the file, or None when they stay on the
     terminal (`RSTAR2_VERBOSE`, or a `VLLM_LOGGING_CONFIG_PATH` of the user's)."""
     if verbose() or os.environ.get(VLLM_CONFIG_ENV):
-        _routed.clear()
+        release_engine_logs()
         return None
     logs = Path(out_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_file = logs / f"vllm_rank{rank}.log"
     config = logs / f"vllm_logging_rank{rank}.json"
     config.write_text(json.dumps(logging_config(log_file), indent=1))
+    release_engine_logs()     # a previous run's routing in this process (the quickstart's RoC, then GRPO)
     _routed[:] = [config]
     handler = logging.FileHandler(log_file)
     handler.setFormatter(logging.Formatter(FORMAT))
     errors = logging.StreamHandler()
     errors.setLevel(logging.ERROR)
     errors.setFormatter(logging.Formatter(FORMAT))
-    for name in ("vllm", "py.warnings"):
+    for name, level in (("vllm", logging.INFO), ("py.warnings", logging.WARNING)):
         logger = logging.getLogger(name)
+        _saved.append((logger, list(logger.handlers), logger.propagate, logger.level))
         for old in list(logger.handlers):
             logger.removeHandler(old)
-            old.close()
         logger.addHandler(handler)
         logger.addHandler(errors)
         logger.propagate = False
-    logger.setLevel(logging.WARNING)    # py.warnings
-    logging.getLogger("vllm").setLevel(logging.INFO)
+        logger.setLevel(level)
     logging.captureWarnings(True)
     return log_file
 
@@ -81,3 +82,21 @@ def route_engine_logs(out_dir: str | Path, rank: int = 0) -> Path | None:
 def spawn_env() -> dict[str, str]:
     """What an engine is built with (`engine_env.engine_spawn_env`): the routed logging config, if any."""
     return {VLLM_CONFIG_ENV: str(_routed[0])} if _routed and _routed[0].is_file() else {}
+
+
+def release_engine_logs() -> None:
+    """The run is over (`RolloutSide.close`): engines built later in this process log as vLLM would,
+    and the loggers get back their own handlers."""
+    _routed.clear()
+    closed: set[int] = set()
+    while _saved:
+        logger, handlers, propagate, level = _saved.pop()
+        for ours in list(logger.handlers):
+            logger.removeHandler(ours)
+            if id(ours) not in closed:
+                closed.add(id(ours))
+                ours.close()
+        for handler in handlers:
+            logger.addHandler(handler)
+        logger.propagate, logger.level = propagate, level
+    logging.captureWarnings(False)
