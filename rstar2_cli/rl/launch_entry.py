@@ -18,7 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from rstar2_cli.config import ConfigError, RecipeConfig, check_placement, load_recipe
@@ -71,16 +71,32 @@ def run_for_exit_code(cfg, *, resume: bool | str, quiet: bool = False,
     return code, None
 
 
+def signals_reach_the_child(env: Mapping[str, str]) -> bool:
+    """Whether a signal this launcher gets reaches its child (torchrun) without it: as a task of a
+    SLURM job step (srun sets SLURM_STEP_ID), slurmstepd signals the task's processes, torchrun
+    among them, whichever proctrack plugin the site uses (cgroup: the step's container; linuxproc:
+    the task's process tree; pgid: the task's process group)."""
+    return bool(env.get("SLURM_STEP_ID"))
+
+
 def call_forwarding_signals(argv: list[str], env: dict[str, str]) -> int:
     """Run `argv` (torchrun) and wait for it, passing SIGTERM and SIGUSR1 on to it; if one came,
     the exit code is PREEMPTED_EXIT_CODE unless it succeeded (torchrun itself exits non-zero
-    when it is signalled, whatever its workers did)."""
+    when it is signalled, whatever its workers did).
+
+    Under srun the signal is only noted (`signals_reach_the_child`): passed on as well, it reaches
+    torchrun twice, and torchrun, which forwards the first to its workers and waits for them, takes
+    a second one during that wait as a reason to end them at once: SIGTERM to each worker's process
+    group, vLLM's engine cores included, before the step and its checkpoint are done
+    (torch/distributed/elastic/agent/server/api.py `run`: the second SignalException skips
+    `shutdown_called`, and the `finally` shuts down with the default SIGTERM)."""
     proc = subprocess.Popen(argv, env=env)
     got: list[int] = []
+    passed_on = not signals_reach_the_child(env)
 
     def forward(signum, frame):
         got.append(signum)
-        if proc.poll() is None:
+        if passed_on and proc.poll() is None:
             proc.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in PREEMPTION_SIGNALS}
