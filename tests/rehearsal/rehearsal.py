@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -311,6 +312,11 @@ def main() -> int:
     ap.add_argument("--out", default="runs/rehearsal", help="a fresh folder for the jobs' files")
     args = ap.parse_args()
     root = Path(args.out).resolve()
+    missing = [tool for tool in ("redis-server", "bwrap") if shutil.which(tool) is None]
+    if missing:
+        print(f"error: {' and '.join(missing)} not found: the template starts Redis and bubblewrap-isolated "
+              "sandbox workers (apt-get install redis-server bubblewrap)", file=sys.stderr)
+        return 2
     if root.exists() and any(root.iterdir()):
         print(f"error: --out {root} is not empty; give a new folder", file=sys.stderr)
         return 2
