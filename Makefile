@@ -7,6 +7,7 @@
 #   make quickstart ARGS="--compare-grpo --seeds 0,1,2"
 #   make test                            # the whole test suite (what .ci/run runs)
 #   make test ARGS="tests/quickstart"    # a part of it
+#   make rehearsal                       # the SLURM template on two stand-in nodes, on CPU (docs/scale-out.md)
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
@@ -15,14 +16,16 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3 || echo python3.11
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 OUT ?= runs/quickstart
+REHEARSAL_OUT ?= runs/rehearsal-$(shell date +%Y%m%d-%H%M%S)
 ARGS ?=
 APT_HINT := apt-get install bubblewrap redis-server
 
-.PHONY: help quickstart test install system-check
+.PHONY: help quickstart test rehearsal install system-check
 
 help:
 	@echo "make quickstart   the whole recipe on the toy task (ARGS=\"--compare-grpo --seeds 0,1,2\", OUT=$(OUT))"
 	@echo "make test         the test suite (ARGS=\"tests/quickstart\" for a part)"
+	@echo "make rehearsal    slurm_rl.sbatch as shipped on two stand-in nodes on CPU: stage 1 -> 2 -> eval (REHEARSAL_OUT=$(REHEARSAL_OUT))"
 	@echo "make install      only create $(VENV) and install (done by the two above on first use)"
 
 install: $(STAMP)
@@ -52,3 +55,6 @@ quickstart: $(STAMP) system-check
 
 test: $(STAMP) system-check
 	$(VENV)/bin/python -m pytest -q $(ARGS)
+
+rehearsal: $(STAMP) system-check
+	$(VENV)/bin/python tests/rehearsal/rehearsal.py --out $(REHEARSAL_OUT)

@@ -14,6 +14,7 @@ from rich.syntax import Syntax
 from typer.core import TyperCommand
 
 from rstar2_cli.commands import checks, fail
+from rstar2_cli.hosts.cpu_ranks import CPU_RANKS_ENV, cpu_ranks
 from rstar2_cli.rl import run_folder
 from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, RESUME_MODES, continue_command, torchrun_env
 from rstar2_cli.rollout.engine_logs import VERBOSE_ENV
@@ -46,7 +47,8 @@ def register(app: typer.Typer) -> None:
         stage: Optional[int] = typer.Option(None, "--stage", min=1, max=3, help="paper stage 1, 2 or 3"),
         overrides: List[str] = typer.Option([], "--set",
                                             help="override any field, e.g. --set optim.lr=2e-6 (repeatable)"),
-        gpus: int = typer.Option(0, "--gpus", min=0, help="GPUs in all (0: CPU)"),
+        gpus: int = typer.Option(0, "--gpus", min=0,
+                                 help="GPUs in all (0: CPU; with RSTAR2_CPU_RANKS=1 each is a CPU rank)"),
         nodes: Optional[int] = typer.Option(None, "--nodes", min=1,
                                             help="nodes (default: SLURM_JOB_NUM_NODES, else gpus / gpus-per-node)"),
         gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1,
@@ -89,10 +91,15 @@ def register(app: typer.Typer) -> None:
         console = Console()
         if verbose:      # read by every trainer process this command starts (rollout/engine_logs.py)
             os.environ[VERBOSE_ENV] = "1"
+        try:
+            cpu = cpu_ranks()          # RSTAR2_CPU_RANKS=1: each of --gpus is a CPU rank (hosts/cpu_ranks.py)
+        except ValueError as e:
+            fail(str(e))
+        on_gpu = gpus > 0 and not cpu
         if resume is not None and resume not in RESUME_MODES:
             fail(f"--resume {resume!r}: expected {' or '.join(RESUME_MODES)} (or no value: latest)")
         try:
-            cfg = stages.resolve_stage_recipe(recipe, stage, list(overrides), on_gpu=gpus > 0)
+            cfg = stages.resolve_stage_recipe(recipe, stage, list(overrides), on_gpu=on_gpu)
         except config.ConfigError as e:
             fail(str(e))
         note = stages.shadowed_recipe_note(recipe, stage)
@@ -107,7 +114,7 @@ def register(app: typer.Typer) -> None:
             plan = topology.plan_from_args(
                 gpus, sizes.nodes,
                 gpus_per_node=sizes.gpus_per_node,
-                tp_size=cfg.engine.tensor_parallel_size if gpus else 1,
+                tp_size=cfg.engine.tensor_parallel_size if on_gpu else 1,
                 colocate=cfg.engine.colocate,
                 engine_gpus=engine_gpus,
                 weight_transfer=cfg.engine.weight_transfer,
@@ -117,11 +124,12 @@ def register(app: typer.Typer) -> None:
                 recipe_args=tuple(entry_args),
                 prompts_per_step=cfg.train.prompts_per_step,
                 rollouts_per_prompt=cfg.rollouts_per_prompt,
+                cpu_ranks=cpu,
             )
         except topology.PlanError as e:
             fail(str(e))
         gpu, cpu_refusal = None, None
-        if gpus:
+        if on_gpu:
             try:
                 gpu = memory_plan.resolve_gpu_memory(gpu_memory, dry_run=dry_run)
             except memory_plan.MemoryPlanError as e:
@@ -133,6 +141,10 @@ def register(app: typer.Typer) -> None:
             plan = dataclasses.replace(plan, memory=memory_plan.build_memory_plan(spec))
             plan = dataclasses.replace(plan, notes=plan.notes + ((gpu.note,) if gpu.note else ()) + (
                 (plan_view.micro_batch_note(plan.memory),) if auto_tokens else ()))
+        elif cpu:                        # a rehearsal of the GPU launch on CPU (hosts/cpu_ranks.py)
+            plan = dataclasses.replace(plan, notes=plan.notes + (
+                f"{CPU_RANKS_ENV}=1: {gpus} CPU ranks ({sizes.nodes} node(s) x {gpus // sizes.nodes}) in a gloo "
+                f"group, one engine on vLLM's CPU build per node, no GPU memory plan",))
         else:                            # a paper stage on CPU: say what that means, refuse what cannot fit
             try:
                 shape, source = model_shape.shape_for_model(cfg.model.path)
@@ -154,7 +166,7 @@ def register(app: typer.Typer) -> None:
                 f"give --master-addr, or run under SLURM, to launch",))
         k = cfg.train.max_staleness
         if k:
-            where = ("their own GPUs" if gpus else "vLLM's engine-core process, beside the trainer on the same cores")
+            where = ("their own GPUs" if on_gpu else "vLLM's engine-core process, beside the trainer on the same cores")
             plan = dataclasses.replace(plan, notes=plan.notes + (
                 f"experimental: batches roll out up to {k} step(s) ahead on the engines ({where}); "
                 f"weight updates pause them between requests",))

@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from rstar2_cli.hosts.cpu_ranks import CPU_RANKS_ENV
 from rstar2_cli.launch import torchrun_cmd
 from rstar2_cli.launch.memory_plan import MemoryPlan
 from rstar2_cli.launch.torchrun_cmd import DEFAULT_REDIS_PORT
@@ -59,6 +60,7 @@ class TopologySpec:
     prompts_per_step: int | None = None
     rollouts_per_prompt: int | None = None
     weight_transfer: str = "auto"      # engine.weight_transfer: auto | ipc | nccl | chunked
+    cpu_ranks: bool = False            # each of `gpus` is a CPU rank (hosts/cpu_ranks.py, RSTAR2_CPU_RANKS)
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -92,6 +94,9 @@ class TopologySpec:
             object.__setattr__(self, "gpus_per_node", per_node)
             need(self.tp_size <= per_node,
                  f"tp_size={self.tp_size} > gpus_per_node={per_node}: an engine cannot span nodes")
+        if self.cpu_ranks and self.gpus:
+            need(self.tp_size == 1, f"tp_size={self.tp_size} with CPU ranks: tensor parallelism needs GPUs")
+            need(self.colocate, "colocate=False with CPU ranks: separate engine GPUs need GPUs")
         if self.colocate:
             need(self.engine_gpus in (None, self.gpus),
                  f"engine_gpus={self.engine_gpus} with colocate=True: colocated engines use all {self.gpus} GPUs")
@@ -114,7 +119,7 @@ class TopologySpec:
             value = getattr(self, name)
             need(value is None or value >= 1, f"{name}={value}: must be >= 1")
         try:
-            choose_backend(self.weight_transfer, on_gpu=self.gpus > 0, colocate=self.colocate)
+            choose_backend(self.weight_transfer, on_gpu=self.on_gpu, colocate=self.colocate)
         except ValueError as e:
             raise PlanError(str(e)) from None
         if self.redis_url is not None:
@@ -122,8 +127,12 @@ class TopologySpec:
                  f"redis_url={self.redis_url!r}: must start with redis://, rediss:// or unix://")
 
     @property
+    def on_gpu(self) -> bool:
+        return self.gpus > 0 and not self.cpu_ranks
+
+    @property
     def engine_gpus_per_node(self) -> int:
-        if self.gpus == 0:
+        if not self.on_gpu:
             return 0
         return self.gpus_per_node if self.colocate else self.engine_gpus // self.nodes
 
@@ -131,6 +140,8 @@ class TopologySpec:
     def trainer_gpus_per_node(self) -> int:
         if self.gpus == 0:
             return 0
+        if self.cpu_ranks:
+            return self.gpus_per_node
         return self.gpus_per_node if self.colocate else self.gpus_per_node - self.engine_gpus_per_node
 
 
@@ -227,6 +238,8 @@ def _sandbox_plan(spec: TopologySpec) -> SandboxPlan:
 def _node_engines(spec: TopologySpec, node_rank: int) -> tuple[EngineReplica, ...]:
     if spec.gpus == 0:
         return (EngineReplica(0, 0, (), 1),)
+    if spec.cpu_ranks:        # the node's rollout host starts one engine on its default device
+        return (EngineReplica(node_rank, node_rank, (), 1),)
     first = spec.gpus_per_node - spec.engine_gpus_per_node  # colocated: 0; separate: top ids
     per_node = spec.engine_gpus_per_node // spec.tp_size
     return tuple(
@@ -286,12 +299,14 @@ def build_plan(spec: TopologySpec) -> Plan:
     nodes = []
     per_node = spec.trainer_gpus_per_node
     for rank in range(spec.nodes):
-        trainer_ids = tuple(range(per_node))
+        trainer_ids = () if spec.cpu_ranks else tuple(range(per_node))
         engines = _node_engines(spec, rank)
         env: tuple[tuple[str, str], ...] = ()
-        if spec.gpus:  # LOCAL_RANK i trains on GPU i; the entry starts engines on these ids
+        if spec.on_gpu:  # LOCAL_RANK i trains on GPU i; the entry starts engines on these ids
             env = ((ENGINE_GPUS_ENV, ",".join(str(g) for e in engines for g in e.gpu_ids)),
                    (ENGINE_TP_ENV, str(spec.tp_size)))
+        elif spec.cpu_ranks:   # ranks and engines see no GPU, so each picks the CPU as on a GPU-less node
+            env = (("CUDA_VISIBLE_DEVICES", ""), (CPU_RANKS_ENV, "1"))
         if direct:
             argv = torchrun_cmd.direct_argv(spec.entry_module, spec.recipe_args)
         else:
@@ -309,13 +324,13 @@ def build_plan(spec: TopologySpec) -> Plan:
             launch=argv,
             env=env,
         ))
-    notes = [f"launch directly: one process on {'CPU' if spec.gpus == 0 else '1 GPU'}, no torchrun"] if direct else []
+    notes = [f"launch directly: one process on {'1 GPU' if spec.on_gpu else 'CPU'}, no torchrun"] if direct else []
     n_engines = sum(len(n.engines) for n in nodes)
     plan = Plan(
-        spec=spec, launch_mode="direct" if direct else "torchrun", device="cpu" if spec.gpus == 0 else "gpu",
+        spec=spec, launch_mode="direct" if direct else "torchrun", device="gpu" if spec.on_gpu else "cpu",
         trainer_world_size=world, data_parallel_size=dp, colocated=spec.colocate, engine_replicas=n_engines,
         nodes=tuple(nodes), sandbox=sandbox,
-        weight_transfer=choose_backend(spec.weight_transfer, on_gpu=spec.gpus > 0, colocate=spec.colocate),
+        weight_transfer=choose_backend(spec.weight_transfer, on_gpu=spec.on_gpu, colocate=spec.colocate),
         samples_per_dp_rank=samples_per_rank, notes=tuple(notes),
     )
     check_ipc_groups(plan)

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from rstar2_cli.hosts.addresses import host_address, loopback_refusal
+from rstar2_cli.hosts.cpu_ranks import cpu_ranks
 from rstar2_cli.rl.liveness import Liveness
 from rstar2_cli.rl.rollout_hosts import node_position
 
@@ -92,7 +93,7 @@ def setup_distributed(*, resolve: Callable[[str], str] = host_address) -> DistIn
     process. Without torchrun it creates nothing and returns a 1-rank DistInfo. `resolve`: the
     name-to-address lookup of the multi-node check (`check_node_address`)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    use_cuda = torch.cuda.is_available()
+    use_cuda = uses_cuda()
     if use_cuda:
         torch.cuda.set_device(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
     if world > 1 and not dist.is_initialized():
@@ -108,6 +109,12 @@ def setup_distributed(*, resolve: Callable[[str], str] = host_address) -> DistIn
         # every rank, in the same order, right after the default group (new_group is a collective)
         _objects_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
     return process_info()
+
+
+def uses_cuda() -> bool:
+    """Whether this process's ranks train on a GPU: one is visible and RSTAR2_CPU_RANKS does not ask
+    for CPU ranks (hosts/cpu_ranks.py), which then join gloo on the CPU device."""
+    return torch.cuda.is_available() and not cpu_ranks()
 
 
 def start_liveness(rank: int) -> Liveness:
@@ -151,7 +158,7 @@ def process_info() -> DistInfo:
     if world > 1 and not dist.is_initialized():
         raise RuntimeError(f"WORLD_SIZE={world} but no process group: call "
                            "rstar2_cli.rl.dist.setup_distributed() first")
-    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device("cuda", local_rank) if uses_cuda() else torch.device("cpu")
     rank = dist.get_rank() if dist.is_initialized() else 0
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device)
 

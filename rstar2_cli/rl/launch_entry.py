@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from rstar2_cli.config import ConfigError, RecipeConfig, check_placement, load_recipe
@@ -72,6 +73,11 @@ def run_for_exit_code(cfg, *, resume: bool | str, quiet: bool = False,
     return code, None
 
 
+def node_name() -> str:
+    """This node's name as the scheduler knows it (SLURM's SLURMD_NODENAME), else its hostname."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def launch(plan, cfg, *, resume: bool | str, console, node_rank: int | None = None) -> int:
     """Run the plan: in-process for one device; torchrun on one node, or on node `node_rank` of
     several (given, or SLURM_NODEID); else print every node's command. Returns the exit code
@@ -87,8 +93,13 @@ def launch(plan, cfg, *, resume: bool | str, console, node_rank: int | None = No
     if len(plan.nodes) == 1 or node_rank is not None:
         node = plan.nodes[node_rank or 0]
         console.print(f"launching node {node.node_rank}: {node.command}")
-        return call_forwarding_signals(list(node.launch), {**os.environ, **dict(node.env)},
+        code = call_forwarding_signals(list(node.launch), {**os.environ, **dict(node.env)},
                                        own_session=at_a_terminal())
+        if len(plan.nodes) > 1 and code not in (0, PREEMPTED_EXIT_CODE):
+            # torchrun's report is many lines; a job log of several nodes needs the one that says where
+            print(f"error: node {node.node_rank} ({node_name()}): its trainers failed, torchrun exit code {code} "
+                  "(its report above names the rank); the other nodes stop with it", file=sys.stderr, flush=True)
+        return code
     console.print("[bold]Run these on each node[/] (sandbox cluster first):")
     for line in command_lines(plan):
         console.print(line, soft_wrap=True)

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS
 
@@ -38,21 +39,38 @@ def _die_with_parent() -> None:
         pass
 
 
+def signals_reach_the_child(env: Mapping[str, str]) -> bool:
+    """Whether a signal this launcher gets reaches its child (torchrun) without it: as a task of a
+    SLURM job step (srun sets SLURM_STEP_ID), slurmstepd signals the task's processes, torchrun
+    among them, whichever proctrack plugin the site uses (cgroup: the step's container; linuxproc:
+    the task's process tree; pgid: the task's process group)."""
+    return bool(env.get("SLURM_STEP_ID"))
+
+
 def call_forwarding_signals(argv: list[str], env: dict[str, str], *, own_session: bool = False) -> int:
     """Run `argv` (torchrun, or a trainer) and wait for it, passing SIGTERM and SIGUSR1 on to it; if
-    one came, the exit code is PREEMPTED_EXIT_CODE unless it succeeded (torchrun itself exits non-zero
-    when it is signalled, whatever its workers did).
+    one came, the exit code is PREEMPTED_EXIT_CODE unless it succeeded (torchrun itself exits
+    non-zero when it is signalled, whatever its workers did).
+
+    Under srun SIGTERM and SIGUSR1 are only noted (`signals_reach_the_child`): passed on as well,
+    they reach torchrun twice, and torchrun, which forwards the first to its workers and waits for
+    them, takes a second one during that wait as a reason to end them at once: SIGTERM to each
+    worker's process group, vLLM's engine cores included, before the step and its checkpoint are
+    done (torch/distributed/elastic/agent/server/api.py `run`: the second SignalException skips
+    `shutdown_called`, and the `finally` shuts down with the default SIGTERM).
 
     SIGINT: with `own_session` the child runs in a new session (module docstring) and SIGINT is
-    passed on like the others. Without, it is only noted: a terminal's Ctrl-C reaches the child
-    itself, and torchrun ends its workers at once on a second SIGINT."""
+    passed on. Without, it is only noted: a terminal's Ctrl-C reaches the child itself, and
+    torchrun ends its workers at once on a second SIGINT."""
     proc = subprocess.Popen(argv, env=env, start_new_session=own_session,
                             preexec_fn=_die_with_parent if own_session else None)
     got: list[int] = []
+    reached = signals_reach_the_child(env)
 
     def forward(signum, frame):
         got.append(signum)
-        if proc.poll() is None and (own_session or signum != signal.SIGINT):
+        passed_on = own_session if signum == signal.SIGINT else not reached
+        if passed_on and proc.poll() is None:
             proc.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (*PREEMPTION_SIGNALS, signal.SIGINT)}

@@ -1,5 +1,6 @@
 """The environment every vLLM engine process is spawned with, on any device: none of torchrun's
-agent variables, and vLLM's V1 model runner for a colocated (sleeping) engine.
+agent variables, vLLM's V1 model runner for a colocated (sleeping) engine, and SIGUSR1 blocked
+(the preemption warning is the trainer's: hosts/child_signals.py).
 
 torchrun's agent: its workers, the trainer ranks that spawn the engines, get
 `TORCHELASTIC_USE_AGENT_STORE=True` (torch/distributed/elastic/agent/server/local_elastic_agent.py,
@@ -34,6 +35,7 @@ import os
 import threading
 from typing import Iterator, MutableMapping
 
+from rstar2_cli.hosts.child_signals import children_shielded
 from rstar2_cli.rollout.engine_logs import spawn_env
 
 AGENT_ENV_PREFIX = "TORCHELASTIC_"
@@ -47,8 +49,9 @@ _WINDOW = threading.RLock()
 def engine_spawn_env(*, sleep_mode: bool, env: MutableMapping[str, str] = os.environ) -> Iterator[None]:
     """Around `AsyncLLM.from_engine_args` (vLLM builds its config and spawns the engine core
     inside it): drop torchrun's `TORCHELASTIC_*` variables and, for an engine with `sleep_mode`,
-    pin the V1 model runner (module docstring); restore both afterwards."""
-    with _WINDOW:
+    pin the V1 model runner (module docstring); restore both afterwards. The engine's processes
+    start with SIGUSR1 blocked (`children_shielded`)."""
+    with _WINDOW, children_shielded():
         removed = {name: env[name] for name in list(env) if name.startswith(AGENT_ENV_PREFIX)}
         for name in removed:
             del env[name]

@@ -108,3 +108,19 @@ def test_known_node_rank_starts_that_nodes_torchrun_with_its_engine_env(monkeypa
     calls.clear()
     launch_entry.launch(plan, None, resume=False, console=Console(quiet=True))   # no rank: print, start nothing
     assert calls == []
+
+
+@pytest.mark.parametrize("code, says", [(1, True), (75, False), (0, False)])
+def test_a_node_whose_trainers_fail_says_so_in_one_line_naming_it(monkeypatch, capsys, code, says):
+    from rich.console import Console
+
+    from rstar2_cli.launch.topology import plan_from_args
+    from rstar2_cli.rl import launch_entry
+
+    plan = plan_from_args(16, 2, master_addr="h", recipe_args=["--config", "r.yaml"])
+    monkeypatch.setattr(launch_entry, "call_forwarding_signals", lambda argv, env: code)
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu007")
+    assert launch_entry.launch(plan, None, resume=False, console=Console(quiet=True), node_rank=1) == code
+    err = capsys.readouterr().err.splitlines()
+    assert err == (["error: node 1 (gpu007): its trainers failed, torchrun exit code 1 (its report above names "
+                    "the rank); the other nodes stop with it"] if says else [])

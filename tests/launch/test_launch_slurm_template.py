@@ -212,3 +212,16 @@ def test_usr1_reaches_the_trainers_and_only_a_preempted_exit_requeues(tmp_path, 
     assert "--resume auto" in events[0]
     assert "trainer got USR1" in events
     assert ("requeue 4242" in events) == requeued, out
+
+
+def test_a_75_without_a_signal_to_the_script_is_not_requeued(tmp_path):
+    """One node fails, srun (--kill-on-bad-exit) ends the others with SIGTERM, they checkpoint and
+    exit 75: srun's highest code is 75, but nothing preempted the job, so it must not be requeued
+    (it would fail again after every requeue); the job ends with 75 and one line saying why."""
+    env, log, _ = _preemption_stubs(tmp_path, 75)
+    stub = tmp_path / "bin" / "rstar2"
+    stub.write_text(stub.read_text().replace("trap ", "exit 75\ntrap ", 1))
+    run = subprocess.run(["bash", str(SBATCH)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 75, run.stdout + run.stderr
+    assert "requeue" not in log.read_text()
+    assert "not requeueing (to preempt, signal the batch script: scancel --batch --signal=USR1 4242)" in run.stdout

@@ -264,3 +264,45 @@ def test_the_node_launcher_survives_ctrl_c_and_leaves_it_to_torchrun(tmp_path):
     code = call_forwarding_signals([sys.executable, "-c", child, str(ready)], dict(os.environ))
     assert code == PREEMPTED_EXIT_CODE
     assert not (tmp_path / "ready.got").exists()
+
+
+COUNTING_CHILD = textwrap.dedent("""
+    import signal, sys, time, pathlib
+    seen = []
+    signal.signal(signal.SIGUSR1, lambda s, f: seen.append(s))
+    ready, count = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    ready.write_text("ready")
+    while not seen:
+        time.sleep(0.01)
+    time.sleep(1.0)                          # the step and its checkpoint; a second signal would land here
+    count.write_text(str(len(seen)))
+    sys.exit(75)
+""")
+
+
+@pytest.mark.parametrize("under_srun", [True, False])
+def test_under_srun_the_launcher_leaves_the_signal_to_slurm_so_torchrun_sees_it_once(tmp_path, monkeypatch,
+                                                                                  under_srun):
+    """slurmstepd signals every process of the step, torchrun included; the launcher passing the
+    signal on too made torchrun see it twice (and end its workers at once on the second)."""
+    from rstar2_cli.rl import own_session
+
+    ready, count = tmp_path / "ready", tmp_path / "count"
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_STEP_ID", "SLURM_STEPID")}
+    if under_srun:
+        env["SLURM_STEP_ID"] = "3"
+    children = []
+    popen = subprocess.Popen
+    monkeypatch.setattr(own_session.subprocess, "Popen", lambda *a, **kw: children.append(popen(*a, **kw))
+                        or children[-1])
+
+    def signal_the_step():                   # as slurmstepd does: every process of the task
+        while not ready.exists():
+            time.sleep(0.05)
+        for pid in (os.getpid(), children[0].pid):
+            os.kill(pid, signal.SIGUSR1)
+
+    threading.Thread(target=signal_the_step, daemon=True).start()
+    code = own_session.call_forwarding_signals([sys.executable, "-c", COUNTING_CHILD, str(ready), str(count)], env)
+    assert code == PREEMPTED_EXIT_CODE
+    assert count.read_text() == ("1" if under_srun else "2")

@@ -89,3 +89,33 @@ def test_the_engine_is_built_in_the_scrubbed_environment(monkeypatch, on_gpu, sl
     assert seen and "TORCHELASTIC_USE_AGENT_STORE" not in seen
     assert seen.get("VLLM_USE_V2_MODEL_RUNNER") == ("0" if sleep_mode else None)
     assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True" and "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_an_engines_processes_outlive_the_preemption_warning_that_slurm_sends_the_whole_step(method):
+    """srun passes a signal to every process of the step (hosts/child_signals.py): USR1 ends a
+    process started outside the window (its default action), not one started inside it, and the
+    trainer's own mask is as it was."""
+    import multiprocessing
+    import signal
+    import time
+
+    ctx = multiprocessing.get_context(method)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    with engine_spawn_env(sleep_mode=False):
+        shielded = ctx.Process(target=time.sleep, args=(30,))
+        shielded.start()
+    bare = ctx.Process(target=time.sleep, args=(30,))
+    bare.start()
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
+    try:
+        for proc in (shielded, bare):
+            os.kill(proc.pid, signal.SIGUSR1)
+        bare.join(10)
+        shielded.join(1)
+        assert bare.exitcode == -signal.SIGUSR1
+        assert shielded.is_alive()
+    finally:
+        for proc in (shielded, bare):
+            proc.kill()
+            proc.join()
