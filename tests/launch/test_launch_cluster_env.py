@@ -118,7 +118,7 @@ def test_a_node_whose_trainers_fail_says_so_in_one_line_naming_it(monkeypatch, c
     from rstar2_cli.rl import launch_entry
 
     plan = plan_from_args(16, 2, master_addr="h", recipe_args=["--config", "r.yaml"])
-    monkeypatch.setattr(launch_entry, "call_forwarding_signals", lambda argv, env: code)
+    monkeypatch.setattr(launch_entry, "call_forwarding_signals", lambda argv, env, own_session: code)
     monkeypatch.setenv("SLURMD_NODENAME", "gpu007")
     assert launch_entry.launch(plan, None, resume=False, console=Console(quiet=True), node_rank=1) == code
     err = capsys.readouterr().err.splitlines()
