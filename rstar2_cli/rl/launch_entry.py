@@ -17,7 +17,7 @@ import argparse
 import os
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 from rstar2_cli.config import ConfigError, RecipeConfig, check_placement, load_recipe

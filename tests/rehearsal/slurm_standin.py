@@ -31,12 +31,9 @@ What they honour, as SLURM does:
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
