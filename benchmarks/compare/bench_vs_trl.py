@@ -42,7 +42,7 @@ from rstar2_cli.config import EngineConfig, load_recipe_dict  # noqa: E402
 from rstar2_cli.quickstart.pipeline import heldout_eval, sft_stage  # noqa: E402
 from rstar2_cli.quickstart.prepare import PreparedToy, prepare_toy  # noqa: E402
 from rstar2_cli.quickstart.settings import QuickstartSettings, TOY_SYSTEM_PROMPT, toy_rl_recipe  # noqa: E402
-from rstar2_cli.rl.launch_entry import trainer_for  # noqa: E402
+from rstar2_cli.rl.trainer import RLTrainer  # noqa: E402
 from rstar2_cli.rollout.engines import VLLMEngine  # noqa: E402
 from rstar2_cli.source_commit import source_commit  # noqa: E402
 from sandbox import Limits, Sandbox  # noqa: E402
@@ -124,7 +124,7 @@ def run_rstar2(s, prepared: dict, opts: dict, row: str = "rstar2") -> dict[str, 
     recipe["optim"]["weight_decay"] = opts["weight_decay"]
     cfg = load_recipe_dict(recipe, source=f"bench_vs_trl {row} recipe")
     clock = Clock()
-    trainer = trainer_for(cfg, progress=opts["progress"])
+    trainer = RLTrainer(cfg, progress=opts["progress"])
     setup = clock.now()
     steps, heldout = [], []
 

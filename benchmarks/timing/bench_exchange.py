@@ -37,9 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rstar2_cli.config import load_recipe_dict  # noqa: E402
 from rstar2_cli.rl.rollout_hosts import node_shard  # noqa: E402
 from rstar2_cli.rl.exchange import Plan  # noqa: E402
-from rstar2_cli.rl.loss import advantages_for_groups  # noqa: E402
-from rstar2_cli.rl.roc import group_rng, select_for_training  # noqa: E402
-from rstar2_cli.rl.step_summary import summarise  # noqa: E402
+from rstar2_cli.rl.host_selection import GradedBatch, select_on_host  # noqa: E402
 from rstar2_cli.rollout.trajectory import Trajectory  # noqa: E402
 
 VOCAB = 151_936          # Qwen3's vocabulary (token ids up to it)
@@ -71,12 +69,10 @@ def host_piece(node: int, args) -> tuple[list[int], list[Trajectory], dict[str, 
     return positions, trajs, {"time/rollout": 1.0, "time/reward": 1.0}
 
 
-def select(piece, node: int, cfg) -> tuple[list[Trajectory], list[float], object]:
-    """A rollout host's steps 4-5 (RoC, advantages) and its summary, as `RLTrainer.train_step` runs them."""
+def select(piece, node: int, cfg):
+    """A rollout host's steps 4-5 (RoC, advantages) and its summary: the step's own call."""
     _, trajs, seconds = piece
-    roc = select_for_training(trajs, cfg.roc, cfg.train.group_size, group_rng(cfg.train.seed, 0))
-    return (roc.trajectories, advantages_for_groups(roc.groups),
-            summarise(node, len(trajs), trajs, roc, seconds, cfg.rollout.max_response_tokens))
+    return select_on_host(GradedBatch(trajs, len(trajs), seconds), cfg, index=0, node=node)
 
 
 def measure(args) -> dict:
@@ -91,13 +87,14 @@ def measure(args) -> dict:
         piece = host_piece(node, args)
         tokens += sum(len(t.prompt_ids) + len(t.response_ids) for t in piece[1])
         old_pieces.append(len(pickle.dumps(piece, protocol=pickle.HIGHEST_PROTOCOL)))
-        summaries.append(select(piece, node, cfg)[2])
+        summaries.append(select(piece, node, cfg).summary)
     plan = Plan(summaries, args.ranks, 1)
     per_node = args.ranks // args.nodes
     summary_bytes = [len(pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL)) for s in summaries]
     new = [0] * args.ranks
     for node in range(args.nodes):                 # pass 2: each host's scatter, padded to its largest part
-        kept, advantages, _ = select(host_piece(node, args), node, cfg)
+        chosen = select(host_piece(node, args), node, cfg)
+        kept, advantages = chosen.kept, chosen.advantages
         parts = [len(pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)) for p in plan.payloads(node, kept, advantages)]
         for r in range(args.ranks):
             if r != node * per_node:               # a host receives nothing from itself

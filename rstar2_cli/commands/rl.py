@@ -201,10 +201,7 @@ def register(app: typer.Typer) -> None:
             except ResumeError as e:
                 fail(str(e))
 
-        resolved_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = resolved_path.with_name(f".{resolved_path.name}.{os.getpid()}")   # every node may write it
-        tmp.write_text(config.dump_recipe(cfg))
-        tmp.replace(resolved_path)
+        run_folder.write_resolved_recipe(cfg)
         code = launch_entry.launch(plan, cfg, resume=resume, console=console, node_rank=sizes.node_rank)
         if code == PREEMPTED_EXIT_CODE:
             typer.echo(f"continue with: {continue_command(sys.argv[1:])}", err=True)

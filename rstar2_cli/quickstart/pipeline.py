@@ -29,7 +29,7 @@ from rstar2_cli.eval.settings import EvalSettings
 from rstar2_cli.quickstart.prepare import PreparedToy, prepare_toy
 from rstar2_cli.quickstart.report import write_report
 from rstar2_cli.quickstart.settings import TOY_PROTOCOL, TOY_SYSTEM_PROMPT, QuickstartSettings, toy_rl_recipe
-from rstar2_cli.rl.launch_entry import trainer_for
+from rstar2_cli.rl.run_folder import write_resolved_recipe
 from rstar2_cli.rl.trainer import RLTrainer
 from rstar2_cli.sft.settings import SftConfig
 from rstar2_cli.sft.trainer import run_sft
@@ -114,6 +114,7 @@ def rl_stage(s: QuickstartSettings, prep: PreparedToy, sft_model: str, *, roc: b
                    + ("_partial" if s.partial_rollout else ""))
     cfg = load_recipe_dict(toy_rl_recipe(s, sft_model, prep.train_file, out, roc=roc),
                            source=f"quickstart {label} recipe")
+    write_resolved_recipe(cfg)            # what `rstar2 rl <it> --resume auto` continues
     run = RlRun(label)
     trainer: RLTrainer | None = None
 
@@ -130,7 +131,7 @@ def rl_stage(s: QuickstartSettings, prep: PreparedToy, sft_model: str, *, roc: b
             point(step)
 
     started = time.perf_counter()
-    trainer = trainer_for(cfg, progress=progress, on_step=on_step)
+    trainer = RLTrainer(cfg, progress=progress, on_step=on_step)
     try:
         point(0)                               # the SFT start, on the same engine
     except BaseException:

@@ -57,7 +57,7 @@ def spread(values: Sequence[float]) -> dict[str, float]:
             "min": min(values), "max": max(values)}
 
 
-def summarise(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def seed_spread(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Mean ± spread per quantity, and each RoC check per seed and on all seeds."""
     out: dict[str, Any] = {"seeds": [r["seed"] for r in reports], "quantities": {}}
     for path, _ in QUANTITIES:
@@ -89,7 +89,7 @@ def run_seeds(base: QuickstartSettings, seeds: Sequence[int],
             reports.append(json.loads(done.read_text()))
         else:
             reports.append(run_one(s))
-    summary = {**summarise(reports), "reports": {str(seed): f"seed_{seed}" for seed in seeds}}
+    summary = {**seed_spread(reports), "reports": {str(seed): f"seed_{seed}" for seed in seeds}}
     write_seeds_report(base.out, summary, reports)
     return summary
 

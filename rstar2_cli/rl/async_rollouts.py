@@ -1,10 +1,11 @@
 """Asynchronous GRPO-RoC (experimental), rollouts up to k steps ahead: the pipeline of batches in
-flight and their staleness; `async_trainer.py` is the step that trains them.
+flight and their staleness; `rollout_ahead.py` is the batch source built on it, and the step that
+trains them is the synchronous one (`trainer.RLTrainer.train_step`).
 
 `train.max_staleness` = k >= 1 rolls out the batches of steps s+1 .. s+k while step s trains
-(`async_trainer.AsyncRLTrainer`); k = 0, the paper's and the release's step, is the synchronous
-trainer (`trainer.py`), which uses nothing of this module. rStar2-Agent trains synchronously; this
-mode is an opt-in beyond the paper.
+(`rollout_ahead.RolloutAhead`); k = 0, the paper's and the release's step, rolls out each batch
+at its own step (`batch_source.RolloutNow`), which uses nothing of this module. rStar2-Agent
+trains synchronously; this mode is an opt-in beyond the paper.
 
 The rule, in order: batch b, the sampler's b-th batch, may be rolled out once the engines hold
 version >= b - k; step b trains exactly batch b, once every group of it is complete. A batch is
@@ -100,10 +101,9 @@ class RolloutPipeline:
     keeps of them.
 
     `sampler` is the run's DataSampler (drawn on every rank in the same order); `rollouts` is the
-    asynchronous trainer (`async_trainer.py`): `start(index, problems)` starts this host's rollout
-    of batch `index` on the rollout thread and returns its future (None on ranks that roll nothing
-    out), `settle(fn)` gives its piece or its failure (`exchange.HostFailure`, raised on every rank),
-    `busy_seconds()` is per engine."""
+    ahead-of-time batch source (`rollout_ahead.RolloutAhead`): `start(index, problems)` starts this
+    host's rollout of batch `index` on the rollout thread and returns its future (None on ranks
+    that roll nothing out), `busy_seconds()` is per engine."""
 
     def __init__(self, max_staleness: int, total_steps: int, sampler: Any, rollouts: Any, *, first_index: int = 0,
                  partial: bool = False):
@@ -136,17 +136,23 @@ class RolloutPipeline:
             raise RuntimeError(f"step {index} expects batch {index} first in flight, have {have}")
         return self.pending.popleft()
 
-    def next_batch(self, step: int) -> Any:
-        """Step `step`'s batch: this host's piece of it, rolled out up to k steps ago (or its
-        failure; None off-host)."""
+    def next_batch(self, step: int) -> PendingBatch:
+        """Step `step`'s batch (every rank: the batches it admits are drawn first); `wait` gives
+        this host's piece of it, rolled out up to k steps ago."""
         if self._since is None:
             self._since = (StepTimer(), self.rollouts.busy_seconds())
         self.fill(step)
+        self._waited = 0.0
+        return self.take(step)
+
+    def wait(self, pending: PendingBatch) -> Piece:
+        """This host's piece of `pending`, once its rollout is done (its error re-raised); the wait
+        is the step's `async/trainer_wait_s`."""
         wait = StepTimer()
-        pending = self.take(step)
-        piece = self.rollouts.settle(pending.wait)
-        self._waited = wait.elapsed()
-        return piece
+        try:
+            return pending.wait()
+        finally:
+            self._waited = wait.elapsed()
 
     def drop_stale(self, trajs: list[Trajectory], step: int) -> tuple[list[Trajectory], "HostReport"]:
         """The groups of `trajs` RoC may see at step `step` (none staler than k), and this host's report."""

@@ -23,9 +23,8 @@ disk; `<out_dir>/latest` (replaced atomically) then names it. A write that fails
 folder and leaves the previous checkpoint and `latest` as they were.
 `keep` (train.keep_checkpoints) prunes the oldest step_* folders after a save, never the one
 `latest` names nor `final`.
-Fault injection (benchmarks/compare/chaos_rl.py, tests): `RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` makes
-the save of that step fail part-way with OSError(ENOSPC), after the weights and the other ranks'
-state shards are written (read at each save).
+Fault injection (`faults.FaultPlan.checkpoint_write_step`): `save_checkpoint(fail_write=True)` fails
+part-way with OSError(ENOSPC), after the weights and the other ranks' state shards are written.
 All ranks must call save/load (both are collectives).
 """
 from __future__ import annotations
@@ -56,7 +55,6 @@ from rstar2_cli.rl.policy import PolicyTrainer
 from rstar2_cli.rl.sampler import DataSampler
 
 STATE_DIR = "state"
-FAULT_CHECKPOINT_WRITE_ENV = "RSTAR2_FAULT_CHECKPOINT_WRITE"
 # HF's own default shard size (`save_pretrained(max_shard_size="50GB")` in transformers 5 is larger;
 # 5 GB files keep rank 0's consolidation and vLLM's per-file loading modest)
 MAX_FILE_BYTES = 5 * 1024**3
@@ -91,17 +89,6 @@ class LoadedCheckpoint:
     final: bool
 
 
-def fault_write_step(env) -> int | None:
-    """The step `RSTAR2_FAULT_CHECKPOINT_WRITE` names (its save fails with ENOSPC); None if unset."""
-    raw = env.get(FAULT_CHECKPOINT_WRITE_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{FAULT_CHECKPOINT_WRITE_ENV}={raw!r}: expected a step number") from None
-
-
 class _FullDiskWriter(dcp.FileSystemWriter):
     """FileSystemWriter whose last rank writes its files, then fails as a full disk would."""
 
@@ -109,7 +96,7 @@ class _FullDiskWriter(dcp.FileSystemWriter):
         result = super().write_data(plan, planner)
         info = rl_dist.process_info()
         if info.rank == max(info.world_size - 1, 0):
-            raise OSError(errno.ENOSPC, f"No space left on device (injected by {FAULT_CHECKPOINT_WRITE_ENV})")
+            raise OSError(errno.ENOSPC, "No space left on device (injected: FaultPlan.checkpoint_write_step)")
         return result
 
 
@@ -208,14 +195,14 @@ def _has_optimizer_state(policy: PolicyTrainer) -> bool:
 
 def save_checkpoint(target: str | Path, policy: PolicyTrainer, tokenizer=None, sampler_state: dict | None = None,
                     step: int = 0, rng: np.random.Generator | None = None, *, final: bool = False,
-                    extra: dict[str, Any] | None = None, keep: int = 0) -> Path:
+                    extra: dict[str, Any] | None = None, keep: int = 0, fail_write: bool = False) -> Path:
     """Write a checkpoint folder `target` (e.g. out_dir/step_000010), point out_dir/latest at it and
     keep the newest `keep` step folders (0: all). Raises CheckpointWriteError (every rank) if a
-    write fails; then nothing on disk has changed."""
+    write fails; then nothing on disk has changed. `fail_write`: the write fails part-way as a full
+    disk would (fault injection, `faults.FaultPlan`)."""
     target = Path(target)
     main = policy.info.is_main
     tmp = target.with_name(f".tmp_{target.name}")
-    fault = fault_write_step(os.environ) == step
     try:
         def prepare():
             if main:
@@ -239,7 +226,7 @@ def save_checkpoint(target: str | Path, policy: PolicyTrainer, tokenizer=None, s
         if main:
             # one opaque entry (DCP would flatten a dict into keys a loader must know in advance)
             state["trainer"] = _to_bytes(_trainer_state(policy, sampler_state, step, rng, final, extra, has_optim))
-        state_writer = (_FullDiskWriter if fault else dcp.FileSystemWriter)(str(tmp / STATE_DIR))
+        state_writer = (_FullDiskWriter if fail_write else dcp.FileSystemWriter)(str(tmp / STATE_DIR))
         _collective(f"checkpoint {target}: writing optimizer and trainer state",
                     lambda: _dcp(dcp.save, state, storage_writer=state_writer))
         del state

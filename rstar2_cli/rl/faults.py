@@ -9,37 +9,57 @@ and the run can be resumed with a changed recipe (a lower `optim.lr`, say). The 
 (a sandbox outage, an engine death past `engine.max_restarts`, a checkpoint that cannot be
 written, the tool-loop alarm with `train.stop_on_tool_loop`) are raised where they are found.
 
-Fault injection: `RSTAR2_FAULT_NONFINITE_STEPS=3,4` gives those (1-based) steps NaN advantages on
-every rank, so their loss and gradients are NaN (read once, at start);
-`RSTAR2_FAULT_CHECKPOINT_WRITE=<step>` fails that step's checkpoint write (`checkpoint.py`).
+Fault injection (tests, benchmarks/compare/chaos_rl.py): a `FaultPlan` in the run's
+`Collaborators` (`rollout_side.py`). `nonfinite_steps` get NaN advantages on every rank, so their
+loss and gradients are NaN; `checkpoint_write_step`'s checkpoint write fails as a full disk would
+(`checkpoint.save_checkpoint(fail_write=True)`). A trainer process started by `rstar2 rl` (or by
+torchrun) takes its plan from the environment, read once where the process starts
+(`launch_entry.run`: `FaultPlan.from_env`): `RSTAR2_FAULT_NONFINITE_STEPS=3,4`,
+`RSTAR2_FAULT_CHECKPOINT_WRITE=<step>`, steps numbered from 1.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 FAULT_NONFINITE_ENV = "RSTAR2_FAULT_NONFINITE_STEPS"
+FAULT_CHECKPOINT_WRITE_ENV = "RSTAR2_FAULT_CHECKPOINT_WRITE"
 
 
 class RunAborted(RuntimeError):
     """A fault the run cannot continue past; the message is one line saying why and what was saved."""
 
 
-def fault_steps(env: Mapping[str, str]) -> frozenset[int]:
-    """The 1-based steps `RSTAR2_FAULT_NONFINITE_STEPS` (comma-separated) names; empty if unset."""
-    raw = env.get(FAULT_NONFINITE_ENV, "").strip()
-    try:
-        return frozenset(int(x) for x in raw.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"{FAULT_NONFINITE_ENV}={raw!r}: expected comma-separated step numbers") from None
+@dataclass(frozen=True)
+class FaultPlan:
+    """The faults a run injects (module docstring); none by default."""
+    nonfinite_steps: frozenset[int] = frozenset()
+    checkpoint_write_step: int | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> FaultPlan:
+        """The plan `RSTAR2_FAULT_NONFINITE_STEPS` (comma-separated) and `RSTAR2_FAULT_CHECKPOINT_WRITE`
+        name; an unset one injects nothing."""
+        raw = env.get(FAULT_NONFINITE_ENV, "").strip()
+        try:
+            steps = frozenset(int(x) for x in raw.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"{FAULT_NONFINITE_ENV}={raw!r}: expected comma-separated step numbers") from None
+        raw = env.get(FAULT_CHECKPOINT_WRITE_ENV, "").strip()
+        try:
+            write = int(raw) if raw else None
+        except ValueError:
+            raise ValueError(f"{FAULT_CHECKPOINT_WRITE_ENV}={raw!r}: expected a step number") from None
+        return cls(steps, write)
 
 
 class NonfiniteSteps:
     """Steps whose optimizer step was skipped for a NaN/inf loss or gradient norm: all of them, and
     the streak in a row (a step that trained nothing neither extends nor ends it). `inject`: the
-    steps given NaN advantages (`fault_steps`)."""
+    steps given NaN advantages (`FaultPlan.nonfinite_steps`)."""
 
     def __init__(self, limit: int, inject: frozenset[int] = frozenset()):
         self.limit, self.inject = limit, inject

@@ -23,9 +23,8 @@ from pathlib import Path
 from rstar2_cli.config import ConfigError, RecipeConfig, check_placement, load_recipe
 from rstar2_cli.data.problems import DataError
 from rstar2_cli.launch.plan_view import command_lines
-from rstar2_cli.rl.async_trainer import AsyncRLTrainer
 from rstar2_cli.rl.dist import setup_distributed
-from rstar2_cli.rl.faults import RunAborted
+from rstar2_cli.rl.faults import FaultPlan, RunAborted
 from rstar2_cli.rl.own_session import again_in_own_session, at_a_terminal, call_forwarding_signals
 from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, RESUME_MODES, Preempted
 from rstar2_cli.rl.resume import ResumeError
@@ -33,30 +32,30 @@ from rstar2_cli.rl.rollout_side import Collaborators
 from rstar2_cli.rl.trainer import RLTrainer
 
 
-def trainer_for(cfg: RecipeConfig, **kwargs) -> RLTrainer:
-    """The one switch: `train.max_staleness` = 0 is the synchronous trainer (the paper's step,
-    `trainer.py`), >= 1 the asynchronous one (experimental, `async_trainer.py`)."""
-    return (AsyncRLTrainer if cfg.train.max_staleness else RLTrainer)(cfg, **kwargs)
-
-
 def train(cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = True,
           on_step: Callable[[int, dict], None] | None = None, parts: Collaborators = Collaborators()) -> Path:
     """Run one RL stage; returns the final checkpoint folder (a plain HF model inside)."""
-    return trainer_for(cfg, resume=resume, progress=progress, on_step=on_step, parts=parts).train()
+    return RLTrainer(cfg, resume=resume, progress=progress, on_step=on_step, parts=parts).train()
 
 
-def run(cfg, *, resume: bool | str, parts: Collaborators = Collaborators()) -> Path:
+def run(cfg, *, resume: bool | str, parts: Collaborators | None = None) -> Path:
     """What every trainer process runs: start torch.distributed (`rl/dist.py`; a no-op without
     torchrun), check the recipe's placement for the device this process got (`config.py`: a
     ConfigError; an "auto" micro-batch becomes CPU_MICRO_BATCH_TOKENS on CPU), then train.
-    Returns the final checkpoint folder."""
+    Without `parts`, the real collaborators, with the faults the environment injects (the one place
+    it is read: `faults.FaultPlan.from_env`). Returns the final checkpoint folder."""
     info = setup_distributed()
     cfg = check_placement(cfg, on_gpu=info.device.type == "cuda")
+    if parts is None:
+        try:
+            parts = Collaborators(faults=FaultPlan.from_env(os.environ))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     return train(cfg, resume=resume, parts=parts)
 
 
 def run_for_exit_code(cfg, *, resume: bool | str, quiet: bool = False,
-                      parts: Collaborators = Collaborators()) -> tuple[int, Path | None]:
+                      parts: Collaborators | None = None) -> tuple[int, Path | None]:
     """`run`, its outcome as (exit code, final checkpoint or None); the reason of a non-zero
     code is printed as one line on stderr (unless `quiet`: ranks other than 0 say nothing)."""
     code, why = 0, None

@@ -8,8 +8,8 @@ the engine's sampling log-probs: no extra forward). The step metric is the token
 the per-trajectory `mean_abs`.
 
 Where the pieces are: the rollout host picks and renders its log records (`rollout_log.py`)
-before the exchange (`exchange.py`); each training rank's update (`PolicyTrainer.update(...,
-gaps=...)`) fills a dict of the trajectories it trained, keyed by `gap_label`. After the update,
+before the exchange (`exchange.py`); each training rank's update returns the gaps of the
+trajectories it trained (`PolicyTrainer.update(...).gaps`, keyed by `gap_label`). After the update,
 `fill_logprob_gaps` (a collective every rank calls) joins the two: the hosts broadcast the labels
 of their records, every rank answers with the gaps it holds for them (an all-gather of those few
 entries only), and each host sets its records' `logprob_gap` before it writes its file.
@@ -63,6 +63,24 @@ def add_gap(gaps: dict[Label, Gap], t: Trajectory, abs_sum: float, tokens: float
     gaps[label] = None if label in gaps else {"mean_abs": abs_sum / tokens, "max_abs": max_abs, "tokens": int(tokens)}
 
 
+def engine_gaps(members: Sequence[tuple[Trajectory, Any]], ref: torch.Tensor, vllm_diff: list[float],
+                gaps: dict[Label, Gap]) -> None:
+    """|trainer - engine| log-probs of a packed row's members ((trajectory, its `TokenTensors`) in
+    row order; `ref`: the trainer's log-probs at the row's loss positions): summed into `vllm_diff`
+    (the step metric's [sum, tokens]) and per trajectory into `gaps`. A member without the
+    engine's log-probs adds nothing."""
+    ref = ref.detach().float().cpu()       # one copy per row; the members' slices are views of it
+    offset = 0
+    for t, tensors in members:
+        n = tensors.mask.numel()
+        if tensors.rollout is not None:
+            abs_sum, tokens, max_abs = trajectory_gap(ref[offset:offset + n], tensors.rollout, tensors.mask)
+            vllm_diff[0] += abs_sum
+            vllm_diff[1] += tokens
+            add_gap(gaps, t, abs_sum, tokens, max_abs)
+        offset += n
+
+
 def fill_logprob_gaps(records: list[dict[str, Any]] | None, gaps: Mapping[Label, Gap], *, hosts: Sequence[int],
                       rank: int) -> list[dict[str, Any]] | None:
     """Set `logprob_gap` of this host's rollout-log `records` from the gaps of every rank.
@@ -70,7 +88,7 @@ def fill_logprob_gaps(records: list[dict[str, Any]] | None, gaps: Mapping[Label,
     A collective: every rank calls it, at the same point of the step, after the update.
     `records`: this rank's records if it is a rollout host (`StepShard.records`; [] when it logs
     nothing), None on every other rank. `gaps`: this rank's per-trajectory gaps of the step
-    (`PolicyTrainer.update(..., gaps=...)`; {} where the rank trained nothing). `hosts`: the
+    (`PolicyTrainer.update(...).gaps`; {} where the rank trained nothing). `hosts`: the
     rollout hosts' ranks, in node order (`rollouts.host_ranks`); `rank`: this rank's.
     Returns `records`, each with `logprob_gap` a `{"mean_abs", "max_abs", "tokens"}` dict or None
     (module docstring); None on ranks that are not hosts. Without a process group it is the plain

@@ -34,8 +34,8 @@ log-probs are the engine's sampling log-probs instead (no pass at all), so at ma
 the clip bounds each step against the policy that sampled the batch.
 
 Engine gap: `train/logprob_abs_diff_vllm` is the mean |trainer - engine| log-prob over the loss
-tokens of every trajectory that has the engine's log-probs; `update(..., gaps=...)` also returns
-it per trajectory for the rollout log (rl/logprob_gap.py), from the same tensors.
+tokens of every trajectory that has the engine's log-probs; the update's result also holds it per
+trajectory (`UpdateResult.gaps`) for the rollout log (rl/logprob_gap.py), from the same tensors.
 
 Attention: each trajectory attends only to itself, never across a micro-batch
 (`train.attn_implementation`, models/attention.py): flash-attn's variable-length kernel over packed
@@ -61,7 +61,7 @@ from torch.distributed.tensor import DTensor
 
 from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.models.attention import LAYOUT_OF, resolve_attention
-from rstar2_cli.rl.logprob_gap import Gap, Label, add_gap, trajectory_gap
+from rstar2_cli.rl.logprob_gap import Gap, Label, engine_gaps
 from rstar2_cli.rl.logprobs import final_hidden_states, head_weight, token_logprobs, token_logprobs_with_loss
 from rstar2_cli.rl.model_load import build_policy_model, place_model
 from rstar2_cli.rl.loss import LossStats, clip_higher_loss, loss_stats, tis_weights
@@ -70,6 +70,16 @@ from rstar2_cli.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:  # only for annotations: benchmarks/gpu/gpu_smoke.py runs this without pydantic
     from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig, RecipeConfig
+
+
+class UpdateResult(dict):
+    """One update's columns (loss, grad_norm, lr, ...: a dict), and `gaps`: the engine/trainer
+    log-prob gap of each trained trajectory that has the engine's log-probs, keyed by
+    `logprob_gap.gap_label` (rl/logprob_gap.py); {} when nothing was trained."""
+
+    def __init__(self, columns: dict[str, float] | None = None, gaps: dict[Label, Gap] | None = None):
+        super().__init__(columns or {})
+        self.gaps: dict[Label, Gap] = gaps if gaps is not None else {}
 
 
 def compute_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -262,12 +272,10 @@ class PolicyTrainer:
                                             token_loss, with_entropy=True)
 
     def update(self, batch: Sequence[Trajectory], advantages: Sequence[float],
-               mini_batches: Sequence[int] | None = None, gaps: dict[Label, Gap] | None = None) -> dict[str, float]:
+               mini_batches: Sequence[int] | None = None) -> UpdateResult:
         """One RL step on this rank's shard: ppo_mini_batches optimizer steps, then LR step.
         `mini_batches`: the global mini-batch of each trajectory (`rl/exchange.py`'s plan, which
-        makes N ranks take the 1-rank optimizer steps); default: the local list split in order.
-        `gaps`: when given, filled with the engine/trainer log-prob gap of each trajectory trained
-        that has the engine's log-probs, keyed by `logprob_gap.gap_label` (rl/logprob_gap.py)."""
+        makes N ranks take the 1-rank optimizer steps); default: the local list split in order."""
         if len(batch) != len(advantages):
             raise ValueError(f"{len(batch)} trajectories but {len(advantages)} advantages")
         if self.loss_cfg.old_logprobs == "rollout":
@@ -279,6 +287,7 @@ class PolicyTrainer:
         else:
             chunks = [[i for i, b in enumerate(mini_batches) if b == m] for m in range(self.ppo_mini_batches)]
         losses, norms, stats, vllm_diff, taken = [], [], LossStats(), [0.0, 0.0], 0
+        gaps: dict[Label, Gap] = {}
         tis_off = 0.0     # loss tokens trained without TIS although loss.tis is on (`TokenTensors.concat`)
         for chunk in chunks:
             tensors = {i: self._token_tensors(batch[i], advantages[i], None if old is None else old[i]) for i in chunk}
@@ -303,7 +312,8 @@ class PolicyTrainer:
                                     tis=self._tis(old_lp, tok.rollout), entropy=entropy, tis_cap=self.loss_cfg.tis_cap)
                 # trainer vs engine at the update's start (rollout mode: its forward), per member
                 ref = logp.detach() if self.loss_cfg.old_logprobs == "rollout" else old_lp
-                self._engine_gaps([chunk[s.index] for s in rows[r].spans], ref, tensors, batch, vllm_diff, gaps)
+                engine_gaps([(batch[chunk[s.index]], tensors[chunk[s.index]]) for s in rows[r].spans], ref,
+                            vllm_diff, gaps)
             norm = self._clip_grad_norm()
             loss_total = rl_dist.all_reduce_sum([loss_sum], self.device)[0]
             norms.append(norm)
@@ -318,27 +328,9 @@ class PolicyTrainer:
         lr = self.scheduler.get_last_lr()[0]
         if taken:                        # no optimizer step (no loss token, or non-finite): no LR step either
             self.scheduler.step()
-        out = self._summarise(losses, norms, stats, vllm_diff + [tis_off], lr, len(batch))
+        out = self._update_columns(losses, norms, stats, vllm_diff + [tis_off], lr, len(batch))
         out["optimizer_steps"], out["nonfinite_skipped"] = float(taken), float(len(losses) - taken)
-        return out
-
-    @staticmethod
-    def _engine_gaps(members: Sequence[int], ref: torch.Tensor, tensors: dict[int, TokenTensors],
-                     batch: Sequence[Trajectory], vllm_diff: list[float], gaps: dict[Label, Gap] | None) -> None:
-        """|trainer - engine| log-probs of a row's members (`members`: their batch indices, in row
-        order; `ref`: the trainer's at the row's loss positions): summed into `vllm_diff` (the step
-        metric), and per trajectory into `gaps`. A member without the engine's log-probs adds nothing."""
-        ref = ref.detach().float().cpu()       # one copy per row; the members' slices are views of it
-        offset = 0
-        for i in members:
-            n = tensors[i].mask.numel()
-            if tensors[i].rollout is not None:
-                abs_sum, tokens, max_abs = trajectory_gap(ref[offset:offset + n], tensors[i].rollout, tensors[i].mask)
-                vllm_diff[0] += abs_sum
-                vllm_diff[1] += tokens
-                if gaps is not None:
-                    add_gap(gaps, batch[i], abs_sum, tokens, max_abs)
-            offset += n
+        return UpdateResult(out, gaps)
 
     def _clip_grad_norm(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
@@ -346,7 +338,7 @@ class PolicyTrainer:
             norm = norm.full_tensor()
         return float(norm)
 
-    def _summarise(self, losses, norms, stats: LossStats, vllm_diff, lr, n_local) -> dict[str, float]:
+    def _update_columns(self, losses, norms, stats: LossStats, vllm_diff, lr, n_local) -> dict[str, float]:
         names = list(stats.__dataclass_fields__)
         summed = rl_dist.all_reduce_sum([getattr(stats, k) for k in names] + vllm_diff + [float(n_local)], self.device)
         total = LossStats(**dict(zip(names, summed[:len(names)])))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ import numpy as np
 
 from rstar2_cli.protocol.template import ids_decoder
 from rstar2_cli.rl.admission import VOID_TURN
+from rstar2_cli.rl.logprob_gap import Gap, Label, fill_logprob_gaps
 from rstar2_cli.rl.roc import penalty_parts
 from rstar2_cli.rollout.trajectory import Trajectory
 
@@ -134,6 +135,34 @@ class RolloutLog:
             f.write(body)
         os.replace(tmp, path)
         return path
+
+
+class StepLog:
+    """A step's rollout sample, on every rank (module docstring): picked on each rollout host
+    right after its selection (`picker`, for `host_selection.select_on_host`), then, after the
+    update, the trained trajectories' log-prob gaps joined in (`logprob_gap.fill_logprob_gaps`,
+    a collective) and the host's file written (`write`). `log`: the host's `RolloutLog`, None on
+    ranks that are not rollout hosts; `count`: `train.log_rollouts` (the same on every rank, so
+    every rank joins the collective alike); `hosts`: the rollout hosts' ranks, in node order."""
+
+    def __init__(self, log: RolloutLog | None, *, count: int, hosts: Sequence[int], rank: int, node: int):
+        self.log, self.count, self.hosts, self.rank, self.node = log, count, list(hosts), rank, node
+        self.records: list[dict[str, Any]] | None = None      # this host's picked records of the step
+
+    def picker(self, step: int) -> Callable[[Sequence[Trajectory], Sequence[Trajectory], Sequence[float]], None]:
+        """What a host's selection calls with (seen, kept, advantages) of step `step`."""
+        def pick(seen: Sequence[Trajectory], kept: Sequence[Trajectory], advantages: Sequence[float]) -> None:
+            self.records = self.log.pick(seen, kept, advantages, step=step, node=self.node)
+        return pick
+
+    def write(self, step: int, gaps: Mapping[Label, Gap], *, trained: bool) -> None:
+        """Every rank, after the update (`trained`: the step trained anything; `gaps`: this rank's,
+        `PolicyTrainer.update(...).gaps`)."""
+        records, self.records = self.records, None
+        if trained and self.count > 0:
+            records = fill_logprob_gaps(records, gaps, hosts=self.hosts, rank=self.rank)
+        if self.log is not None:
+            self.log.write(step, self.node, len(self.hosts), records or [])
 
 
 def read_rollouts(path: str | Path) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ GPU) rank 0 is the only host and nothing is sent anywhere.
 
 The event loop is created here and started by no one: the synchronous step drives it from the
 trainer's thread (`run`: `run_until_complete`), so a roll-out is a plain call with no thread or
-future; asynchronous RL (`async_trainer.py`) runs it in a thread of its own.
+future; rollouts ahead of the trainer (`rollout_ahead.py`) run it in a thread of its own.
 
 GPU memory: every rank releases the trainer's cached device memory (`release`: `empty_cache`, then a
 barrier) before the host starts its engines: the policy load and a restored AdamW state (one
@@ -33,6 +33,7 @@ from typing import Any
 
 from rstar2_cli.config import RecipeConfig, RewardConfig
 from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.faults import FaultPlan
 from rstar2_cli.rl.policy import compute_dtype
 from rstar2_cli.rl.rollout_hosts import RolloutHostPlan, host_ranks
 from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
@@ -65,6 +66,7 @@ class Collaborators:
     grade: Callable[[Sequence[Trajectory], RewardConfig], None] = grade  # the outcome reward, in place
     release: Callable[[], None] = release_trainer_cache                 # cached device memory back
     engines_sleep: Callable[[RecipeConfig, Any], bool] = engines_sleep_for_training   # the colocated cycle
+    faults: FaultPlan = FaultPlan()                                     # injected faults (rl/faults.py)
 
 
 @dataclass

@@ -5,12 +5,19 @@ row per step (rl/checkpoint.py, rl/metrics.py). A second run started into the sa
 `--resume` would append its steps 1, 2, ... to the first run's rows, overwrite some of its
 checkpoints and move `latest`, so `rstar2 rl` refuses it (`refusal`). Reading plain files only
 (no torch): the check runs before anything is imported or started.
+
+`resolved_recipe.yaml` (config.RESOLVED_RECIPE) is the recipe a run was launched with, written by
+whoever launches it (`rstar2 rl` on each node, before torchrun reads it; the quickstart for its RL
+runs) through `write_resolved_recipe` alone; the trainer only reads recipes.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from rstar2_cli.config import RESOLVED_RECIPE, RecipeConfig, dump_recipe
 
 METRICS_FILE = "metrics.jsonl"
 LATEST_FILE = "latest"
@@ -83,3 +90,14 @@ def refusal(out_dir: str | Path, resume: str | None) -> str | None:
     return (f"train.out_dir {out_dir}: already holds a run, {at} ({', '.join(found.traces)}); a new run there "
             f"would mix with it. Continue it with --resume (its latest checkpoint) or --resume auto (that, "
             f"else a fresh start), or give this run another train.out_dir (--set train.out_dir=DIR)")
+
+
+def write_resolved_recipe(cfg: RecipeConfig) -> Path:
+    """`cfg` as `<train.out_dir>/resolved_recipe.yaml`, atomically (every node of a launch may
+    write it at once: the same text)."""
+    path = Path(cfg.train.out_dir) / RESOLVED_RECIPE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(dump_recipe(cfg))
+    tmp.replace(path)
+    return path

@@ -27,7 +27,7 @@ class HostSummary:
     seconds: dict[str, float]                        # {"time/rollout": s, "time/reward": s} on this host
 
 
-def summarise(node: int, rolled_out: int, seen: Sequence[Trajectory], roc: RocResult, seconds: Mapping[str, float],
+def host_summary(node: int, rolled_out: int, seen: Sequence[Trajectory], roc: RocResult, seconds: Mapping[str, float],
               max_response_tokens: int) -> HostSummary:
     """The summary of a host that rolled out `rolled_out` trajectories, of which RoC saw `seen` and chose `roc`."""
     return HostSummary(node=node, rolled_out=rolled_out,

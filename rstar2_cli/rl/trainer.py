@@ -1,24 +1,27 @@
-"""The synchronous GRPO-RoC step (the paper's and the release's) and the run around it.
+"""The GRPO-RoC step (the paper's and the release's) and the run around it.
 
 One step, `RLTrainer.train_step`, in the paper's order, one call each:
   1. next batch: `train.prompts_per_step` prompts from the seeded, resumable sampler (`sampler.py`);
   2. roll out: oversample x G trajectories per prompt of this node's shard, through the agent loop
      on the fleet's vLLM engines and the sandbox (`rollout/roll_out.py`, `rollout/fleet.py`);
   3. grade: the binary outcome reward of each (`rollout/roll_out.grade`, `reward/`);
+     1-3 come from the run's batch source (`batch_source.py`): now, on the trainer's thread (the
+     paper's), or rolled out up to `train.max_staleness` steps ahead (experimental, `rollout_ahead.py`);
   4. RoC: each group down to G (`roc.select_for_training`; plain GRPO keeps the first G);
   5. advantages: group-normalised over the kept G (`loss.advantages_for_groups`);
+     4-5, the host's summary and its rollout-log sample are one call (`host_selection.select_on_host`);
   6. exchange: each rank receives exactly the trajectories it trains (`exchange.py`);
   7. update: the policy on this rank's shard (`policy.py`; FSDP2 under torchrun);
   8. push: the new weights into the engines (`rollout_side.push_weights`, `rollout/weight_sync/`);
-  9. log: the step's row (`step_summary.py`, `metrics.py`) and a sample of its rollouts
-     (`rollout_log.py`); every `train.eval_every` steps the held-out sets (`validation.py`);
+  9. log: a sample of its rollouts with their log-prob gaps (`rollout_log.StepLog`), the step's row
+     (`step_summary.py`, `metrics.py`); every `train.eval_every` steps the held-out sets (`validation.py`);
  10. checkpoint every `train.save_every` steps (`checkpoint.py`).
 Steps 2-5 run on each node's rollout host over its own shard of the prompts (`rollout_hosts.py`);
 metrics stay on rank 0; every rank writes its own shards of a checkpoint. A step whose groups are
 all filtered out (equal rewards, infrastructure failures) trains nothing: no optimizer, LR or
-weight step (`train/skipped_empty` = 1). Nothing runs ahead of the step: the roll-out is a plain
-call on the trainer's thread. Rolling out ahead of the trainer (`train.max_staleness` >= 1) is
-another trainer, `async_trainer.py`.
+weight step (`train/skipped_empty` = 1). Step numbers: `self.step` counts the steps trained (the
+weights' version, the index of the next batch); the step training batch `index` is step
+`index + 1` in every log, checkpoint and message.
 
 Faults (`faults.py`): SIGTERM or SIGUSR1 ends the run at the next step boundary with a
 checkpoint and exit code 75 (`preemption.py`); `--resume auto` continues from `latest`
@@ -28,6 +31,7 @@ engine death past `engine.max_restarts` (`rollout/engine_health.py`: a dead engi
 the current weights and its trajectories rolled out again), a weight push that failed on a
 host (every rank stops with the same line naming the node: `rollout_side.push_weights`) or the
 tool-loop alarm with `train.stop_on_tool_loop` (`tool_loop.py`) checkpoint and abort (`RunAborted`).
+Injected faults come in `Collaborators.faults` (`faults.FaultPlan`).
 """
 from __future__ import annotations
 
@@ -42,44 +46,55 @@ import torch
 from rich.console import Console
 from transformers import AutoTokenizer
 
-from rstar2_cli.config import RESOLVED_RECIPE, RecipeConfig, dump_recipe
+from rstar2_cli.config import RecipeConfig
 from rstar2_cli.data.problems import load_problems
 from rstar2_cli.rl import checkpoint
 from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.batch_source import BatchSource, RolloutInputs, RolloutNow
 from rstar2_cli.rl.cpu_threads import TrainerThreads
 from rstar2_cli.rl.exchange import HostFailure, HostFailures, HostSelection, StepShard, exchange
-from rstar2_cli.rl.faults import NonfiniteSteps, RunAborted, fault_steps
-from rstar2_cli.rl.logprob_gap import fill_logprob_gaps
-from rstar2_cli.rl.loss import advantages_for_groups
+from rstar2_cli.rl.faults import NonfiniteSteps, RunAborted
+from rstar2_cli.rl.host_selection import select_on_host
 from rstar2_cli.rl.metrics import MetricsWriter, StepTimer
-from rstar2_cli.rl.policy import policy_for
+from rstar2_cli.rl.policy import UpdateResult, policy_for
 from rstar2_cli.rl.preemption import Preempted, PreemptionWatch
-from rstar2_cli.rl.stages import banner_text
 from rstar2_cli.rl.resume import resume_mode, start_run
-from rstar2_cli.rl.roc import group_rng, select_for_training
+from rstar2_cli.rl.rollout_ahead import RolloutAhead
 from rstar2_cli.rl.rollout_hosts import plan_rollout_host
-from rstar2_cli.rl.rollout_log import RolloutLog
+from rstar2_cli.rl.rollout_log import RolloutLog, StepLog
 from rstar2_cli.rl.rollout_side import (Collaborators, RolloutSide, WeightPushFailed, push_weights,
                                         sandbox_down_for, start_rollout_side)
 from rstar2_cli.rl.sampler import DataSampler
-from rstar2_cli.rl.step_summary import step_columns, summarise
+from rstar2_cli.rl.stages import banner_text
+from rstar2_cli.rl.step_summary import step_columns
 from rstar2_cli.rl.tool_loop import ToolLoopAlarm
 from rstar2_cli.rl.validation import check_eval_sets, merge_validation, validate_share, validation_due
 from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
-from rstar2_cli.rollout.roll_out import roll_out
 
 __all__ = ["RLTrainer", "RunAborted", "resume_mode"]
 
 log = logging.getLogger(__name__)
 
 
+def batch_source_for(cfg: RecipeConfig) -> BatchSource:
+    """The recipe's batch source: `train.max_staleness` = 0 rolls each batch out at its own step
+    (`RolloutNow`, the paper's), >= 1 up to k steps ahead (`RolloutAhead`, experimental)."""
+    if cfg.train.max_staleness:
+        return RolloutAhead(cfg.train.max_staleness, partial=cfg.train.partial_rollout)
+    return RolloutNow()
+
+
 class RLTrainer:
     """Owns the policy, the rollout side, the data order and the metrics of one RL run.
-    `parts`: what the run is built from besides the recipe (`rollout_side.Collaborators`)."""
+    `source`: where each step's graded rollouts come from (`batch_source.py`; by default the one
+    the recipe's `train.max_staleness` asks for). `parts`: what the run is built from besides the
+    recipe (`rollout_side.Collaborators`)."""
 
-    def __init__(self, cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = True,
-                 on_step: Callable[[int, dict], None] | None = None, parts: Collaborators = Collaborators()):
+    def __init__(self, cfg: RecipeConfig, *, source: BatchSource | None = None, resume: bool | str = False,
+                 progress: bool = True, on_step: Callable[[int, dict], None] | None = None,
+                 parts: Collaborators = Collaborators()):
         self.cfg, self.progress, self.on_step, self.parts = cfg, progress, on_step, parts
+        self.source = source if source is not None else batch_source_for(cfg)
         self.out_dir = Path(cfg.train.out_dir)
         self.info = rl_dist.setup_distributed()     # torchrun: this rank joins the process group
         # bad data (the training set, a held-out set) fails here, before any model is loaded
@@ -90,45 +105,41 @@ class RLTrainer:
         torch.manual_seed(cfg.train.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.host = plan_rollout_host(cfg.engine, os.environ)    # a bad launch env fails here too
-        self.threads = self._threads()
+        # before the engines start (rl/cpu_threads.py): the update takes every CPU, engines idle
+        self.threads = TrainerThreads(cfg.train.cpu_threads, self.info.device, engines_here=bool(self.host.engines),
+                                      overlapped=self.source.overlapped, tensor_parallel_size=self.host.tp_size)
         self.policy = policy_for(cfg, self.info)
         if self.info.is_main:
             log.info("attention: %s", self.policy.attention.reason)
         self.sampler = DataSampler(len(self.problems), min(cfg.train.prompts_per_step, len(self.problems)),
                                    seed=cfg.train.seed, shuffle=cfg.data.shuffle)
-        self.nonfinite = NonfiniteSteps(cfg.train.max_nonfinite_steps, fault_steps(os.environ))
+        self.nonfinite = NonfiniteSteps(cfg.train.max_nonfinite_steps, parts.faults.nonfinite_steps)
         self.tool_loop = ToolLoopAlarm(cfg.train.tool_loop_baseline_steps, cfg.train.tool_loop_factor)
         self.tool_loop_alarm: str | None = None           # this step's alarm line (rl/tool_loop.py)
-        self.rollout_log = (RolloutLog(self.out_dir, self.problems, self.tokenizer, count=cfg.train.log_rollouts,
-                                       seed=cfg.train.seed, roc_mode=cfg.roc.mode) if self.host.is_host else None)
         start = start_run(cfg, resume, self.policy, self.sampler, is_main=self.info.is_main)
-        self.step, self.resumed = start.step, start.extra
+        self.step = start.step                            # steps trained = the weights' version
         self.last_checkpoint, self.saved_step = start.checkpoint, start.step   # what is on disk now
         self.nonfinite.load_state_dict(start.extra.get("nonfinite", {}))
         self.tool_loop.load_state_dict(start.extra.get("tool_loop", {}))
-        self._sampler_before = self.sampler.state_dict()    # before the batch of the step running
         self.writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, wandb=cfg.train.wandb,
                                     enabled=self.info.is_main, live=progress)
         if resume_mode(resume):   # rows a stopped run wrote after its last checkpoint are written again
             self.writer.keep_through(self.step if start.checkpoint is not None else None)
-        if self.info.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / RESOLVED_RECIPE).write_text(dump_recipe(cfg))
-            if progress:
-                Console(stderr=True).rule(banner_text(cfg, self.step))
-        self.side: RolloutSide = self._start_rollout_side(start.engine_weights)
+        if self.info.is_main and progress:
+            Console(stderr=True).rule(banner_text(cfg, self.step))
+        self.side: RolloutSide = start_rollout_side(
+            cfg, self.host, self.info, model=self.policy.model, weights=start.engine_weights, version=self.step,
+            parts=parts, pause_for_updates=self.source.overlapped, partial=self.source.partial)
+        self.step_log = StepLog(RolloutLog(self.out_dir, self.problems, self.tokenizer, count=cfg.train.log_rollouts,
+                                           seed=cfg.train.seed, roc_mode=cfg.roc.mode) if self.host.is_host else None,
+                                count=cfg.train.log_rollouts, hosts=self.side.host_ranks, rank=self.info.rank,
+                                node=self.host.node_index)
+        self.source.attach(RolloutInputs(cfg, self.problems, self.tokenizer, self.sampler, self.host, self.side,
+                                         parts.grade, progress), first_index=self.step, resumed=start.extra)
         self._restarts_seen = 0                           # the fleet's restarts already logged
 
-    def _threads(self) -> TrainerThreads:
-        """Before the engines start (rl/cpu_threads.py): the update takes every CPU, engines idle."""
-        return TrainerThreads(self.cfg.train.cpu_threads, self.info.device, engines_here=bool(self.host.engines),
-                              tensor_parallel_size=self.host.tp_size)
-
-    def _start_rollout_side(self, weights: str) -> RolloutSide:
-        return start_rollout_side(self.cfg, self.host, self.info, model=self.policy.model, weights=weights,
-                                  version=self.step, parts=self.parts)
-
     def close(self) -> None:
+        self.source.close()
         self.side.close()
         self.writer.close()
         self.threads.restore()
@@ -136,96 +147,78 @@ class RLTrainer:
     # ------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, float]:
         """One GRPO-RoC step, in the paper's order (module docstring)."""
-        cfg, side, host, timer = self.cfg, self.side, self.host, StepTimer()
-        # 1. next batch: the step's prompts, drawn alike on every rank
-        self._sampler_before = self.sampler.state_dict()
-        batch = [self.problems[i] for i in self.sampler.next_batch()]
+        cfg, host, timer = self.cfg, self.host, StepTimer()
+        index, step = self.step, self.step + 1   # the batch (= the weights' version rolling it out), the step's number
+        # 1-3. next batch, rolled out and graded: now, or ahead of the step (the batch source)
+        graded_batch = self.source.batch(index)             # every rank draws it alike
         mine: HostSelection | HostFailure | None = None
-        records = None                                       # this host's rollout-log sample
+        report = None                                      # an ahead-of-time source's staleness report
         if host.is_host:
             with HostFailures(host.node_index) as caught:   # distributed: raised on every rank in 6.
-                # 2. roll out this node's shard of the prompts
-                with timer("rollout"):
-                    trajs = side.run(roll_out(batch, host.prompt_positions(len(batch)), side.fleet, side.tools,
-                                              self.tokenizer, cfg, index=self.step, node=host.node_index,
-                                              progress=self.progress))
-                # 3. grade
-                with timer("reward"):
-                    self.parts.grade(trajs, cfg.reward)
-                # 4. RoC: each group of oversample x G down to G
-                roc = select_for_training(trajs, cfg.roc, cfg.train.group_size, group_rng(cfg.train.seed, self.step))
-                # 5. advantages over the kept G
-                advantages = advantages_for_groups(roc.groups)
-                mine = HostSelection(roc.trajectories, advantages, summarise(
-                    host.node_index, len(trajs), trajs, roc, timer.sections(), cfg.rollout.max_response_tokens))
-                with timer("rollout_log"):
-                    records = self.rollout_log.pick(trajs, roc.trajectories, advantages, step=self.step + 1,
-                                                    node=host.node_index)
+                graded = graded_batch(timer)
+                report = graded.report
+                # 4-5. RoC down to G, advantages over the kept G, the host's summary and rollout-log sample
+                mine = select_on_host(graded, cfg, index=index, node=host.node_index,
+                                      pick=self.step_log.picker(step), timer=timer)
             mine = caught.failure or mine
         # 6. exchange: every rank receives the trajectories it trains
-        shard = exchange(mine, side.host_ranks, self.info.rank, self.info.world_size, cfg.train.ppo_mini_batches)
+        shard = exchange(mine, self.side.host_ranks, self.info.rank, self.info.world_size, cfg.train.ppo_mini_batches)
         # 7. update the policy, 8. push its weights into the engines (nothing to learn: neither)
-        gaps: dict = {}                                      # per trained trajectory (rl/logprob_gap.py)
-        update = self._update_and_push(shard, timer, gaps) if shard.kept else self._keep_weights(shard)
-        self._write_rollouts(records, gaps, shard, timer)
+        update = self._update_and_push(shard, timer, step) if shard.kept else self._keep_weights(shard, step)
+        self.source.after_update(step)
+        # 9. log: the rollout sample, the step's row, the held-out sets when due
+        with timer("rollout_log"):
+            self.step_log.write(step, update.gaps, trained=bool(shard.kept))
         timer.stop()
-        self.step += 1
-        # 9. log
-        metrics = self._log(step_columns(self.step, shard.summaries, update, timer), shard, update)
+        metrics = step_columns(step, shard.summaries, update, timer)
+        metrics.update(self.source.columns(report, timer.seconds.get("sync", 0.0)))
+        metrics.update(self._fault_columns(shard, update))
+        metrics.update(self.validate_if_due())
+        self._write_row(metrics)
         # 10. checkpoint
         self._save_if_due()
         return metrics
-
-    def _write_rollouts(self, records: list | None, gaps: dict, shard: StepShard, timer: StepTimer) -> None:
-        """After the update, every rank: the trained trajectories' log-prob gaps joined into the hosts'
-        records (`logprob_gap.fill_logprob_gaps`, a collective), then each host's sample on disk."""
-        with timer("rollout_log"):
-            if self.cfg.train.log_rollouts > 0 and shard.kept:
-                records = fill_logprob_gaps(records, gaps, hosts=self.side.host_ranks, rank=self.info.rank)
-            if self.host.is_host:
-                self.rollout_log.write(self.step + 1, self.host.node_index, len(self.side.host_ranks), records)
 
     def _save_if_due(self) -> None:
         if self.step % self.cfg.train.save_every == 0 and self.step < self.cfg.train.steps:
             self.save()
 
-    def _update_and_push(self, shard: StepShard, timer: StepTimer, gaps: dict) -> dict[str, float]:
-        """7-8: the update on this rank's shard (colocated on GPU: the engines sleep meanwhile; `gaps`
-        filled per trajectory), then the push (colocated: the engines woken for it); no engine restart
-        reads the weights between."""
-        advantages = self.nonfinite.advantages(self.step + 1, shard.advantages)
+    def _update_and_push(self, shard: StepShard, timer: StepTimer, step: int) -> UpdateResult:
+        """7-8: the update on this rank's shard (colocated on GPU: the engines sleep meanwhile), then
+        the push (colocated: the engines woken for it); no engine restart reads the weights between.
+        After the update the weights are version `step`, even if the push fails: the abandoning
+        checkpoint is this step's, and its batch is not drawn again on resume."""
+        advantages = self.nonfinite.advantages(step, shard.advantages)
         with self.side.fleet.lock:
             with timer("train"):
                 self.side.fleet.sleep()
                 with self.threads.alone():
-                    update = self.policy.update(shard.trajectories, advantages, shard.mini_batches, gaps=gaps)
+                    update = self.policy.update(shard.trajectories, advantages, shard.mini_batches)
+            self.step = step
             with timer("sync"):
-                try:
-                    push_weights(self.side.fleet, self.policy, self.host.is_host, node=self.host.node_index)
-                except (EngineRestartsExhausted, WeightPushFailed):   # the update stands: the abandoning
-                    self.step += 1       # checkpoint is this step's, and its batch is not drawn again on resume
-                    self._sampler_before = self.sampler.state_dict()
-                    raise
+                push_weights(self.side.fleet, self.policy, self.host.is_host, node=self.host.node_index)
         return update
 
-    def _keep_weights(self, shard: StepShard) -> dict[str, float]:
+    def _keep_weights(self, shard: StepShard, step: int) -> UpdateResult:
         """Every group filtered out: no optimizer, LR or weight step; the weights are the next version."""
         dropped = {k[len("roc/dropped_"):]: int(v) for s in shard.summaries for k, v in s.roc.items()
                    if k.startswith("roc/dropped_") and v}
         log.warning("step %d: no group left after filtering (%s): skipped, no optimizer or LR step",
-                    self.step + 1, ", ".join(f"{k} {v}" for k, v in dropped.items()) or "no groups")
+                    step, ", ".join(f"{k} {v}" for k, v in dropped.items()) or "no groups")
         self.side.fleet.keep_weights()
-        return {}
+        self.step = step
+        return UpdateResult()
 
-    def _log(self, metrics: dict[str, float], shard: StepShard, update: dict[str, float]) -> dict[str, float]:
-        """The step's row: its columns, faults, held-out evaluation and the tool-loop alarm."""
-        metrics["train/skipped_empty"] = float(not shard.kept)
-        metrics.update(self.nonfinite.count(self.step, update))
+    def _fault_columns(self, shard: StepShard, update: UpdateResult) -> dict[str, float]:
+        """The step's skipped, non-finite and engine-restart columns."""
+        out = {"train/skipped_empty": float(not shard.kept), **self.nonfinite.count(self.step, update)}
         restarts = self.side.fleet.restarts     # per process: a resumed run counts from 0
-        metrics["faults/engine_restarts"] = float(restarts - self._restarts_seen)
+        out["faults/engine_restarts"] = float(restarts - self._restarts_seen)
         self._restarts_seen = restarts
-        if validation_due(self.cfg, self.step):
-            metrics.update(self.validate())
+        return out
+
+    def _write_row(self, metrics: dict[str, float]) -> None:
+        """The step's row, with the tool-loop alarm's column (and its line when it fires)."""
         self.tool_loop_alarm = self.tool_loop.observe(self.step, metrics)
         metrics["tools/loop_alarm"] = float(self.tool_loop.above)
         self.writer.write(self.step, metrics)
@@ -233,9 +226,12 @@ class RLTrainer:
             self.writer.note(self.tool_loop_alarm)
         if self.on_step is not None and self.info.is_main:
             self.on_step(self.step, metrics)
-        return metrics
 
     # ------------------------------------------------------------------ around the steps
+    def validate_if_due(self) -> dict[str, float]:
+        """The held-out columns when `train.eval_every` asks for them at this step (`validate`)."""
+        return self.validate() if validation_due(self.cfg, self.step) else {}
+
     def validate(self) -> dict[str, float]:
         """Held-out eval of the current policy (`validation.py`): each rollout host evaluates its share
         of every set on its own engines and sandbox; every rank waits for the hosts (heartbeats:
@@ -255,16 +251,18 @@ class RLTrainer:
         return metrics
 
     def _checkpoint_extra(self) -> tuple[dict, dict]:
-        """(the sampler's state, the trainer's extras) a checkpoint of this step holds."""
-        return self.sampler.state_dict(), {"nonfinite": self.nonfinite.state_dict(),
-                                           "tool_loop": self.tool_loop.state_dict()}
+        """(the sampler's state, the trainer's and the source's extras) a checkpoint of this step holds."""
+        sampler_state, extra = self.source.checkpoint_state()
+        return sampler_state, {"nonfinite": self.nonfinite.state_dict(), "tool_loop": self.tool_loop.state_dict(),
+                               **extra}
 
     def save(self, final: bool = False) -> Path:
         target = self.out_dir / ("final" if final else f"step_{self.step:06d}")
         sampler_state, extra = self._checkpoint_extra()
         try:
             checkpoint.save_checkpoint(target, self.policy, self.tokenizer, sampler_state, self.step,
-                                       final=final, extra=extra, keep=self.cfg.train.keep_checkpoints)
+                                       final=final, extra=extra, keep=self.cfg.train.keep_checkpoints,
+                                       fail_write=self.parts.faults.checkpoint_write_step == self.step)
         except checkpoint.CheckpointWriteError as e:   # a full disk: the previous checkpoint is intact
             raise RunAborted(f"step {self.step}: {e}") from None
         self.last_checkpoint, self.saved_step = target, self.step
@@ -273,10 +271,6 @@ class RLTrainer:
     def _saved(self) -> Path | None:
         """A checkpoint of the current step: written now unless it is on disk already."""
         return self.save() if self.step != self.saved_step else self.last_checkpoint
-
-    def _abandon_batch(self) -> None:
-        """An engine death the run cannot recover from: the step's batch is drawn again on resume."""
-        self.sampler.load_state_dict(self._sampler_before)
 
     def _abort_if_needed(self) -> None:
         """`RunAborted` (after a checkpoint) for the faults the run cannot continue past (`faults.py`)."""
@@ -308,9 +302,9 @@ class RLTrainer:
                 failing = self.step + 1
                 try:
                     self.train_step()
-                # a rollout's engine death: its batch is drawn again on resume; at the push: the next batch
+                # an engine death in the rollout: its batch is drawn again on resume; at the push: the next one
                 except (EngineRestartsExhausted, WeightPushFailed) as e:
-                    self._abandon_batch()
+                    self.source.abandon(self.step)     # a batch not trained is drawn again on resume
                     saved = self._saved()
                     if watch.signalled is not None:   # SIGTERM to every process of a preempted job
                         raise Preempted(self.step, saved, watch.signal_name) from None

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rstar2_cli.quickstart.seeds import parse_seeds, run_seeds, summarise
+from rstar2_cli.quickstart.seeds import parse_seeds, run_seeds, seed_spread
 from rstar2_cli.quickstart.settings import QuickstartSettings
 
 
@@ -27,22 +27,22 @@ def test_parse_seeds_accepts_lists_and_names_bad_input():
 
 def test_summary_gives_mean_spread_and_every_seed_verdict():
     good = [_report(0, 0.02, 0.20), _report(1, 0.04, 0.10)]
-    s = summarise(good)
+    s = seed_spread(good)
     q = s["quantities"]["grpo.tool_error_ratio_positive"]
     assert q["mean"] == pytest.approx(0.15) and q["min"] == 0.10 and q["max"] == 0.20 and q["std"] > 0
     assert q["per_seed"] == [0.20, 0.10]
     assert s["roc_advantage_holds_on_every_seed"]
     # One seed where RoC does not halve GRPO's ratio: the verdict names it.
-    bad = summarise(good + [_report(2, 0.09, 0.10)])
+    bad = seed_spread(good + [_report(2, 0.09, 0.10)])
     assert not bad["roc_advantage_holds_on_every_seed"]
     check = next(c for name, c in bad["checks"].items() if "RoC's ratio" in name)
     assert check["per_seed"] == {"0": True, "1": True, "2": False} and not check["every_seed"]
     # No errors under GRPO at all (e.g. no positives): RoC has shown nothing.
-    assert not next(c for n, c in summarise([_report(0, 0.0, 0.0)])["checks"].items() if "RoC's ratio" in n)[
+    assert not next(c for n, c in seed_spread([_report(0, 0.0, 0.0)])["checks"].items() if "RoC's ratio" in n)[
         "every_seed"
     ]
     # RoC's accuracy more than 5 points below GRPO's fails the accuracy check.
-    low = summarise([_report(0, 0.0, 0.2, roc_acc=0.80, grpo_acc=0.90)])
+    low = seed_spread([_report(0, 0.0, 0.2, roc_acc=0.80, grpo_acc=0.90)])
     assert not next(c for name, c in low["checks"].items() if "accuracy" in name)["every_seed"]
 
 

@@ -4,11 +4,10 @@ argv: out_dir model_dir [model_dir ...]. For each model dir and method, rank 0 w
 out_dir/<i>_<method>.pt (the gathered full state and the rotary inv_freq); then the "slices"
 policy of the first dir is saved with save_checkpoint, loaded into a fresh policy and rank 0
 writes out_dir/saved.pt and out_dir/resumed.pt (both gathered full states) and out_dir/optim.pt
-(both AdamW states, gathered); a save with RSTAR2_FAULT_CHECKPOINT_WRITE set writes each rank's
+(both AdamW states, gathered); a save with `fail_write` (a full disk) writes each rank's
 error to out_dir/fault_<rank>.txt; a checkpoint in out_dir/single (saved by one process) is
 loaded at this world size into out_dir/from_single.pt.
 """
-import os
 import sys
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from rl_synthetic import make_trajectories  # noqa: E402
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # noqa: E402
 from rstar2_cli.rl.checkpoint import (  # noqa: E402
-    FAULT_CHECKPOINT_WRITE_ENV,
     CheckpointWriteError,
     load_checkpoint,
     save_checkpoint,
@@ -71,13 +69,11 @@ def main(out_dir: str, model_dirs: list[str]) -> None:
         torch.save(got, out / "resumed.pt")
         torch.save({"saved": saved_optim, "resumed": got_optim}, out / "optim.pt")
     # a full disk on the last rank only: every rank raises, the previous checkpoint stays latest
-    os.environ[FAULT_CHECKPOINT_WRITE_ENV] = "2"
     try:
-        save_checkpoint(out / "ckpt" / "step_000002", policy, step=2)
+        save_checkpoint(out / "ckpt" / "step_000002", policy, step=2, fail_write=True)
         (out / f"fault_{rank}.txt").write_text("no error")
     except CheckpointWriteError as e:
         (out / f"fault_{rank}.txt").write_text(str(e))
-    del os.environ[FAULT_CHECKPOINT_WRITE_ENV]
     if (out / "single").is_dir():          # saved by one process: resumed here at two ranks
         other = _policy(model_dirs[0])
         load_checkpoint(out / "single", other)

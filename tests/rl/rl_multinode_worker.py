@@ -23,7 +23,7 @@ def main(recipe_path: str, out_dir: str) -> None:
     from rl_synthetic import alternating_grades
 
     from rstar2_cli.config import load_recipe_dict
-    from rstar2_cli.rl.launch_entry import trainer_for
+    from rstar2_cli.rl.trainer import RLTrainer
     from rstar2_cli.rl.rollout_side import Collaborators
     from rstar2_cli.rollout.engines import GenRequest
 
@@ -37,7 +37,7 @@ def main(recipe_path: str, out_dir: str) -> None:
         seen.append({"digest": digest(trajs), "nodes": [t.extra["node"] for t in trajs],
                      "order": [[t.prompt_id, t.sample_index, t.group_index] for t in trajs]})
 
-    trainer = trainer_for(load_recipe_dict(json.loads(Path(recipe_path).read_text())), progress=False,
+    trainer = RLTrainer(load_recipe_dict(json.loads(Path(recipe_path).read_text())), progress=False,
                           parts=Collaborators(grade=recording_grades))
     probe_ids = trainer.tokenizer("Count: one two three", add_special_tokens=False)["input_ids"]
 

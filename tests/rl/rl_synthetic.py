@@ -93,11 +93,13 @@ def alternating_grades(trajs, reward) -> None:
         t.reward, t.extracted, t.grade_reason = float(ok), "x", "correct" if ok else "wrong"
 
 
-def alternating():
-    """The run's collaborators with `alternating_grades` for the grader."""
+def alternating(**faults):
+    """The run's collaborators with `alternating_grades` for the grader; `faults`: a
+    `faults.FaultPlan`'s fields to inject."""
+    from rstar2_cli.rl.faults import FaultPlan
     from rstar2_cli.rl.rollout_side import Collaborators
 
-    return Collaborators(grade=alternating_grades)
+    return Collaborators(grade=alternating_grades, faults=FaultPlan(**faults))
 
 
 def write_checkpoint(folder, step: int):

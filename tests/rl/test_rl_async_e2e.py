@@ -45,7 +45,8 @@ def test_synchronous_steps_are_identical_for_a_seed(tiny_model, tmp_path, monkey
 def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(tiny_model, tmp_path, monkeypatch):
     from rstar2_cli.rl.checkpoint import read_trainer_state
     from rstar2_cli.rl.sampler import DataSampler
-    from rstar2_cli.rl.launch_entry import train, trainer_for
+    from rstar2_cli.rl.launch_entry import train
+    from rstar2_cli.rl.trainer import RLTrainer
 
     data, out = _data(tmp_path), tmp_path / "async"
 
@@ -75,9 +76,9 @@ def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(
 
     # resume from step 2 (one more step than before): batch 2 comes back as it was rolled out
     (out / "latest").write_text("step_000002\n")
-    trainer = trainer_for(recipe(4), resume=True, progress=False, parts=alternating())
-    assert trainer.step == 2 and [b.index for b in trainer.pipeline.pending] == [2]
-    restored = trainer.pipeline.pending[0].wait()[1]
+    trainer = RLTrainer(recipe(4), resume=True, progress=False, parts=alternating())
+    assert trainer.step == 2 and [b.index for b in trainer.source.pipeline.pending] == [2]
+    restored = trainer.source.pipeline.pending[0].wait()[1]
     assert [t.policy_versions for t in restored] == [t["policy_versions"] for t in saved]
     assert all(e.weights_version == 2 for e in trainer.side.fleet.engines)    # not 0 (AReaL #1342)
     trainer.train()

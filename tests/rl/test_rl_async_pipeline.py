@@ -20,8 +20,8 @@ from rstar2_cli.rollout.trajectory import Trajectory
 
 
 class FakeRollouts:
-    """The rollout side as the pipeline sees it: batch b rolls out at once, as one trajectory
-    sampled by version b (unless `versions` says otherwise), on one host."""
+    """The batch source as the pipeline sees it (`rollout_ahead.RolloutAhead`): batch b rolls out
+    at once, as one trajectory sampled by version b (unless `versions` says otherwise), on one host."""
 
     def __init__(self, versions: dict[int, int] | None = None, done: bool = True):
         self.started: list[int] = []
@@ -36,9 +36,6 @@ class FakeRollouts:
             f.set_result(Piece([0], [traj], {"time/rollout": 1.0, "time/reward": 0.5}))
         return f
 
-    def settle(self, result):
-        return result()
-
     def busy_seconds(self):
         return [0.0]
 
@@ -50,9 +47,9 @@ def _pipeline(k: int, steps: int = 10, **fake):
 
 
 def _train(pipe, step):
-    """What the asynchronous trainer does with a step's batch on its (one) host: drop its stale
+    """What the ahead-of-time source does with a step's batch on its (one) host: drop its stale
     groups; the hosts' reports (here one) become the async columns."""
-    piece = pipe.next_batch(step)
+    piece = pipe.wait(pipe.next_batch(step))
     kept, report = pipe.drop_stale(piece.trajectories, step)
     return kept, report, [report]
 

@@ -1,4 +1,4 @@
-"""A checkpoint write that fails part-way (RSTAR2_FAULT_CHECKPOINT_WRITE: OSError ENOSPC) aborts the
+"""A checkpoint write that fails part-way (`FaultPlan.checkpoint_write_step`: OSError ENOSPC) aborts the
 run with one line (exit code 1), the previous checkpoint and `latest` intact, and `--resume auto`
 continues from it."""
 from __future__ import annotations
@@ -9,24 +9,22 @@ from rl_synthetic import alternating, tiny_rl_recipe, write_times_seven
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_a_full_disk_at_a_save_aborts_the_run_and_resume_continues(tiny_model, tmp_path, monkeypatch, capsys):
+def test_a_full_disk_at_a_save_aborts_the_run_and_resume_continues(tiny_model, tmp_path, capsys):
     from rstar2_cli.config import load_recipe_dict
-    from rstar2_cli.rl.checkpoint import FAULT_CHECKPOINT_WRITE_ENV, latest_checkpoint, read_trainer_state
+    from rstar2_cli.rl.checkpoint import latest_checkpoint, read_trainer_state
     from rstar2_cli.rl.launch_entry import run_for_exit_code
     from rstar2_cli.rl.launch_entry import train
 
     data = write_times_seven(tmp_path / "train.jsonl", 5)
     out = tmp_path / "run"
     raw = tiny_rl_recipe(tiny_model, data, out, steps=3)
-    monkeypatch.setenv(FAULT_CHECKPOINT_WRITE_ENV, "2")
-    code, final = run_for_exit_code(load_recipe_dict(raw), resume=False, parts=alternating())
+    code, final = run_for_exit_code(load_recipe_dict(raw), resume=False, parts=alternating(checkpoint_write_step=2))
     assert (code, final) == (1, None)
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("error: step 2: checkpoint ") and "No space left on device" in line
     assert line.endswith(f"latest is still {out / 'step_000001'}")
     assert (out / "latest").read_text() == "step_000001\n"
     assert not (out / "step_000002").exists() and not (out / ".tmp_step_000002").exists()
-    monkeypatch.delenv(FAULT_CHECKPOINT_WRITE_ENV)
     final = train(load_recipe_dict(raw), resume="auto", progress=False, parts=alternating())
     assert final == out / "final" and latest_checkpoint(out) == final
     assert read_trainer_state(final)["step"] == 3

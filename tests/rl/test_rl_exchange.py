@@ -1,4 +1,4 @@
-"""rl/exchange.py (with RoC and advantages on the rollout hosts, as `RLTrainer.train_step` runs them,
+"""rl/exchange.py (with RoC and advantages on the rollout hosts: `host_selection.select_on_host`,
 and `step_summary.py`'s merge): each rank receives only its training shard, and N nodes select,
 train and log exactly what one node does.
 
@@ -19,11 +19,10 @@ import pytest
 from rstar2_cli.config import load_recipe_dict
 from rstar2_cli.rl import dist as rl_dist
 from rstar2_cli.rl.exchange import HostFailure, HostSelection, StepFailed, exchange, pack, plan_shards, unpack
-from rstar2_cli.rl.loss import advantages_for_groups
 from rstar2_cli.rl.metrics import StepTimer
-from rstar2_cli.rl.roc import group_rng, select_for_training
+from rstar2_cli.rl.host_selection import GradedBatch, select_on_host
 from rstar2_cli.rl.rollout_hosts import node_shard
-from rstar2_cli.rl.step_summary import step_columns, summarise
+from rstar2_cli.rl.step_summary import step_columns
 from rstar2_cli.rollout.trajectory import Trajectory
 
 
@@ -53,12 +52,10 @@ def _piece(positions, per_prompt, max_len=200):
     return list(positions), trajs, {"time/rollout": 1.0 + len(positions), "time/reward": 0.5}
 
 
-def _select(piece, node, cfg, step=3) -> HostSelection:
-    """Steps 4-5 on a rollout host, as `RLTrainer.train_step` runs them."""
+def _select(piece, node, cfg, index=3) -> HostSelection:
+    """Steps 4-5 on a rollout host: the step's own call."""
     _, trajs, seconds = piece
-    roc = select_for_training(trajs, cfg.roc, cfg.train.group_size, group_rng(cfg.train.seed, step))
-    return HostSelection(roc.trajectories, advantages_for_groups(roc.groups),
-                         summarise(node, len(trajs), trajs, roc, seconds, cfg.rollout.max_response_tokens))
+    return select_on_host(GradedBatch(trajs, len(trajs), seconds), cfg, index=index, node=node)
 
 
 def _columns(shard):

@@ -3,6 +3,7 @@ per trajectory from the tensors it already has, and `fill_logprob_gaps` joins it
 the rollout hosts' records (real collectives: two gloo processes, `rl_gap_worker.py`)."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -12,15 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 from rl_synthetic import make_trajectories
-from test_rl_exchange import _cfg, _piece, _select
+from test_rl_exchange import _cfg, _piece
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
 from rstar2_cli.models.tiny import build_tokenizer, default_corpus
 from rstar2_cli.rl.logprob_gap import add_gap, fill_logprob_gaps, gap_label
 from rstar2_cli.rl.loss import group_advantages
 from rstar2_cli.rl.policy import PolicyTrainer, loss_positions
-from rstar2_cli.rl.rollout_log import RolloutLog
 from rstar2_cli.rl.exchange import exchange
+from rstar2_cli.rl.host_selection import GradedBatch, select_on_host
+from rstar2_cli.rl.rollout_log import RolloutLog, StepLog, rollout_path
 
 WORKER = Path(__file__).with_name("rl_gap_worker.py")
 
@@ -48,8 +50,8 @@ def test_the_update_gives_each_trajectory_its_gap_and_the_metric_is_their_token_
     adv = group_advantages([t.reward + 0.3 * (i % 2) for i, t in enumerate(batch)])
     policy = _policy(tiny_model_dir, micro_batch_tokens=micro_batch_tokens)
     expected = _expected(policy, batch)
-    gaps: dict = {}
-    out = policy.update(batch, adv, gaps=gaps)
+    out = policy.update(batch, adv)
+    gaps = out.gaps
     assert set(gaps) == set(expected) == {gap_label(t) for i, t in enumerate(batch) if i != 2}
     for label, (mean, top, tokens) in expected.items():
         assert gaps[label]["tokens"] == tokens
@@ -64,8 +66,7 @@ def test_the_proximal_pass_is_the_reference_with_several_mini_batches(tiny_model
     adv = group_advantages([t.reward + 0.2 * i for i, t in enumerate(batch)])
     policy = _policy(tiny_model_dir, ppo_mini_batches=2)
     expected = _expected(policy, batch)            # the weights before the first of the two optimizer steps
-    gaps: dict = {}
-    policy.update(batch, adv, gaps=gaps)
+    gaps = policy.update(batch, adv).gaps
     assert {k: round(v["mean_abs"], 5) for k, v in gaps.items()} == {k: round(v[0], 5) for k, v in expected.items()}
 
 
@@ -101,22 +102,25 @@ def test_without_a_process_group_it_is_a_plain_join():
 
 
 def test_every_kept_record_of_a_real_step_gets_the_gap_of_the_trajectory_trained(tiny_model_dir, tmp_path):
-    """A step as the trainer runs it on one rank: the host's selection and records, the exchange,
-    the update with `gaps`, then the join; the records' gaps are those of the very trajectories."""
+    """A step as the trainer runs it on one rank: the host's selection with its rollout-log pick,
+    the exchange, the update, then the step log's join and write; the records' gaps are those of
+    the very trajectories."""
     cfg = _cfg()
     piece = _piece(range(6), cfg.rollouts_per_prompt, max_len=40)
     for t in piece[1]:
         t.prompt_ids = [i % 384 for i in t.prompt_ids]
         t.response_ids = [i % 384 for i in t.response_ids]
     log = RolloutLog(tmp_path, [], build_tokenizer(default_corpus(0), 512), count=6, seed=cfg.train.seed)
-    mine = _select(piece, 0, cfg, step=0)
-    records = log.pick(piece[1], mine.kept, mine.advantages, step=1, node=0)
+    step_log = StepLog(log, count=6, hosts=[0], rank=0, node=0)
+    _, trajs, seconds = piece
+    mine = select_on_host(GradedBatch(trajs, len(trajs), seconds), cfg, index=0, node=0, pick=step_log.picker(1))
     shard = exchange(mine, [0], 0, 1, cfg.train.ppo_mini_batches)
     policy = _policy(tiny_model_dir, ppo_mini_batches=cfg.train.ppo_mini_batches)
     expected = _expected(policy, shard.trajectories)
-    gaps: dict = {}
-    policy.update(shard.trajectories, shard.advantages, shard.mini_batches, gaps=gaps)
-    records = fill_logprob_gaps(records, gaps, hosts=[0], rank=0)
+    update = policy.update(shard.trajectories, shard.advantages, shard.mini_batches)
+    step_log.write(1, update.gaps, trained=True)
+    with gzip.open(rollout_path(tmp_path, 1, 0, 1), "rt") as f:
+        records = [json.loads(line) for line in f]
     kept = [r for r in records if r["advantage"] is not None]
     labels = [gap_label(t) for t in shard.trajectories]
     unique = {k for k in labels if labels.count(k) == 1}

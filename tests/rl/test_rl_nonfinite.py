@@ -55,24 +55,23 @@ def test_a_non_finite_step_changes_nothing_and_says_so(tiny_model_dir, bad):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_the_run_skips_counts_and_aborts_after_max_in_a_row(tiny_model, tmp_path, monkeypatch):
-    """Steps 1, 3 and 4 get NaN advantages (the RSTAR2_FAULT_NONFINITE_STEPS hook): step 2 ends the
+def test_the_run_skips_counts_and_aborts_after_max_in_a_row(tiny_model, tmp_path):
+    """Steps 1, 3 and 4 get NaN advantages (`FaultPlan.nonfinite_steps`): step 2 ends the
     first streak, and 3, 4 make two in a row = train.max_nonfinite_steps, so the run checkpoints
     step 4 and aborts; skipped steps leave the checkpointed weights and optimizer as they were."""
     from rl_synthetic import saved_optimizer_state, saved_weights, tiny_rl_recipe
 
     from rstar2_cli.config import load_recipe_dict
     from rstar2_cli.rl.checkpoint import read_trainer_state
-    from rstar2_cli.rl.faults import FAULT_NONFINITE_ENV, RunAborted
+    from rstar2_cli.rl.faults import RunAborted
     from rstar2_cli.rl.launch_entry import train
 
-    monkeypatch.setenv(FAULT_NONFINITE_ENV, "1,3,4")
     data = write_times_seven(tmp_path / "train.jsonl", 5)
     out = tmp_path / "run"
     raw = tiny_rl_recipe(tiny_model, data, out, steps=6)
     raw["train"]["max_nonfinite_steps"] = 2
     with pytest.raises(RunAborted, match=r"step 4: 2 steps in a row .*train.max_nonfinite_steps=2.*step_000004"):
-        train(load_recipe_dict(raw), progress=False, parts=alternating())
+        train(load_recipe_dict(raw), progress=False, parts=alternating(nonfinite_steps=frozenset({1, 3, 4})))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["train/nonfinite_skipped"] for r in rows] == [1.0, 0.0, 1.0, 1.0]

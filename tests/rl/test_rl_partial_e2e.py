@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 def test_partial_rollouts_train_within_the_bound_and_resume_with_per_token_versions(tiny_model, tmp_path,
                                                                                      monkeypatch):
     from rstar2_cli.rl.checkpoint import read_trainer_state
-    from rstar2_cli.rl.launch_entry import train, trainer_for
+    from rstar2_cli.rl.launch_entry import train
+    from rstar2_cli.rl.trainer import RLTrainer
 
     data, out = _data(tmp_path), tmp_path / "partial"
 
@@ -43,8 +44,8 @@ def test_partial_rollouts_train_within_the_bound_and_resume_with_per_token_versi
     assert all(1 <= v <= 2 for t in saved for _, v in t["version_spans"])
 
     (out / "latest").write_text("step_000002\n")
-    trainer = trainer_for(recipe(4), resume=True, progress=False, parts=alternating())
-    restored = trainer.pipeline.pending[0].wait()[1]
+    trainer = RLTrainer(recipe(4), resume=True, progress=False, parts=alternating())
+    restored = trainer.source.pipeline.pending[0].wait()[1]
     assert [t.version_spans for t in restored] == [t["version_spans"] for t in saved]
     assert [t.response_ids for t in restored] == [t["response_ids"] for t in saved]
     assert all(e.weights_version == 2 and e.pause_mode == "keep" for e in trainer.side.fleet.engines)

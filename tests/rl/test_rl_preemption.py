@@ -162,13 +162,17 @@ def test_resumed_metrics_drop_the_rows_written_after_the_checkpoint(tmp_path):
     assert (tmp_path / "metrics.jsonl").read_text() == ""
 
 
-def test_fault_injection_steps_from_the_environment():
-    from rstar2_cli.rl.faults import FAULT_NONFINITE_ENV, fault_steps
+def test_fault_injection_plan_from_the_environment():
+    """A trainer process started by `rstar2 rl` or torchrun reads its injected faults once, at start."""
+    from rstar2_cli.rl.faults import FAULT_CHECKPOINT_WRITE_ENV, FAULT_NONFINITE_ENV, FaultPlan
 
-    assert fault_steps({}) == frozenset()
-    assert fault_steps({FAULT_NONFINITE_ENV: "2, 5"}) == {2, 5}
+    assert FaultPlan.from_env({}) == FaultPlan()
+    plan = FaultPlan.from_env({FAULT_NONFINITE_ENV: "2, 5", FAULT_CHECKPOINT_WRITE_ENV: "3"})
+    assert plan.nonfinite_steps == {2, 5} and plan.checkpoint_write_step == 3
     with pytest.raises(ValueError, match=FAULT_NONFINITE_ENV):
-        fault_steps({FAULT_NONFINITE_ENV: "two"})
+        FaultPlan.from_env({FAULT_NONFINITE_ENV: "two"})
+    with pytest.raises(ValueError, match="RSTAR2_FAULT_CHECKPOINT_WRITE='two'"):
+        FaultPlan.from_env({FAULT_CHECKPOINT_WRITE_ENV: "two"})
 
 
 def test_every_node_command_tells_torchrun_to_forward_usr1_and_wait_for_the_checkpoint():

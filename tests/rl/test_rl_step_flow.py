@@ -49,7 +49,7 @@ class Recorder:
 def make_trainer(tiny_model, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    from rstar2_cli.rl.launch_entry import trainer_for
+    from rstar2_cli.rl.trainer import RLTrainer
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}*7?", "answer": str(7 * i)}) + "\n"
@@ -66,7 +66,7 @@ def make_trainer(tiny_model, tmp_path, monkeypatch):
         if train.get("max_staleness"):
             raw["loss"] = {"tis": True, "tis_cap": 2.0}
         seen: list[tuple[int, dict]] = []
-        trainer = trainer_for(load_recipe_dict(raw), progress=False, on_step=lambda s, m: seen.append((s, m)),
+        trainer = RLTrainer(load_recipe_dict(raw), progress=False, on_step=lambda s, m: seen.append((s, m)),
                               parts=recorder.parts(colocated=colocated))
         recorder.events.clear()
         return trainer, recorder, seen
@@ -158,8 +158,8 @@ def test_an_asynchronous_step_starts_the_next_batch_right_after_its_update(make_
     graded = [e for e in recorder.events if e[0] == "grade"]
     assert graded[:2] == [("grade", _ids(trainer, b)) for b in batches[:2]]
     assert recorder.names()[:3] == ["grade", "grade", "load_weights"]
-    assert [b.index for b in trainer.pipeline.pending] == [1, 2]
-    assert {v for t in trainer.pipeline.pending[1].wait().trajectories for v in t.policy_versions} == {1}
+    assert [b.index for b in trainer.source.pipeline.pending] == [1, 2]
+    assert {v for t in trainer.source.pipeline.pending[1].wait().trajectories for v in t.policy_versions} == {1}
     assert m["async/staleness_0"] == 8 and m["async/dropped_groups"] == 0
     m2 = trainer.train_step()            # batch 1 was sampled by version 0, trained at step 1
     assert m2["async/staleness_1"] == 8 and m2["async/staleness_max"] == 1

@@ -268,7 +268,7 @@ def test_max_restarts_checkpoints_and_aborts_with_one_line(tmp_path, monkeypatch
     t.cfg = RecipeConfig()
     t.step, t.saved_step, t.last_checkpoint = 2, 0, None
     t.info = SimpleNamespace(device=None)
-    t._abandon_batch = lambda: calls.append(("abandon", t.step))
+    t.source = SimpleNamespace(abandon=lambda index: calls.append(("abandon", index)))
     t.writer = SimpleNamespace(plot=lambda: None)
     t.close = lambda: calls.append(("close",))
 
