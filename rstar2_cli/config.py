@@ -225,7 +225,7 @@ class TrainConfig(_Section):
     ppo_mini_batches: int = Field(1, ge=1)            # optimizer steps per batch (release: 1)
     # Asynchronous GRPO-RoC, experimental (rl/async_rollouts.py): batches s+1..s+k roll out while step s
     # trains, none trained more than k versions after it was sampled. 0 = the release's synchronous
-    # step (rStar2-Agent trains synchronously), a direct call (rl/trainer.py; k >= 1: rl/async_trainer.py).
+    # step (rStar2-Agent trains synchronously), a direct call (rl/batch_source.py; k >= 1: rl/rollout_ahead.py).
     max_staleness: int = Field(0, ge=0, le=8)
     # Partial rollouts (needs max_staleness >= 1): a weight update stops in-flight turns at a token
     # boundary and they continue under the new weights, prefix recomputed (docs/async-rl.md §7);
