@@ -33,34 +33,34 @@ from rstar2_cli.rl.trainer import RLTrainer
 
 
 def train(cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = True,
-          on_step: Callable[[int, dict], None] | None = None, parts: Collaborators = Collaborators()) -> Path:
+          on_step: Callable[[int, dict], None] | None = None, collaborators: Collaborators = Collaborators()) -> Path:
     """Run one RL stage; returns the final checkpoint folder (a plain HF model inside)."""
-    return RLTrainer(cfg, resume=resume, progress=progress, on_step=on_step, parts=parts).train()
+    return RLTrainer(cfg, resume=resume, progress=progress, on_step=on_step, collaborators=collaborators).train()
 
 
-def run(cfg, *, resume: bool | str, parts: Collaborators | None = None) -> Path:
+def run(cfg, *, resume: bool | str, collaborators: Collaborators | None = None) -> Path:
     """What every trainer process runs: start torch.distributed (`rl/dist.py`; a no-op without
     torchrun), check the recipe's placement for the device this process got (`config.py`: a
     ConfigError; an "auto" micro-batch becomes CPU_MICRO_BATCH_TOKENS on CPU), then train.
-    Without `parts`, the real collaborators, with the faults the environment injects (the one place
+    Without `collaborators`, the real collaborators, with the faults the environment injects (the one place
     it is read: `faults.FaultPlan.from_env`). Returns the final checkpoint folder."""
     info = setup_distributed()
     cfg = check_placement(cfg, on_gpu=info.device.type == "cuda")
-    if parts is None:
+    if collaborators is None:
         try:
-            parts = Collaborators(faults=FaultPlan.from_env(os.environ))
+            collaborators = Collaborators(faults=FaultPlan.from_env(os.environ))
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    return train(cfg, resume=resume, parts=parts)
+    return train(cfg, resume=resume, collaborators=collaborators)
 
 
 def run_for_exit_code(cfg, *, resume: bool | str, quiet: bool = False,
-                      parts: Collaborators | None = None) -> tuple[int, Path | None]:
+                      collaborators: Collaborators | None = None) -> tuple[int, Path | None]:
     """`run`, its outcome as (exit code, final checkpoint or None); the reason of a non-zero
     code is printed as one line on stderr (unless `quiet`: ranks other than 0 say nothing)."""
     code, why = 0, None
     try:
-        return 0, run(cfg, resume=resume, parts=parts)
+        return 0, run(cfg, resume=resume, collaborators=collaborators)
     except (ConfigError, DataError, ResumeError) as e:
         code, why = 2, f"error: {e}"
     except Preempted as e:

@@ -100,7 +100,7 @@ class RolloutSide:
 
 
 def start_rollout_side(cfg: RecipeConfig, host: RolloutHostPlan, info: rl_dist.DistInfo, *, model: Any,
-                       weights: str, version: int, parts: Collaborators = Collaborators(),
+                       weights: str, version: int, collaborators: Collaborators = Collaborators(),
                        pause_for_updates: bool = False, partial: bool = False) -> RolloutSide:
     """Build this rank's rollout side (module docstring). `weights`: the folder the engines load
     (the start model, or the checkpoint resumed); `version`: the step it holds. `pause_for_updates`:
@@ -110,7 +110,7 @@ def start_rollout_side(cfg: RecipeConfig, host: RolloutHostPlan, info: rl_dist.D
     ranks = host_ranks(roles, host.num_nodes)
     backend = choose_backend(cfg.engine.weight_transfer, on_gpu=info.device.type == "cuda",
                              colocate=cfg.engine.colocate)
-    parts.release()
+    collaborators.release()
     loop = asyncio.new_event_loop()
     engines, tools = [], None
     if host.is_host:
@@ -121,16 +121,16 @@ def start_rollout_side(cfg: RecipeConfig, host: RolloutHostPlan, info: rl_dist.D
             print(f"vLLM's log lines: {routed} (--verbose shows them here)", file=sys.stderr, flush=True)
         engines = start_engines(cfg, [slot.gpu_ids for slot in host.engines], tp_size=host.tp_size,
                                 first_replica=host.node_index * len(host.engines), weights=weights,
-                                weight_transfer=backend, priority=partial, make_engine=parts.make_engine)
+                                weight_transfer=backend, priority=partial, make_engine=collaborators.make_engine)
         if partial:                   # updates stop turns at a token boundary
             for e in engines:
                 e.pause_mode = "keep"
-        tools = parts.make_tools(cfg)
+        tools = collaborators.make_tools(cfg)
         run_on_loop(loop, tools.start())
     pusher = WeightPusher(backend, model=model, engines=engines, is_host=host.is_host, rank=info.rank,
                           engine_dtype=compute_dtype("auto", info.device), loop=loop, pause=pause_for_updates,
                           ipc_buffer_mb=cfg.engine.ipc_buffer_mb,
-                          colocated=parts.engines_sleep(cfg, info.device), release=parts.release,
+                          colocated=collaborators.engines_sleep(cfg, info.device), release=collaborators.release,
                           agree=lambda failure: agree_on_failure(failure, "the weight push, before the transfer,",
                                                                  WeightPushFailed, node=host.node_index))
     refused = None
@@ -139,7 +139,7 @@ def start_rollout_side(cfg: RecipeConfig, host: RolloutHostPlan, info: rl_dist.D
     elif backend != "chunked":
         refused = f"engine.weight_transfer={backend!r} cannot take a new engine mid-run"
     fleet = EngineFleet(engines, pusher, loop, version=version, max_restarts=cfg.engine.max_restarts,
-                        restart_refused=refused, release=parts.release, relabel=partial)
+                        restart_refused=refused, release=collaborators.release, relabel=partial)
     return RolloutSide(loop, fleet, tools, ranks)
 
 

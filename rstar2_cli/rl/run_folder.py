@@ -16,8 +16,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rstar2_cli.config import RESOLVED_RECIPE, RecipeConfig, dump_recipe
+if TYPE_CHECKING:   # annotations only: `rstar2 rl --help` reads this module without pydantic
+    from rstar2_cli.config import RecipeConfig
 
 METRICS_FILE = "metrics.jsonl"
 LATEST_FILE = "latest"
@@ -95,6 +97,8 @@ def refusal(out_dir: str | Path, resume: str | None) -> str | None:
 def write_resolved_recipe(cfg: RecipeConfig) -> Path:
     """`cfg` as `<train.out_dir>/resolved_recipe.yaml`, atomically (every node of a launch may
     write it at once: the same text)."""
+    from rstar2_cli.config import RESOLVED_RECIPE, dump_recipe  # lazy: pydantic, for --help's speed (cli.py)
+
     path = Path(cfg.train.out_dir) / RESOLVED_RECIPE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")

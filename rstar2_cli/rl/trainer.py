@@ -87,13 +87,13 @@ def batch_source_for(cfg: RecipeConfig) -> BatchSource:
 class RLTrainer:
     """Owns the policy, the rollout side, the data order and the metrics of one RL run.
     `source`: where each step's graded rollouts come from (`batch_source.py`; by default the one
-    the recipe's `train.max_staleness` asks for). `parts`: what the run is built from besides the
+    the recipe's `train.max_staleness` asks for). `collaborators`: what the run is built from besides the
     recipe (`rollout_side.Collaborators`)."""
 
     def __init__(self, cfg: RecipeConfig, *, source: BatchSource | None = None, resume: bool | str = False,
                  progress: bool = True, on_step: Callable[[int, dict], None] | None = None,
-                 parts: Collaborators = Collaborators()):
-        self.cfg, self.progress, self.on_step, self.parts = cfg, progress, on_step, parts
+                 collaborators: Collaborators = Collaborators()):
+        self.cfg, self.progress, self.on_step, self.collaborators = cfg, progress, on_step, collaborators
         self.source = source if source is not None else batch_source_for(cfg)
         self.out_dir = Path(cfg.train.out_dir)
         self.info = rl_dist.setup_distributed()     # torchrun: this rank joins the process group
@@ -113,7 +113,7 @@ class RLTrainer:
             log.info("attention: %s", self.policy.attention.reason)
         self.sampler = DataSampler(len(self.problems), min(cfg.train.prompts_per_step, len(self.problems)),
                                    seed=cfg.train.seed, shuffle=cfg.data.shuffle)
-        self.nonfinite = NonfiniteSteps(cfg.train.max_nonfinite_steps, parts.faults.nonfinite_steps)
+        self.nonfinite = NonfiniteSteps(cfg.train.max_nonfinite_steps, collaborators.faults.nonfinite_steps)
         self.tool_loop = ToolLoopAlarm(cfg.train.tool_loop_baseline_steps, cfg.train.tool_loop_factor)
         self.tool_loop_alarm: str | None = None           # this step's alarm line (rl/tool_loop.py)
         start = start_run(cfg, resume, self.policy, self.sampler, is_main=self.info.is_main)
@@ -129,13 +129,13 @@ class RLTrainer:
             Console(stderr=True).rule(banner_text(cfg, self.step))
         self.side: RolloutSide = start_rollout_side(
             cfg, self.host, self.info, model=self.policy.model, weights=start.engine_weights, version=self.step,
-            parts=parts, pause_for_updates=self.source.overlapped, partial=self.source.partial)
+            collaborators=collaborators, pause_for_updates=self.source.overlapped, partial=self.source.partial)
         self.step_log = StepLog(RolloutLog(self.out_dir, self.problems, self.tokenizer, count=cfg.train.log_rollouts,
                                            seed=cfg.train.seed, roc_mode=cfg.roc.mode) if self.host.is_host else None,
                                 count=cfg.train.log_rollouts, hosts=self.side.host_ranks, rank=self.info.rank,
                                 node=self.host.node_index)
         self.source.attach(RolloutInputs(cfg, self.problems, self.tokenizer, self.sampler, self.host, self.side,
-                                         parts.grade, progress), first_index=self.step, resumed=start.extra)
+                                         collaborators.grade, progress), first_index=self.step, resumed=start.extra)
         self._restarts_seen = 0                           # the fleet's restarts already logged
 
     def close(self) -> None:
@@ -238,15 +238,15 @@ class RLTrainer:
         `rl_dist.gather_from`), rank 0 merges and returns the metrics, the other ranks {}."""
         timer, side = StepTimer(), self.side
         with timer("eval"):
-            part = None
+            share = None
             if self.host.is_host:
-                part = validate_share(self.cfg, side.fleet.engines, side.tools, self.step, self.out_dir,
-                                      host=side.host_ranks.index(self.info.rank), hosts=len(side.host_ranks),
-                                      progress=self.progress)
-            parts = rl_dist.gather_from(part, side.host_ranks, dst=0)
-            if parts is None:
+                share = validate_share(self.cfg, side.fleet.engines, side.tools, self.step, self.out_dir,
+                                       host=side.host_ranks.index(self.info.rank), hosts=len(side.host_ranks),
+                                       progress=self.progress)
+            shares = rl_dist.gather_from(share, side.host_ranks, dst=0)
+            if shares is None:
                 return {}
-            metrics = merge_validation(self.cfg, parts, side.fleet.engines, side.tools, self.step, self.out_dir)
+            metrics = merge_validation(self.cfg, shares, side.fleet.engines, side.tools, self.step, self.out_dir)
         metrics.update(timer.sections())
         return metrics
 
@@ -262,7 +262,7 @@ class RLTrainer:
         try:
             checkpoint.save_checkpoint(target, self.policy, self.tokenizer, sampler_state, self.step,
                                        final=final, extra=extra, keep=self.cfg.train.keep_checkpoints,
-                                       fail_write=self.parts.faults.checkpoint_write_step == self.step)
+                                       fail_write=self.collaborators.faults.checkpoint_write_step == self.step)
         except checkpoint.CheckpointWriteError as e:   # a full disk: the previous checkpoint is intact
             raise RunAborted(f"step {self.step}: {e}") from None
         self.last_checkpoint, self.saved_step = target, self.step

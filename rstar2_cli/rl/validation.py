@@ -146,16 +146,16 @@ def _merged(cfg: RecipeConfig, name: str, data: str | None, folder: Path, shares
     return results
 
 
-def merge_validation(cfg: RecipeConfig, parts: list[dict[str, dict[str, Any]]], engines: list, tools, step: int,
+def merge_validation(cfg: RecipeConfig, shares: list[dict[str, dict[str, Any]]], engines: list, tools, step: int,
                      out_dir: Path) -> dict[str, float]:
     """Rank 0: the flat metrics of the step from every host's `validate_share`, in node order."""
     metrics: dict[str, float] = {}
     for entry in cfg.train.eval_sets:
         name, data = eval_set_source(entry)
-        if len(parts) == 1:
-            results = parts[0][name]["results"]
+        if len(shares) == 1:
+            results = shares[0][name]["results"]
         else:
-            results = _merged(cfg, name, data, _set_dir(out_dir, step, name), [p[name] for p in parts], engines,
+            results = _merged(cfg, name, data, _set_dir(out_dir, step, name), [p[name] for p in shares], engines,
                               tools, step)
         metrics.update(_summary(name, results))
     accuracies = [v for k, v in metrics.items() if k.endswith("/accuracy")]

@@ -38,7 +38,7 @@ def main(recipe_path: str, out_dir: str) -> None:
                      "order": [[t.prompt_id, t.sample_index, t.group_index] for t in trajs]})
 
     trainer = RLTrainer(load_recipe_dict(json.loads(Path(recipe_path).read_text())), progress=False,
-                          parts=Collaborators(grade=recording_grades))
+                          collaborators=Collaborators(grade=recording_grades))
     probe_ids = trainer.tokenizer("Count: one two three", add_special_tokens=False)["input_ids"]
 
     def probe() -> dict | None:

@@ -37,9 +37,9 @@ class WakeOutOfMemory(FakeReplica):
 
 FakeReplica.log = []
 FakeReplica.tokenizer = AutoTokenizer.from_pretrained(recipe["model"]["path"])
-parts = Collaborators(make_engine=WakeOutOfMemory.from_config, grade=alternating_grades,
+collaborators = Collaborators(make_engine=WakeOutOfMemory.from_config, grade=alternating_grades,
                       engines_sleep=lambda cfg, device: True)
-code, _ = run_for_exit_code(load_recipe_dict(recipe), resume=False, parts=parts)
+code, _ = run_for_exit_code(load_recipe_dict(recipe), resume=False, collaborators=collaborators)
 rank = rl_dist.process_info().rank
 (out / f"rank{rank}.json").write_text(json.dumps({"code": code, "ended": time.time()}))
 sys.exit(code)

@@ -36,7 +36,7 @@ def test_synchronous_steps_are_identical_for_a_seed(tiny_model, tmp_path, monkey
     data = _data(tmp_path)
     for run in ("a", "b"):
         train(load_recipe_dict(tiny_rl_recipe(tiny_model, data, tmp_path / run, steps=2)), progress=False,
-              parts=alternating())
+              collaborators=alternating())
     a, b = _rows(tmp_path / "a"), _rows(tmp_path / "b")
     assert [_stable(r) for r in a] == [_stable(r) for r in b]
     assert not any(k.startswith("async/") for k in a[0])        # k = 0 is the synchronous step
@@ -56,7 +56,7 @@ def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(
         raw["loss"] = {"tis": True, "tis_cap": 2.0}
         return load_recipe_dict(raw)
 
-    train(recipe(3), progress=False, parts=alternating())
+    train(recipe(3), progress=False, collaborators=alternating())
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1.0, 2.0, 3.0]
     assert rows[0]["async/staleness_0"] == rows[0]["rollout/trajectories"]   # batch 0: the start weights
@@ -76,7 +76,7 @@ def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(
 
     # resume from step 2 (one more step than before): batch 2 comes back as it was rolled out
     (out / "latest").write_text("step_000002\n")
-    trainer = RLTrainer(recipe(4), resume=True, progress=False, parts=alternating())
+    trainer = RLTrainer(recipe(4), resume=True, progress=False, collaborators=alternating())
     assert trainer.step == 2 and [b.index for b in trainer.source.pipeline.pending] == [2]
     restored = trainer.source.pipeline.pending[0].wait()[1]
     assert [t.policy_versions for t in restored] == [t["policy_versions"] for t in saved]

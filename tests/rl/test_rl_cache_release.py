@@ -99,11 +99,11 @@ def test_release_comes_before_the_engines_start_and_before_every_wake_at_continu
 
     # fake engines, sleeping through each update as on GPU; alternate grades: every group has a
     # signal, so every step updates and pushes
-    parts = Collaborators(make_engine=FakeReplica.from_config, grade=alternating_grades, release=release,
-                          engines_sleep=lambda cfg, device: True)
+    collaborators = Collaborators(make_engine=FakeReplica.from_config, grade=alternating_grades, release=release,
+                                  engines_sleep=lambda cfg, device: True)
 
     # stage continuation: AdamW continued, then released, then the engines start; one step
-    trainer = RLTrainer(cfg, progress=False, parts=parts)
+    trainer = RLTrainer(cfg, progress=False, collaborators=collaborators)
     trainer.train_step()
     trainer.save()
     trainer.close()
@@ -113,7 +113,7 @@ def test_release_comes_before_the_engines_start_and_before_every_wake_at_continu
 
     # --resume from that step: the checkpoint loaded, released, then the engines start; one step
     events.clear()
-    trainer = RLTrainer(cfg, resume=True, progress=False, parts=parts)
+    trainer = RLTrainer(cfg, resume=True, progress=False, collaborators=collaborators)
     assert trainer.step == 1
     trainer.train_step()
     trainer.close()

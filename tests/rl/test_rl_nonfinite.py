@@ -71,7 +71,7 @@ def test_the_run_skips_counts_and_aborts_after_max_in_a_row(tiny_model, tmp_path
     raw = tiny_rl_recipe(tiny_model, data, out, steps=6)
     raw["train"]["max_nonfinite_steps"] = 2
     with pytest.raises(RunAborted, match=r"step 4: 2 steps in a row .*train.max_nonfinite_steps=2.*step_000004"):
-        train(load_recipe_dict(raw), progress=False, parts=alternating(nonfinite_steps=frozenset({1, 3, 4})))
+        train(load_recipe_dict(raw), progress=False, collaborators=alternating(nonfinite_steps=frozenset({1, 3, 4})))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["train/nonfinite_skipped"] for r in rows] == [1.0, 0.0, 1.0, 1.0]

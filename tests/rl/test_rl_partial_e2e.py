@@ -27,7 +27,7 @@ def test_partial_rollouts_train_within_the_bound_and_resume_with_per_token_versi
         raw["loss"] = {"tis": True, "tis_cap": 2.0}
         return load_recipe_dict(raw)
 
-    train(recipe(3), progress=False, parts=alternating())
+    train(recipe(3), progress=False, collaborators=alternating())
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1.0, 2.0, 3.0]
     for r in rows:
@@ -44,7 +44,7 @@ def test_partial_rollouts_train_within_the_bound_and_resume_with_per_token_versi
     assert all(1 <= v <= 2 for t in saved for _, v in t["version_spans"])
 
     (out / "latest").write_text("step_000002\n")
-    trainer = RLTrainer(recipe(4), resume=True, progress=False, parts=alternating())
+    trainer = RLTrainer(recipe(4), resume=True, progress=False, collaborators=alternating())
     restored = trainer.source.pipeline.pending[0].wait()[1]
     assert [t.version_spans for t in restored] == [t["version_spans"] for t in saved]
     assert [t.response_ids for t in restored] == [t["response_ids"] for t in saved]

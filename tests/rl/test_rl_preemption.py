@@ -194,7 +194,7 @@ def test_a_trainer_process_exits_with_the_outcome_code_and_one_line(tmp_path, mo
     from rstar2_cli.rl.preemption import Preempted
     from rstar2_cli.rl.trainer import RunAborted
 
-    def fake_run(cfg, *, resume, parts):
+    def fake_run(cfg, *, resume, collaborators):
         assert resume == "auto"
         if raised == "preempted":
             raise Preempted(3, tmp_path / "step_000003", "SIGUSR1")

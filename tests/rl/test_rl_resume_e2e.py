@@ -67,7 +67,7 @@ def test_a_preempted_and_resumed_run_equals_the_uninterrupted_one(tiny_model, tm
         monkeypatch.setattr(RolloutPipeline, "fill", lambda self, version: (fill(self, version), self.drain()))
     data = _data(tmp_path)
     clean, cut = tmp_path / "clean", tmp_path / "cut"
-    train(load_recipe_dict(_raw(tiny_model, data, clean, k)), progress=False, parts=alternating())
+    train(load_recipe_dict(_raw(tiny_model, data, clean, k)), progress=False, collaborators=alternating())
 
     def preempt_after_step_1(step, metrics):
         if step == 1:
@@ -75,7 +75,7 @@ def test_a_preempted_and_resumed_run_equals_the_uninterrupted_one(tiny_model, tm
 
     with pytest.raises(Preempted) as stopped:
         train(load_recipe_dict(_raw(tiny_model, data, cut, k)), progress=False, on_step=preempt_after_step_1,
-              parts=alternating())
+              collaborators=alternating())
     assert stopped.value.step == 1 and stopped.value.checkpoint == cut / "step_000001"
     assert (cut / "latest").read_text().strip() == "step_000001"
     if k:   # the batches in flight were saved with the checkpoint, as a periodic one saves them
@@ -83,7 +83,7 @@ def test_a_preempted_and_resumed_run_equals_the_uninterrupted_one(tiny_model, tm
 
         state = read_trainer_state(cut / "step_000001")
         assert [i for i, _ in state["extra"]["pending_rollouts"]["batches"]] == [1, 2]
-    train(load_recipe_dict(_raw(tiny_model, data, cut, k)), resume="auto", progress=False, parts=alternating())
+    train(load_recipe_dict(_raw(tiny_model, data, cut, k)), resume="auto", progress=False, collaborators=alternating())
 
     expected, got = _stable_rows(clean), _stable_rows(cut)
     assert [r["step"] for r in got] == [1, 2, 3]

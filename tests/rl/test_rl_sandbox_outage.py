@@ -132,7 +132,7 @@ def test_the_run_checkpoints_and_exits_1_at_the_step_boundary_past_outage_s(tiny
     out = tmp_path / "run"
     raw = tiny_rl_recipe(tiny_model, data, out, steps=3)
     raw["sandbox"] = {"url": sandbox_server, "outage_s": 300}
-    code, final = run_for_exit_code(load_recipe_dict(raw), resume=False, parts=Collaborators(make_tools=tools))
+    code, final = run_for_exit_code(load_recipe_dict(raw), resume=False, collaborators=Collaborators(make_tools=tools))
     assert (code, final) == (1, None)
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (f"error: step 2: sandbox {sandbox_server} down for 400s, every call failing "

@@ -36,7 +36,7 @@ class Recorder:
         for i, t in enumerate(trajs):
             t.reward, t.extracted, t.grade_reason = self.reward(i), "x", "correct" if self.reward(i) else "wrong"
 
-    def parts(self, *, colocated: bool) -> Collaborators:
+    def collaborators(self, *, colocated: bool) -> Collaborators:
         return Collaborators(make_engine=FakeReplica.from_config, grade=self.grade,
                              release=lambda: self.events.append(("release",)),
                              engines_sleep=lambda cfg, device: colocated)
@@ -67,7 +67,7 @@ def make_trainer(tiny_model, tmp_path, monkeypatch):
             raw["loss"] = {"tis": True, "tis_cap": 2.0}
         seen: list[tuple[int, dict]] = []
         trainer = RLTrainer(load_recipe_dict(raw), progress=False, on_step=lambda s, m: seen.append((s, m)),
-                              parts=recorder.parts(colocated=colocated))
+                              collaborators=recorder.collaborators(colocated=colocated))
         recorder.events.clear()
         return trainer, recorder, seen
 

@@ -35,7 +35,7 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
     out = tmp_path / "run"
     seen: list[dict] = []
     final = train(_recipe(tiny_model, data, out, steps=2), progress=False, on_step=lambda s, m: seen.append(m),
-                  parts=alternating())
+                  collaborators=alternating())
     assert final == out / "final"
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1.0, 2.0] and len(seen) == 2
@@ -77,7 +77,7 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
         alternating_grades(trajs, reward)
 
     trainer = RLTrainer(_recipe(tiny_model, data, out, steps=3), resume=True, progress=False,
-                        parts=Collaborators(grade=recording))
+                        collaborators=Collaborators(grade=recording))
     assert trainer.step == 2
     assert trainer.tool_loop.baseline == [r["rollout/tool_calls_mean"] for r in rows]   # the alarm's, saved
     order = DataSampler(5, 2, seed=3)
@@ -127,7 +127,7 @@ def test_a_step_graded_by_the_real_grader_pool(tiny_model, tmp_path, monkeypatch
         seen.extend(trajs)
 
     trainer = RLTrainer(_recipe(tiny_model, data, tmp_path / "run", steps=1), progress=False,
-                        parts=Collaborators(grade=recording))
+                        collaborators=Collaborators(grade=recording))
     try:
         m = trainer.train_step()
     finally:

@@ -42,7 +42,7 @@ def test_validation_points_and_an_empty_step_in_a_tiny_run(tiny_model, tmp_path,
     raw["roc"]["reject_equal_reward"] = True
     raw["train"].update(eval_every=1, eval_sets=[str(heldout)], eval_samples=2, save_every=10)
     cfg = load_recipe_dict(raw)
-    trainer = RLTrainer(cfg, progress=False, parts=Collaborators(grade=training_grades))
+    trainer = RLTrainer(cfg, progress=False, collaborators=Collaborators(grade=training_grades))
     seen = []
 
     def on_step(step, metrics):

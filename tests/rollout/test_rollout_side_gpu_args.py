@@ -36,8 +36,9 @@ def test_a_gpu_host_places_its_replicas_as_the_launch_plan_says(monkeypatch):
     # every rank's role, as the gloo all-gather would give it on 2 nodes of 1 rank each
     monkeypatch.setattr(rl_dist, "all_gather_objects", lambda mine: [(0, True), mine])
     side = start_rollout_side(cfg, host, info, model=torch.nn.Linear(2, 2), weights="/ckpt/policy", version=4,
-                              parts=Collaborators(make_engine=BuiltEngine.from_config, make_tools=lambda c: NoTools(),
-                                                  release=lambda: released.append(1)))
+                              collaborators=Collaborators(make_engine=BuiltEngine.from_config,
+                                                          make_tools=lambda c: NoTools(),
+                                                          release=lambda: released.append(1)))
     try:
         a, b = side.fleet.engines
         for engine, gpus, seed in ((a, (0, 1), 3 + 2), (b, (2, 3), 3 + 3)):   # seed + global replica index
