@@ -33,8 +33,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPolicy, RoundRobinPolicy,
-                                          StickyLeastLoadedPolicy)
+from rstar2_cli.rollout.scheduler import LoadBalancedPolicy
+from sim.baselines import ContiguousSplitPolicy, RoundRobinPolicy, StickyLeastLoadedPolicy
 from sim.overlap import OverlapConfig, PhaseTimes, Placement, simulate_overlap
 from sim.rollout import SIM_PRESETS, ReplicaModel
 from sim.workload import WorkloadSpec, make_workload
