@@ -135,8 +135,3 @@ class RolloutLog:
         os.replace(tmp, path)
         return path
 
-
-def read_rollouts(path: str | Path) -> list[dict[str, Any]]:
-    """The records of one rollouts file."""
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
