@@ -28,11 +28,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))   # harness
+
+from harness import Stopwatch, add_json_option, write_json  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -60,15 +62,14 @@ def describe(tree: Path) -> str:
 def run_quickstart(tree: Path, out: Path, seed: int, extra: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     load = os.getloadavg()
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "rstar2_cli.cli", "quickstart", "--seed", str(seed), "--out", str(out),
-                           *extra], cwd=tree, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t
+    with Stopwatch() as sw:
+        proc = subprocess.run([sys.executable, "-m", "rstar2_cli.cli", "quickstart", "--seed", str(seed),
+                               "--out", str(out), *extra], cwd=tree, env=env, capture_output=True, text=True)
     if proc.returncode:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise SystemExit(f"quickstart in {tree} failed (exit {proc.returncode}):\n{tail}")
     report = json.loads((out / "report.json").read_text())
-    return {"tree": str(tree), "wall_seconds": wall, "loadavg_start": load, "loadavg_end": os.getloadavg(),
+    return {"tree": str(tree), "wall_seconds": sw.seconds, "loadavg_start": load, "loadavg_end": os.getloadavg(),
             "minutes": report["minutes"], "timings": report.get("timings_seconds"),
             "sft_accuracy": report["sft_accuracy"], "final_accuracy": report["final_accuracy"]}
 
@@ -122,7 +123,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.add_argument("--a", required=True, help="tree A (the baseline): a checkout folder or a commit")
         p.add_argument("--b", default=str(ROOT), help="tree B (the change): a folder or a commit (default: this tree)")
         p.add_argument("--work", type=Path, default=None, help="folder for worktrees and runs (default: a temp dir)")
-        p.add_argument("--json", type=Path, default=None)
+        add_json_option(p)
     q = sub.choices["quickstart"]
     q.add_argument("--seeds", default="0", help="comma-separated seeds, A then B for each")
     q.add_argument("extra", nargs="*", help="further `rstar2 quickstart` options for both runs (after --)")
@@ -160,9 +161,7 @@ def main(argv: list[str] | None = None) -> dict:
             result = asyncio.run(sandbox_ab(tree_a, tree_b, args))
             print_sandbox(result, a, b)
     result = {"a": a, "b": b, **result}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
+    write_json(args.json, result)
     return result
 
 

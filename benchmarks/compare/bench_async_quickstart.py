@@ -31,7 +31,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
 
+from harness import write_json  # noqa: E402
 from rstar2_cli.quickstart.pipeline import rl_stage, sft_stage  # noqa: E402
 from rstar2_cli.quickstart.prepare import prepare_toy  # noqa: E402
 from rstar2_cli.quickstart.settings import QuickstartSettings  # noqa: E402
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for seed in (int(x) for x in args.seeds.split(",")):
         results.append(run_seed(seed, args.out, "smoke" if args.smoke else "full", args.steps, args.partial,
                                 async_old_logprobs=args.async_old_logprobs, rl_lr=args.rl_lr))
-        (args.out / "async_quickstart.json").write_text(json.dumps(results, indent=1))
+        write_json(args.out / "async_quickstart.json", results)
     Console().print(table(results))
     plot(results, args.out / "async_quickstart.png")
     print(f"numbers: {args.out / 'async_quickstart.json'}  curves: {args.out / 'async_quickstart.png'}")

@@ -35,7 +35,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # trl_baseline
+sys.path.insert(0, str(ROOT / "benchmarks"))   # harness
 
+from harness import Stopwatch, add_json_option, write_json  # noqa: E402
 from vs_trl_report import (ROWS, TARGET, accuracy_at, compare, plot, print_seed_summary,  # noqa: E402
                            print_table, seed_summary)
 from rstar2_cli.config import EngineConfig, load_recipe_dict  # noqa: E402
@@ -76,13 +78,13 @@ def prepare(s, progress: bool) -> dict[str, str]:
         done = json.loads(marker.read_text())
         if done.get("key") == key and Path(done["sft_checkpoint"]).is_dir():
             return done
-    t = time.perf_counter()
+    sw = Stopwatch()
     prep = prepare_toy(s, s.out)
     sft = sft_stage(s, prep, progress)
     done = {"key": key, "train_file": str(prep.train_file), "heldout_file": str(prep.heldout_file),
             "sft_file": str(prep.sft_file), "model_dir": str(prep.model_dir), "sft_checkpoint": sft,
-            "behaviours": prep.behaviours, "seconds": round(time.perf_counter() - t, 1)}
-    marker.write_text(json.dumps(done, indent=1))
+            "behaviours": prep.behaviours, "seconds": round(sw.elapsed(), 1)}
+    write_json(marker, done)
     return done
 
 
@@ -270,7 +272,7 @@ def row_main(row: str, out: Path) -> None:
     s = QuickstartSettings.model_validate(job["settings"])
     opts = job["opts"]
     import_libraries()
-    started = time.perf_counter()
+    started = Stopwatch()
     (s.out / row).mkdir(parents=True, exist_ok=True)
     try:
         if row.startswith("rstar2"):
@@ -280,10 +282,10 @@ def row_main(row: str, out: Path) -> None:
         else:
             res = run_trl(s, job["prepared"], opts, row[4:])
     except RowUnavailable as e:
-        (s.out / row / "row.json").write_text(json.dumps({"unavailable": str(e)}))
+        write_json(s.out / row / "row.json", {"unavailable": str(e)})
         return
-    res["process_seconds"] = time.perf_counter() - started
-    (s.out / row / "row.json").write_text(json.dumps(res, indent=1))
+    res["process_seconds"] = started.elapsed()
+    write_json(s.out / row / "row.json", res)
 
 
 def run_seed(args: argparse.Namespace, seed: int | None, out: Path) -> dict[str, Any]:
@@ -294,13 +296,12 @@ def run_seed(args: argparse.Namespace, seed: int | None, out: Path) -> dict[str,
     prepared = prepare(s, args.progress)
     opts = {"progress": args.progress, "stop_at_target": args.stop_at_target, "trl_vllm": args.trl_generation == "vllm",
             "budget_s": None if args.budget_min is None else 60 * args.budget_min, "weight_decay": args.weight_decay}
-    (out / "job.json").write_text(json.dumps({"settings": s.model_dump(mode="json"), "prepared": prepared,
-                                              "opts": opts}, indent=1))
+    write_json(out / "job.json", {"settings": s.model_dump(mode="json"), "prepared": prepared, "opts": opts})
     rows: dict[str, dict] = {}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     load_at_start = os.getloadavg()
     for row in args.rows:
-        t = time.perf_counter()
+        sw = Stopwatch()
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--row", row],
                               env=env, stderr=subprocess.PIPE, text=True)
         sys.stderr.write(proc.stderr[-20000:])
@@ -311,7 +312,7 @@ def run_seed(args: argparse.Namespace, seed: int | None, out: Path) -> dict[str,
         else:
             rows[row] = json.loads(path.read_text())
         path.unlink(missing_ok=True)             # a later run must not read this one's result
-        rows[row]["wall_seconds_with_eval"] = time.perf_counter() - t
+        rows[row]["wall_seconds_with_eval"] = sw.elapsed()
     result = {"config": {k: getattr(s, k) for k in ("seed", "preset", "rl_steps", "prompts_per_step", "group_size",
                                                    "rl_lr", "max_response_tokens", "max_turns", "eval_every",
                                                    "n_train", "n_heldout", "sft_steps", "mix_guess",
@@ -325,14 +326,14 @@ def run_seed(args: argparse.Namespace, seed: int | None, out: Path) -> dict[str,
     png = out / "accuracy_vs_minutes.png"
     plot(result, png)
     result["png"] = str(png)
-    (out / "result.json").write_text(json.dumps(result, indent=1))
+    write_json(out / "result.json", result)
     return result
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/bench_vs_trl"))
-    ap.add_argument("--json", type=Path, default=None, help="write the result here (also <out>/result.json)")
+    add_json_option(ap, help="write the result here (also <out>/result.json)")
     ap.add_argument("--smoke", action="store_true", help="CI size: a tiny SFT and 2 RL steps per row")
     ap.add_argument("--rows", nargs="+", choices=ROWS, default=list(DEFAULT_ROWS))
     ap.add_argument("--seed", type=int, default=None)
@@ -367,9 +368,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         result = run_seed(args, args.seed, args.out)
     result["commit"] = source_commit()
-    for path in filter(None, (args.out / "result.json", args.json)):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1))
+    for path in (args.out / "result.json", args.json):
+        write_json(path, result)
     return result
 
 

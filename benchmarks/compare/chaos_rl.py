@@ -48,8 +48,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))   # harness
 
 from chaos_report import compare_metrics, print_table  # noqa: E402
+from harness import Stopwatch, write_json  # noqa: E402
 from rstar2_cli.config import SandboxConfig, load_recipe  # noqa: E402
 from rstar2_cli.quickstart.pipeline import heldout_eval, sft_stage  # noqa: E402
 from rstar2_cli.quickstart.prepare import prepare_toy  # noqa: E402
@@ -220,7 +222,7 @@ def run_rl(run: Run, faults: list[Fault], step_seconds: float, steps: int, seed:
     """Drive `rstar2 rl --resume auto` to the end through `faults`; returns the wall seconds."""
     rng = random.Random(seed + 1)
     pending = list(faults)
-    started = time.perf_counter()
+    started = Stopwatch()
     while True:
         armed = next((f for f in pending if f.kind == "checkpoint_fail"), None)
         env = {CHECKPOINT_FAULT_ENV: str(max(armed.after_step, run.checkpoint_step() + 1))} if armed else None
@@ -259,7 +261,7 @@ def run_rl(run: Run, faults: list[Fault], step_seconds: float, steps: int, seed:
         # the steps logged that the restart runs again (it resumes after its latest checkpoint)
         struck.steps_lost = max(0, run.last_step() - run.checkpoint_step())
         struck.survived = True                                 # provisional: the run must still finish
-    wall = time.perf_counter() - started
+    wall = started.elapsed()
     for f in faults:
         f.survived = f.survived and run.last_step() == steps
         if not f.injected and not f.note:
@@ -295,10 +297,10 @@ def main(argv: list[str] | None = None) -> dict:
     s.out.mkdir(parents=True, exist_ok=True)
     faults = draw_schedule(args.seed, args.faults, active, s.rl_steps) if active and args.faults else []
     load_start = os.getloadavg()
-    t = time.perf_counter()
-    prep = prepare_toy(s, s.out)
-    sft = sft_stage(s, prep, progress=False)
-    sft_seconds = time.perf_counter() - t
+    with Stopwatch() as sft_time:
+        prep = prepare_toy(s, s.out)
+        sft = sft_stage(s, prep, progress=False)
+    sft_seconds = sft_time.seconds
 
     use_sandbox = "sandbox_kill" in active
     runs: dict[str, Run] = {}
@@ -349,7 +351,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["accuracy_points_chaos_minus_clean"] = round(
         100 * (result["chaos"]["final_heldout_accuracy"] - result["clean"]["final_heldout_accuracy"]), 1)
     result["loadavg_end"] = os.getloadavg()
-    (s.out / "chaos_rl.json").write_text(json.dumps(result, indent=1))
+    write_json(s.out / "chaos_rl.json", result)
     print_table(result)
     print(f"numbers: {s.out / 'chaos_rl.json'}")
     return result

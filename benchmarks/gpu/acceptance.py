@@ -15,12 +15,14 @@ one line per check and a JSON summary. The first two need no GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
+
+from harness import Stopwatch, write_json  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -60,11 +62,10 @@ def run_checks(checks: list[Check], out: Path) -> list[dict]:
     results = []
     for check in checks:
         log = out / f"{check.name}.log"
-        start = time.perf_counter()
-        with log.open("w") as f:
+        with Stopwatch() as sw, log.open("w") as f:
             code = subprocess.run(command(check, out), stdout=f, stderr=subprocess.STDOUT).returncode
         results.append({"check": check.name, "exit_code": code, "passed": code == 0,
-                        "seconds": round(time.perf_counter() - start, 1), "log": str(log)})
+                        "seconds": round(sw.seconds, 1), "log": str(log)})
         print(f"{check.name:9s} {'passed' if code == 0 else f'FAILED (exit {code})':18s} "
               f"{results[-1]['seconds']:7.1f} s  {log}", flush=True)
     return results
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c.name:9s} {c.gpus} GPU  {c.what}")
         return 0
     results = run_checks(checks, args.out)
-    (args.out / "summary.json").write_text(json.dumps(results, indent=1))
+    write_json(args.out / "summary.json", results)
     return 0 if all(r["passed"] for r in results) else 1
 
 

@@ -24,18 +24,18 @@ garbage after a level-2 sleep). Results as JSON and a table; exit status 1 if a 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "timing"))     # bench_load_memory's shapes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
 
 from bench_load_memory import COMMON, SHAPES  # noqa: E402
 from gpu_shapes_check import qwen3_config  # noqa: E402
+from harness import Stopwatch, write_json  # noqa: E402
 from rstar2_cli.config import EngineConfig, LossConfig, ModelConfig, OptimConfig  # noqa: E402
 from rstar2_cli.rl.loss import group_advantages  # noqa: E402
 from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
@@ -122,10 +122,10 @@ def run_backend(backend: str, model_dir: Path, args) -> dict:
         pusher.sleep_engines()                 # colocated: level 2, weights and KV cache discarded
         update = policy.update(trajs, adv)
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        pusher.push(policy)                    # colocated: wake weights, push, wake KV cache
-        torch.cuda.synchronize()
-        sync_s = time.perf_counter() - t0
+        with Stopwatch() as sync:
+            pusher.push(policy)                # colocated: wake weights, push, wake KV cache
+            torch.cuda.synchronize()
+        sync_s = sync.seconds
         after = greedy(engine, prompts, args.max_tokens)
         agree, logprob_diff = trainer_agreement(policy, prompts, after)
         changed = sum(a.token_ids != b.token_ids for a, b in zip(after, before))
@@ -183,10 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             table.add_row(r["backend"], str(s["step"]), str(s["sync_s"]), f"{s['outputs_changed']}/{args.prompts}",
                           str(s["argmax_agree"]), str(s["logprob_abs_diff"]), "ok" if s["ok"] else "FAIL")
     Console().print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": args.model, "params": params, "device": torch.cuda.get_device_name(),
-                                    "results": results},
-                                   indent=2))
+    write_json(args.out, {"model": args.model, "params": params, "device": torch.cuda.get_device_name(),
+                          "results": results}, indent=2)
     return 0 if all(r.get("ok", True) for r in results) else 1
 
 

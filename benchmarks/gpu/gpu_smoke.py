@@ -22,19 +22,19 @@ trainer's mixed precision (its time and loss are reported; a missing gradient is
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
 
 import torch  # noqa: E402
 
 import smoke_model as sm  # noqa: E402
+from harness import Stopwatch, write_json  # noqa: E402
 from rstar2_cli.hosts.ports import master_store  # noqa: E402
 from rstar2_cli.rl.dist import setup_distributed  # noqa: E402
 from rstar2_cli.rl.model_load import DEFAULT_LOAD_METHOD, build_policy_model  # noqa: E402
@@ -150,16 +150,16 @@ def measure_sharded_load(model, device, sync, batch) -> dict:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    rss0, start = _rss_bytes(), time.perf_counter()
-    loaded = build_policy_model(str(path), sharded=True, device=device, method=DEFAULT_LOAD_METHOD,
-                                mp_policy=policy)
-    sync()
-    seconds = time.perf_counter() - start
-    result = {"method": DEFAULT_LOAD_METHOD, "world_size": dist.get_world_size(), "load_s": round(seconds, 2),
+    rss0 = _rss_bytes()
+    with Stopwatch() as load:
+        loaded = build_policy_model(str(path), sharded=True, device=device, method=DEFAULT_LOAD_METHOD,
+                                    mp_policy=policy)
+        sync()
+    result = {"method": DEFAULT_LOAD_METHOD, "world_size": dist.get_world_size(), "load_s": round(load.seconds, 2),
               "gpu_peak_gib": sm.peak_memory_gib(), "host_rss_growth_gib": round((_rss_bytes() - rss0) / 2**30, 3),
               "local_params": sum(p.to_local().numel() for p in loaded.parameters())}
     loaded.train()
-    start = time.perf_counter()
+    step = Stopwatch()
     loss = sm.packed_loss(loaded, batch)
     loss.backward()
     loss = loss.detach()
@@ -167,7 +167,7 @@ def measure_sharded_load(model, device, sync, batch) -> dict:
     missing = [name for name, p in loaded.named_parameters() if p.grad is None]
     if missing or not torch.isfinite(loss):
         raise RuntimeError(f"sharded forward/backward: loss {float(loss)}, no gradient for {missing[:3]}")
-    result.update(forward_backward_s=round(time.perf_counter() - start, 3), loss=round(float(loss), 4))
+    result.update(forward_backward_s=round(step.elapsed(), 3), loss=round(float(loss), 4))
     del loaded, loss
     if own_group:
         dist.destroy_process_group()
@@ -181,11 +181,11 @@ def measure(step, steps: int, warmup: int, sync) -> float:
     for _ in range(warmup):
         step()
     sync()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync()
-    return (time.perf_counter() - start) / steps
+    with Stopwatch() as sw:
+        for _ in range(steps):
+            step()
+        sync()
+    return sw.seconds / steps
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -205,8 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     results = [run_shape(args, name) for name in (["tiny"] if args.tiny else args.shape)]
     result = results[0] if len(results) == 1 else {"runs": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result, indent=2)
     for r in results:
         _print_table(r)
     print(f"wrote {args.out}")

@@ -42,20 +42,20 @@ Exit status 1 if any check fails.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
 
 import torch  # noqa: E402
 
 import smoke_model as sm  # noqa: E402
+from harness import Stopwatch, write_json  # noqa: E402
 import trainer_proof_io as proof_io  # noqa: E402
 import trainer_proof_memory as proof_memory  # noqa: E402
 from trainer_proof_model import (SIZES, WIDTHS, Context, Skipped, build_random_checkpoint, card_gib,  # noqa: E402
@@ -91,7 +91,7 @@ CHECK_NAMES = tuple(name for name, _ in CHECKS)
 
 
 def run_check(name: str, fn, ctx: Context) -> dict:
-    start = time.perf_counter()
+    sw = Stopwatch()
     entry: dict = {}
     try:
         entry.update(fn(ctx))
@@ -101,7 +101,7 @@ def run_check(name: str, fn, ctx: Context) -> dict:
     except Exception as e:   # one line for the table, the check's figures kept
         entry.update(getattr(e, "figures", {}))
         entry.update(status="fail", error=first_line(e))
-    entry["seconds"] = round(time.perf_counter() - start, 2)
+    entry["seconds"] = round(sw.elapsed(), 2)
     ctx.free()
     shown = entry.get("error") or ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                            for k, v in entry.items() if k not in ("status", "seconds", "plan_rows"))
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     layers, tokens, how = proof_memory.choose_size(args, WIDTHS[args.widths], SIZES[args.widths], card_gib(device))
     ctx = Context(args, layers, tokens)
-    start = time.perf_counter()
+    total = Stopwatch()
     own_group = one_rank_group(ctx.device)
     report = {"device": sm.detect_peak_tflops(args.peak_tflops)[0] if ctx.cuda else "cpu", "torch": torch.__version__,
               "transformers": __import__("transformers").__version__, "python": platform.python_version(),
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'sizing':<17} {layers} layers, {tokens}-token update ({how})", flush=True)
     try:
         build_random_checkpoint(ctx)
-        report["checkpoint_s"] = round(time.perf_counter() - start, 2)
+        report["checkpoint_s"] = round(total.elapsed(), 2)
         for name, fn in CHECKS:
             if args.only is None or name in args.only:
                 report["checks"][name] = run_check(name, fn, ctx)
@@ -169,9 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         proof_io.remove_tree(ctx.work)
         if own_group:
             torch.distributed.destroy_process_group()
-    report["total_s"] = round(time.perf_counter() - start, 2)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2, default=str))
+    report["total_s"] = round(total.elapsed(), 2)
+    write_json(args.out, report, indent=2)
     failed = [k for k, v in report["checks"].items() if v["status"] == "fail"]
     print(f"{len(failed)} failed of {len(CHECKS)} ({', '.join(failed) or 'none'}); {report['total_s']} s; "
           f"wrote {args.out}")

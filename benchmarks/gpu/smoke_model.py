@@ -83,7 +83,7 @@ def build_smoke_model(tiny: bool = False, *, device: str | torch.device = "cpu",
 
 def training_flops(shape: Qwen3Shape, seq_lens: list[int]) -> float:
     """Model FLOPs of one forward+backward over these (packed) sequences; see module docstring."""
-    per_token = 6 * shape.matmul_params()
+    per_token = 6 * (shape.non_embedding_params() + shape.vocab * shape.hidden)   # 6 * N_matmul
     attention = 12 * shape.layers * shape.attn_dim
     return float(sum(s * (per_token + attention * s) for s in seq_lens))
 

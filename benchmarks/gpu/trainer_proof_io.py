@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from harness import Stopwatch
 from trainer_proof_model import CheckFailed, Skipped, full
 from rstar2_cli.rl.checkpoint import STATE_DIR, load_checkpoint, save_checkpoint
 
@@ -92,9 +93,9 @@ def dcp_round_trip(holder: dict, make_policy, folder: Path, free) -> dict:
     if free_bytes < need:
         raise AssertionError(f"--work {folder}: {free_bytes / 2**30:.1f} GiB free, the checkpoint needs "
                              f"about {need / 2**30:.1f} GiB")
-    start = time.perf_counter()
-    save_checkpoint(paths["target"], policy, step=1)
-    save_s = time.perf_counter() - start
+    with Stopwatch() as save:
+        save_checkpoint(paths["target"], policy, step=1)
+    save_s = save.seconds
     weights = {k: _cpu_copy(v) for k, v in policy.model.state_dict().items()}
     moments = _named_optimizer_state(policy)
     schedule = policy.scheduler.state_dict()
@@ -103,9 +104,9 @@ def dcp_round_trip(holder: dict, make_policy, folder: Path, free) -> dict:
     del policy
     free()
     fresh = make_policy()
-    start = time.perf_counter()
-    loaded = load_checkpoint(paths["target"], fresh)
-    load_s = time.perf_counter() - start
+    with Stopwatch() as load:
+        loaded = load_checkpoint(paths["target"], fresh)
+    load_s = load.seconds
     got_weights = fresh.model.state_dict()
     weights_differ = [k for k, v in weights.items() if not torch.equal(_cpu_copy(got_weights[k]), v)]
     got_moments = _named_optimizer_state(fresh)
@@ -205,7 +206,7 @@ def cuda_ipc_round_trip(gib: float, cuda: bool) -> dict:
     buf = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=gen)
     expected = int(buf.sum(dtype=torch.int64))
     torch.cuda.synchronize()
-    start = time.perf_counter()
+    round_trip = Stopwatch()
     _, args = reduce_tensor(buf)
     spawn = mp.get_context("spawn")
     replies = spawn.Queue()
@@ -214,7 +215,7 @@ def cuda_ipc_round_trip(gib: float, cuda: bool) -> dict:
     status, seen, child_s = replies.get(timeout=300)
     child.join(timeout=60)
     torch.cuda.synchronize()
-    round_trip_s = time.perf_counter() - start
+    round_trip_s = round_trip.elapsed()
     tail_ok = bool((buf[-4096:] == 7).all())
     figures = {"bytes": n, "round_trip_s": round(round_trip_s, 2), "child_s": round(child_s, 3),
                "child_sum_matches": seen == expected, "parent_sees_child_write": tail_ok}

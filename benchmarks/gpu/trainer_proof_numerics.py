@@ -4,11 +4,11 @@ in, CheckFailed out) decides, so a test can show every verdict fail on a perturb
 """
 from __future__ import annotations
 
-import time
 
 import torch
 
 import gpu_smoke
+from harness import Stopwatch
 from trainer_proof_model import CHUNK_TOKENS, CheckFailed, Context, full, policy_for, reference_model, rows_of
 from rstar2_cli.models.attention import LAYOUT_OF
 from rstar2_cli.rl import dist as rl_dist, logprobs as rl_logprobs, model_load
@@ -111,10 +111,10 @@ def sharded_load_verdict(figures: dict) -> None:
 
 
 def check_sharded_load(ctx: Context) -> dict:
-    start = time.perf_counter()
-    sharded = sharded_model(ctx)
-    ctx.sync()
-    figures = {"method": DEFAULT_LOAD_METHOD, "load_s": round(time.perf_counter() - start, 2)}
+    with Stopwatch() as load:
+        sharded = sharded_model(ctx)
+        ctx.sync()
+    figures = {"method": DEFAULT_LOAD_METHOD, "load_s": round(load.seconds, 2)}
     reference = reference_model(ctx, ctx.device)
     figures.update(tensor_differences(sharded, reference))
     figures.update(forward_differences(sharded, reference, ctx))

@@ -33,8 +33,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from rstar2_cli.rollout.scheduler import (ContiguousSplitPolicy, LoadBalancedPolicy, RoundRobinPolicy,
-                                          StickyLeastLoadedPolicy)
+from harness import add_json_option, write_json
+from rstar2_cli.rollout.scheduler import LoadBalancedPolicy
+from sim.baselines import ContiguousSplitPolicy, RoundRobinPolicy, StickyLeastLoadedPolicy
 from sim.overlap import OverlapConfig, PhaseTimes, Placement, simulate_overlap
 from sim.rollout import SIM_PRESETS, ReplicaModel
 from sim.workload import WorkloadSpec, make_workload
@@ -207,7 +208,7 @@ def run_kv_pressure(args, ratios: dict, bar: Progress) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", type=Path, help="write the results here")
+    add_json_option(ap, help="write the results here")
     ap.add_argument("--metrics", type=Path, help="metrics.jsonl of a CPU run: phase ratios from its time/* figures")
     ap.add_argument("--metrics-skip", type=int, default=1, help="warm-up steps of --metrics to leave out")
     ap.add_argument("--ratios", type=float, nargs=3, metavar=("REWARD", "TRAIN", "SYNC"),
@@ -253,8 +254,7 @@ def main() -> None:
             out["kv_pressure"] = run_kv_pressure(args, ratios, bar)
     print_tables(out, console)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2, default=str))
+        write_json(args.json, out, indent=2)
         console.print(f"wrote {args.json}")
 
 

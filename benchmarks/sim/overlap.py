@@ -41,7 +41,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rstar2_cli.rollout.scheduler import LoadTracker, Policy
+from rstar2_cli.rollout.scheduler import LoadTracker
+from sim.baselines import Policy
 from sim.rollout import ReplicaCluster, ReplicaModel, UpdateMode
 from sim.workload import TrajectoryPlan
 

@@ -29,7 +29,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rstar2_cli.rollout.scheduler import LoadTracker, Policy, ReplicaLoad
+from rstar2_cli.rollout.scheduler import LoadTracker, ReplicaLoad
+from sim.baselines import Policy
 from sim.workload import TrajectoryPlan
 
 

@@ -49,7 +49,9 @@ from typing import TYPE_CHECKING
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))   # harness
 
+from harness import add_json_option, write_json  # noqa: E402
 from rstar2_cli.config import RecipeConfig, load_recipe  # noqa: E402
 from rstar2_cli.models.tiny import build_tokenizer, default_corpus  # noqa: E402
 from rstar2_cli.protocol.parser import format_tool_call  # noqa: E402
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--against", type=Path, default=None,
                     help="a checkout to compare with: its bench and this one run in turn, each in its own process")
     ap.add_argument("--rounds", type=int, default=2, help="with --against: before/after pairs")
-    ap.add_argument("--json", type=Path, default=None)
+    add_json_option(ap)
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     if args.against is not None:
@@ -303,10 +305,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def emit(out: dict, path: Path | None) -> dict:
-    text = json.dumps(out, indent=2)
-    print(text)
-    if path:
-        path.write_text(text + "\n")
+    print(json.dumps(out, indent=2))
+    write_json(path, out, indent=2)
     return out
 
 

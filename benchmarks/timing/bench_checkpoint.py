@@ -29,6 +29,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
+
+from harness import Stopwatch, add_json_option, write_json  # noqa: E402
 
 GIB = 1024**3
 SHAPE = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=2, num_attention_heads=16,
@@ -134,31 +137,27 @@ def worker(model_dir: str, out_dir: str, method: str) -> None:
     rl_dist.barrier()
     rss = RssPeak()
     before_save = rss.now()
-    t0 = time.perf_counter()
-    with rss:
+    with Stopwatch() as save, rss:
         if method == "sharded":
             checkpoint.save_checkpoint(target, policy, step=1)
         else:
             gather_save(target, policy, step=1)
         rl_dist.barrier()
-    save_s, save_peak = time.perf_counter() - t0, rss.peak
     size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file()) if info.is_main else 0
     rl_dist.barrier()
     load_rss = RssPeak()
     before_load = load_rss.now()
-    t0 = time.perf_counter()
-    with load_rss:
+    with Stopwatch() as load, load_rss:
         if method == "sharded":
             checkpoint.load_checkpoint(target, policy)
         else:
             gather_load(target, policy)
         rl_dist.barrier()
-    load_s = time.perf_counter() - t0
-    row = {"rank": info.rank, "ranks": info.world_size, "method": method, "save_s": save_s,
-           "save_peak_gib": save_peak / GIB, "rss_before_save_gib": before_save / GIB, "load_s": load_s,
+    row = {"rank": info.rank, "ranks": info.world_size, "method": method, "save_s": save.seconds,
+           "save_peak_gib": rss.peak / GIB, "rss_before_save_gib": before_save / GIB, "load_s": load.seconds,
            "load_peak_gib": load_rss.peak / GIB, "rss_before_load_gib": before_load / GIB,
            "checkpoint_gib": size / GIB}
-    (out / f"rank{info.rank}.json").write_text(json.dumps(row))
+    write_json(out / f"rank{info.rank}.json", row, indent=None)
     rl_dist.barrier()
     torch.distributed.destroy_process_group()
 
@@ -211,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--work", type=Path, default=Path("/tmp/rstar2-bench-checkpoint"))
     ap.add_argument("--port", type=int, default=29571)
-    ap.add_argument("--json", type=Path, default=None)
+    add_json_option(ap)
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     model_dir, n = build_checkpoint(args.work)
@@ -221,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             got = run(model_dir, args.work, ranks, method, args.port)
             rows += got
             print(f"done: {ranks} ranks, {method}: {json.dumps(got)}", file=sys.stderr, flush=True)
-            if args.json:       # as it goes: a later run that takes the machine down loses only itself
-                args.json.write_text(json.dumps({"shape": SHAPE, "rows": rows}, indent=2))
+            # as it goes: a later run that takes the machine down loses only itself
+            write_json(args.json, {"shape": SHAPE, "rows": rows})
     result = {"shape": SHAPE, "parameters": n, "load_average": os.getloadavg(), "rows": rows}
     ratios = {}
     for ranks in args.ranks:
@@ -242,8 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     for ranks, ratio in ratios.items():
         print(f"rank 0 save peak RSS, sharded / gather at {ranks} ranks: {ratio:.2f}x"
               + ("  (target <= 0.5x at 4 ranks)" if ranks == 4 else ""))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return 0
 
 

@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
+
+from harness import Stopwatch, add_json_option, write_json  # noqa: E402
 
 GIB = 1024**3
 SLACK_GIB = 1.5
@@ -81,15 +84,14 @@ def worker(model_dir: str, method: str, out_dir: str) -> None:
     info = rl_dist.setup_distributed()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     rl_dist.barrier()
-    t0 = time.perf_counter()
-    model = build_policy_model(model_dir, sharded=True, device=info.device, method=method)
-    rl_dist.barrier()
-    seconds = time.perf_counter() - t0
+    with Stopwatch() as sw:
+        model = build_policy_model(model_dir, sharded=True, device=info.device, method=method)
+        rl_dist.barrier()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     local = sum(p.to_local().numel() for p in model.parameters())
-    Path(out_dir, f"rank{info.rank}.json").write_text(json.dumps(
-        {"rank": info.rank, "peak_rss": peak, "rss_before_load": rss_before, "load_s": seconds,
-         "local_params": local}))
+    row = {"rank": info.rank, "peak_rss": peak, "rss_before_load": rss_before, "load_s": sw.seconds,
+           "local_params": local}
+    write_json(Path(out_dir, f"rank{info.rank}.json"), row, indent=None)
     torch.distributed.destroy_process_group()
 
 
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
                     choices=["slices", "broadcast", "full"])
     ap.add_argument("--work", type=Path, default=Path("/tmp/rstar2_bench_load"))
     ap.add_argument("--port", type=int, default=29611)
-    ap.add_argument("--json", type=Path, default=None)
+    add_json_option(ap)
     args = ap.parse_args(argv)
 
     from rich.console import Console
@@ -161,8 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{r['load_s'] / base:.2f}x" if base else "-")
     console.print(table)
     result = {"slack_gib": SLACK_GIB, "results": results}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return result
 
 

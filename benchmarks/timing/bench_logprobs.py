@@ -30,10 +30,12 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
+
+from harness import Stopwatch, add_json_option, write_json  # noqa: E402
 
 VOCAB = 151_936
 GIB = 1024 ** 3
@@ -111,11 +113,10 @@ def worker(path: str, tokens: int, hidden: int, chunk: int, seed: int) -> dict:
     weight.grad = None
     Path("/proc/self/clear_refs").write_text("5")
     base_kib = _status_kib("VmRSS")
-    t0 = time.perf_counter()
-    loss = run(tokens)
-    seconds = time.perf_counter() - t0
+    with Stopwatch() as sw:
+        loss = run(tokens)
     return {"path": path, "tokens": tokens, "hidden": hidden, "chunk": chunk, "loss": loss,
-            "peak_gib": (_status_kib("VmHWM") - base_kib) * 1024 / GIB, "seconds": seconds}
+            "peak_gib": (_status_kib("VmHWM") - base_kib) * 1024 / GIB, "seconds": sw.seconds}
 
 
 def _mem_available() -> int:
@@ -154,7 +155,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", type=Path, default=None)
+    add_json_option(ap)
     ap.add_argument("--worker", choices=("full", "chunked"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -206,9 +207,7 @@ def main() -> None:
     print("|---|---|---|---|")
     for a in arith:
         print(f"| {a['dtype']} | {_gb(a['full_bytes'])} | {_gb(a['chunked_bytes'])} | {a['ratio']:.3f} |")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"vocab": VOCAB, "results": results, "arithmetic_32k": arith}, indent=2))
+    write_json(args.json, {"vocab": VOCAB, "results": results, "arithmetic_32k": arith})
 
 
 if __name__ == "__main__":

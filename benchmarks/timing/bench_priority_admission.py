@@ -16,11 +16,12 @@ import asyncio
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
 
+from harness import Stopwatch, add_json_option, write_json  # noqa: E402
 from rstar2_cli.config import EngineConfig  # noqa: E402
 from rstar2_cli.models.tiny import build_tiny_model  # noqa: E402
 from rstar2_cli.rollout.engines import GenRequest, VLLMEngine  # noqa: E402
@@ -30,14 +31,14 @@ async def one_run(engine, prompt, args) -> dict:
     def req(priority):
         return GenRequest(prompt, max_tokens=args.tokens, temperature=0.0, ignore_eos=True, priority=priority)
 
-    start = time.monotonic()
+    sw = Stopwatch()
     new = [asyncio.create_task(engine.generate(req(1))) for _ in range(args.new)]    # the next batch, queued
     await asyncio.sleep(0.05)
     old = [asyncio.create_task(engine.generate(req(0))) for _ in range(args.old)]    # back from their tools
     await asyncio.gather(*old)
-    old_s = time.monotonic() - start
+    old_s = sw.elapsed()
     await asyncio.gather(*new)
-    return {"old_batch_s": old_s, "all_s": time.monotonic() - start}
+    return {"old_batch_s": old_s, "all_s": sw.elapsed()}
 
 
 def measure(policy: str, model: Path, prompt: list[int], args) -> dict:
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--slots", type=int, default=8, help="engine.max_num_seqs")
     ap.add_argument("--tokens", type=int, default=96, help="tokens per turn")
     ap.add_argument("--repeats", type=int, default=2, help="runs per policy (the fastest is kept)")
-    ap.add_argument("--json", type=Path)
+    add_json_option(ap)
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -70,8 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     res["all_priority_vs_fcfs"] = res["priority"]["all_s"] / res["fcfs"]["all_s"]
     res["args"] = vars(args) | {"json": str(args.json)}
     print(json.dumps(res, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=1))
+    write_json(args.json, res)
     return res
 
 

@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
+import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE, release_runner_source
-from rstar2_cli.sandbox_bench.codejudge import CODEJUDGE_WORKLOADS, calls_for, sandbox_runner
-from rstar2_cli.sandbox_bench.timing import percentile_ms
-from sandbox import Sandbox
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
+
+from harness import add_json_option, write_json  # noqa: E402
+from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE, release_runner_source  # noqa: E402
+from rstar2_cli.sandbox_bench.codejudge import CODEJUDGE_WORKLOADS, calls_for, sandbox_runner  # noqa: E402
+from rstar2_cli.sandbox_bench.timing import percentile_ms  # noqa: E402
+from sandbox import Sandbox  # noqa: E402
 
 KINDS = {"plain": lambda code: code, "runner": release_runner_source,
          "runner, text": lambda code: "#" + release_runner_source(code)}
@@ -67,7 +71,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workloads", default="trivial,sympy")
-    ap.add_argument("--json", default=None)
+    add_json_option(ap)
     args = ap.parse_args()
     report = asyncio.run(run(args.calls, args.concurrency, args.rounds, args.workloads.split(",")))
     load = ", ".join(f"{x:.1f}" for x in report["load_average"])
@@ -79,9 +83,7 @@ def main() -> None:
         table.add_row(r["workload"], r["kind"], str(r["calls"]), f"{r['calls_per_s']:.1f}", f"{r['p50_ms']:.1f}",
                       f"{r['p99_ms']:.1f}", str(r["failures"]), str(r["fast_template"]), f"{r['vs_plain']:.2f}x")
     Console(width=140).print(table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_json(args.json, report)
 
 
 if __name__ == "__main__":

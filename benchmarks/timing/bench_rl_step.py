@@ -16,7 +16,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
 
+from harness import add_json_option, write_json  # noqa: E402
 from rstar2_cli.config import load_recipe_dict  # noqa: E402
 from rstar2_cli.models.tiny import build_tiny_model  # noqa: E402
 from rstar2_cli.rl.launch_entry import train  # noqa: E402
@@ -32,7 +34,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-response", type=int, default=96)
     ap.add_argument("--hidden", type=int, default=128, help="model width (default: the tiny model)")
     ap.add_argument("--layers", type=int, default=2, help="decoder layers (heads = hidden / 64 above 128)")
-    ap.add_argument("--json", type=Path, default=None)
+    add_json_option(ap)
     args = ap.parse_args(argv)
 
     from rich.console import Console
@@ -84,8 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     ok = result["share_steady"]["sync"] < 0.05
     Console().print(f"weight sync {100 * result['share_steady']['sync']:.2f} % of step time "
                     f"(target < 5 %: {'met' if ok else 'not met'})")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return result
 
 

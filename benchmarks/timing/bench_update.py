@@ -32,13 +32,14 @@ import random
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))   # smoke_model: Qwen3 configs and FLOP counts
+sys.path.insert(0, str(ROOT / "benchmarks"))   # harness
 
+from harness import Stopwatch, add_json_option, write_json  # noqa: E402
 from rstar2_cli.launch.model_shape import Qwen3Shape  # noqa: E402
 from rstar2_cli.quickstart.settings import QuickstartSettings  # noqa: E402
 from rstar2_cli.rollout.trajectory import Trajectory  # noqa: E402
@@ -112,11 +113,11 @@ def run_case(model_name: str, budget: int, path: str, steps: int, warmup: int, q
     rss_before = _rss_mib()
     times = []
     for _ in range(steps):
-        t = time.perf_counter()
-        policy.update(batch, adv)
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
+        with Stopwatch() as sw:
+            policy.update(batch, adv)
+            if cuda:
+                torch.cuda.synchronize()
+        times.append(sw.seconds)
     seconds = min(times)
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in batch]
     useful = training_flops(shape, lengths)
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--qwen-warmup", type=int, default=0)
     ap.add_argument("--qwen-vocab", type=int, default=8192)
     ap.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
-    ap.add_argument("--json", type=Path, default=None)
+    add_json_option(ap)
     ap.add_argument("--case", nargs=3, default=None, help=argparse.SUPPRESS)     # internal: MODEL BUDGET PATH
     args = ap.parse_args(argv)
     if args.case:
@@ -226,9 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                            "peak_memory_mib", "error")}), flush=True)
     result["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print_table(result)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
+    write_json(args.json, result)
     return result
 
 

@@ -12,17 +12,17 @@ transformers' mask building (`create_causal_mask`), the chunked log-prob head, a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))   # smoke_model: Qwen3 configs and FLOP counts
+sys.path.insert(0, str(ROOT / "benchmarks"))   # harness
 
 import rstar2_cli.rl.policy as policy_mod  # noqa: E402
 from bench_update import model_shape, synthetic_batch  # noqa: E402
+from harness import Stopwatch, add_json_option, write_json  # noqa: E402
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # noqa: E402
 from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
 from smoke_model import qwen3_config  # noqa: E402
@@ -79,15 +79,14 @@ def profile_layout(layout: str, budget: int, model_name: str) -> dict:
     )
     policy.update(batch, adv)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        t = time.perf_counter()
-        policy.update(batch, adv)
-        wall = time.perf_counter() - t
+        with Stopwatch() as sw:
+            policy.update(batch, adv)
     events = prof.key_averages()
     by_name = {e.key: e for e in events}
     us = lambda name: by_name[name].cpu_time_total if name in by_name else 0.0   # noqa: E731
     sdpa = _sdpa_us(events)
     mask, head = us("mask_building"), us("logprob_head")
-    total = wall * 1e6
+    total = sw.seconds * 1e6
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:8]
     return {"layout": layout, "budget": budget, "model": model_name, "step_seconds": wall,
             "share": {"sdpa": sdpa / total, "mask_building": mask / total, "logprob_head": head / total,
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget", type=int, default=8192)
     ap.add_argument("--model", choices=("toy", "qwen3-0.6b-2l"), default="toy")
-    ap.add_argument("--json", type=Path, default=None)
+    add_json_option(ap)
     args = ap.parse_args(argv)
     out = [profile_layout(layout, args.budget, args.model) for layout in ("packed", "padded")]
 
@@ -116,9 +115,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     Console(width=max(120, Console().width)).print(t)
     for r in out:
         print(r["layout"], "top self-CPU ops (s):", r["top_self_cpu_ops"])
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1))
+    write_json(args.json, out)
     return out
 
 

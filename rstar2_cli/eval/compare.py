@@ -11,10 +11,8 @@ With n = 1 the standard error is 0 and the interval collapses to the point (flag
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
-from pathlib import Path
 from typing import Any, Mapping
 
 Z95 = 1.959963984540054       # the standard normal's 97.5 % quantile
@@ -39,15 +37,3 @@ def paired_difference(a: Mapping[str, float], b: Mapping[str, float]) -> dict[st
             "diff": mean, "ci95": [mean - Z95 * se, mean + Z95 * se], "se": se, "method": METHOD,
             "only_in_a": len(set(a) - set(b)), "only_in_b": len(set(b) - set(a))}
 
-
-def compare_files(path_a: str | Path, path_b: str | Path) -> dict[str, Any]:
-    """`paired_difference` of two results.json files (A minus B)."""
-    loaded = []
-    for p in (path_a, path_b):
-        try:
-            loaded.append(json.loads(Path(p).read_text()))
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"{p}: not a readable results.json ({e})") from None
-        if "per_problem" not in loaded[-1]:
-            raise ValueError(f"{p}: no per_problem field (not an rstar2 eval results.json)")
-    return paired_difference(per_question(loaded[0]), per_question(loaded[1]))

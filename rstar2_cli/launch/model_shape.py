@@ -1,6 +1,6 @@
 """A Qwen3 decoder's sizes, and the parameter counts that follow from them (no torch needed).
 
-Used by the smoke benchmark (FLOPs, rstar2_cli/launch/smoke_model.py) and by the launch plan's
+Used by the smoke benchmark (FLOPs, benchmarks/gpu/smoke_model.py) and by the launch plan's
 memory table (rstar2_cli/launch/memory_plan.py), which must run on a login node without a GPU.
 Counts are by hand and checked against the model transformers builds (tests/launch).
 """
@@ -52,9 +52,6 @@ class Qwen3Shape:
         """What FSDP2's root unit holds once every decoder layer is its own unit: embeddings,
         LM head and the final norm."""
         return self.embedding_params() + self.hidden
-
-    def matmul_params(self) -> int:
-        return self.non_embedding_params() + self.vocab * self.hidden
 
     @classmethod
     def from_hf_config(cls, config: dict) -> "Qwen3Shape":

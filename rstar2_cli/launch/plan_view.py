@@ -5,10 +5,9 @@ text a user checks (ranks, engines, commands) is built in one place.
 """
 from __future__ import annotations
 
-import io
 import shlex
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
@@ -165,9 +164,3 @@ def render_plan(plan: Plan) -> Group:
                   Text("\n".join(memory_lines(plan.memory)), style=style)]
     return Group(*parts, Rule("commands", align="left"), commands)
 
-
-def plan_text(plan: Plan, width: int = 400) -> str:
-    """The rendered plan as plain text (for logs and tests); wide so commands stay on one line."""
-    buffer = io.StringIO()
-    Console(file=buffer, width=width, color_system=None, force_terminal=False).print(render_plan(plan))
-    return buffer.getvalue()

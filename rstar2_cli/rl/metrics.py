@@ -117,7 +117,9 @@ def calls_p95(tally: Tally) -> float:
 
 
 def rollout_tally(trajectories: Sequence[Trajectory], max_response_tokens: int | None = None) -> Tally:
-    """`rollout_metrics`' additive form (`finish_rollout` turns it into the logged values)."""
+    """Reward/accuracy, lengths, turns and tool use (`rollout/tool_calls_mean`: calls per
+    trajectory; void turns; the share stopped at the turn cap) over ALL rollouts of the step, in an
+    additive form that merges over hosts (`finish_rollout` turns it into the logged values)."""
     ts, limit, out = list(trajectories), max_response_tokens, Tally()
     pos = [t for t in ts if t.reward > 0]
     out.sums.update({
@@ -174,12 +176,6 @@ def finish_rollout(tally: Tally) -> dict[str, float]:
         out.update({f"rollout/{name}_mean": s[name] / s["n"], f"rollout/{name}_max": tally.maxs[name],
                     f"rollout/{name}_min": tally.mins[name]})
     return out
-
-
-def rollout_metrics(trajectories: Sequence[Trajectory], max_response_tokens: int | None = None) -> dict[str, float]:
-    """Reward/accuracy, lengths, turns and tool use (`rollout/tool_calls_mean`: calls per
-    trajectory; void turns; the share stopped at the turn cap) over ALL rollouts of the step."""
-    return finish_rollout(rollout_tally(trajectories, max_response_tokens))
 
 
 def step_metrics(step: int, rollouts: Sequence[Trajectory] | Tally, roc: Any = None,

@@ -163,9 +163,3 @@ class StepLog:
             records = fill_logprob_gaps(records, gaps, hosts=self.hosts, rank=self.rank)
         if self.log is not None:
             self.log.write(step, self.node, len(self.hosts), records or [])
-
-
-def read_rollouts(path: str | Path) -> list[dict[str, Any]]:
-    """The records of one rollouts file."""
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]

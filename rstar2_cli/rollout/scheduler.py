@@ -20,20 +20,11 @@ Dispatch rule (`LoadBalancedPolicy`):
     a KV cache), or (b) it is nearly full (load > 1 - `min_free`, default 0.1) while the least
     loaded one is not. Then the turn moves, and its new replica becomes its home. When every
     replica is full, nothing moves: re-prefilling elsewhere would only add work.
-`RoundRobinPolicy` is the static baseline: the i-th distinct key -> replica i mod N, for life.
-`ContiguousSplitPolicy` is the other common static split (verl-style): the batch is cut into N
-contiguous chunks, so a replica gets whole prompts' groups.
-`StickyLeastLoadedPolicy` is sticky routing with a load-aware first choice: a trajectory's first
-turn goes to the least-loaded replica (same measure as above) and every later turn to that replica,
-whatever its load (it holds the prefix). SkyRL pins a trajectory to `hash(id) mod N`; this is the
-same stickiness with a load-aware placement of new trajectories.
-
-The policies are pure (no asyncio), so the discrete-event simulator (`benchmarks/sim/`) uses
-exactly the same code.
+The policy is pure (no asyncio), so the discrete-event simulator (`benchmarks/sim/`) runs exactly
+this code, beside the static baselines it is measured against (`benchmarks/sim/baselines.py`).
 """
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -99,77 +90,6 @@ class LoadBalancedPolicy:
         self.homes.clear()
 
 
-class RoundRobinPolicy:
-    """Static split: the i-th distinct key goes to replica i mod N for its whole life."""
-    name = "round_robin"
-
-    def __init__(self) -> None:
-        self.homes: dict[str, int] = {}
-        self._anon = itertools.count()
-
-    def choose(self, loads: list[ReplicaLoad], key: str | None = None) -> int:
-        if not loads:
-            raise ValueError("no replicas to dispatch to")
-        if key is None:
-            return next(self._anon) % len(loads)
-        if key not in self.homes:
-            self.homes[key] = len(self.homes) % len(loads)
-        return self.homes[key]
-
-    def reset(self) -> None:
-        self.homes.clear()
-
-
-class ContiguousSplitPolicy:
-    """Static split into N contiguous chunks of a batch of `batch_size` trajectories: the i-th
-    distinct key -> replica i * N // batch_size (keys beyond the batch wrap around)."""
-    name = "contiguous_split"
-
-    def __init__(self, batch_size: int):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.batch_size = batch_size
-        self.homes: dict[str, int] = {}
-
-    def choose(self, loads: list[ReplicaLoad], key: str | None = None) -> int:
-        if not loads:
-            raise ValueError("no replicas to dispatch to")
-        k = key if key is not None else f"_anon{len(self.homes)}"
-        if k not in self.homes:
-            self.homes[k] = (len(self.homes) % self.batch_size) * len(loads) // self.batch_size
-        return self.homes[k]
-
-    def reset(self) -> None:
-        self.homes.clear()
-
-
-class StickyLeastLoadedPolicy:
-    """A new key goes to the least-loaded replica; every later request with that key goes to the
-    same replica, however loaded (its prefix is cached there). Requests without a key always go
-    to the least-loaded replica."""
-    name = "sticky_least_loaded"
-
-    def __init__(self) -> None:
-        self.homes: dict[str, int] = {}
-
-    def choose(self, loads: list[ReplicaLoad], key: str | None = None) -> int:
-        if not loads:
-            raise ValueError("no replicas to dispatch to")
-        home = self.homes.get(key) if key is not None else None
-        if home is not None and home < len(loads):
-            return home
-        best = LoadBalancedPolicy.best(loads)
-        if key is not None:
-            self.homes[key] = best
-        return best
-
-    def reset(self) -> None:
-        self.homes.clear()
-
-
-Policy = LoadBalancedPolicy | RoundRobinPolicy | ContiguousSplitPolicy | StickyLeastLoadedPolicy
-
-
 class LoadTracker:
     """Per-replica in-flight token accounting and the running mean of generated lengths."""
 
@@ -200,14 +120,15 @@ class LoadTracker:
             self._gen_count += 1
 
 
-class _Dispatcher:
-    """Async front over N engines: `generate(req, key)` picks a replica with `policy`."""
+class LoadBalancedScheduler:
+    """Async front over N engines: `generate(req, key)` sends each request to the replica
+    `LoadBalancedPolicy` picks (module docstring)."""
 
-    def __init__(self, engines: list["Engine"], policy: Policy):
+    def __init__(self, engines: list["Engine"], *, min_free: float = 0.1, margin: float = 0.25):
         if not engines:
             raise ValueError("a scheduler needs at least one engine")
         self.engines = list(engines)
-        self.policy = policy
+        self.policy = LoadBalancedPolicy(min_free=min_free, margin=margin)
         self.tracker = LoadTracker(len(self.engines))
 
     def loads(self) -> list[ReplicaLoad]:
@@ -230,22 +151,5 @@ class _Dispatcher:
         self.policy.reset()
 
     def stats(self) -> dict[str, object]:
-        out: dict[str, object] = {"dispatched": list(self.tracker.dispatched)}
-        if isinstance(self.policy, LoadBalancedPolicy):
-            out.update(sticky_hits=self.policy.sticky_hits, moves=self.policy.moves)
-        return out
-
-
-class LoadBalancedScheduler(_Dispatcher):
-    def __init__(self, engines: list["Engine"], *, min_free: float = 0.1, margin: float = 0.25):
-        super().__init__(engines, LoadBalancedPolicy(min_free=min_free, margin=margin))
-
-
-class RoundRobinScheduler(_Dispatcher):
-    def __init__(self, engines: list["Engine"]):
-        super().__init__(engines, RoundRobinPolicy())
-
-
-class StickyLeastLoadedScheduler(_Dispatcher):
-    def __init__(self, engines: list["Engine"]):
-        super().__init__(engines, StickyLeastLoadedPolicy())
+        return {"dispatched": list(self.tracker.dispatched), "sticky_hits": self.policy.sticky_hits,
+                "moves": self.policy.moves}

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rstar2_cli.rollout.scheduler import LoadBalancedPolicy, LoadTracker, ReplicaLoad, StickyLeastLoadedPolicy
+from rstar2_cli.rollout.scheduler import LoadBalancedPolicy, LoadTracker, ReplicaLoad
+from sim.baselines import StickyLeastLoadedPolicy
 from sim.overlap import OverlapConfig, PhaseTimes, Placement, simulate_overlap
 from sim.rollout import ReplicaCluster, ReplicaModel, simulate
 from sim.workload import TrajectoryPlan, Turn, WorkloadSpec, make_workload

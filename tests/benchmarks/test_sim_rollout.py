@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rstar2_cli.rollout.scheduler import ContiguousSplitPolicy, LoadBalancedPolicy, RoundRobinPolicy
+from rstar2_cli.rollout.scheduler import LoadBalancedPolicy
+from sim.baselines import ContiguousSplitPolicy, RoundRobinPolicy
 from sim.rollout import ReplicaModel, simulate
 from sim.workload import WorkloadSpec, make_workload
 

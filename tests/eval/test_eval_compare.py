@@ -1,4 +1,4 @@
-"""`--compare`: the difference and its 95 % interval on a constructed pair of results.json files."""
+"""`--compare`: the difference and its 95 % interval on a constructed pair of results."""
 from __future__ import annotations
 
 import json
@@ -6,19 +6,18 @@ import math
 
 import pytest
 
-from rstar2_cli.eval.compare import compare_files, paired_difference
+from rstar2_cli.eval.compare import paired_difference, per_question
 
 
-def _results(path, solved: dict[str, float]):
-    path.write_text(json.dumps({"per_problem": [{"problem_id": q, "solved_fraction": f} for q, f in solved.items()]}))
-    return path
+def _results(solved: dict[str, float]) -> dict:
+    return {"per_problem": [{"problem_id": q, "solved_fraction": f} for q, f in solved.items()]}
 
 
-def test_compare_by_hand(tmp_path):
+def test_compare_by_hand():
     # A (e.g. RL) and B (e.g. SFT), 4 samples per question; q5 only in A (ignored: not paired)
-    a = _results(tmp_path / "a.json", {"q1": 1.0, "q2": 0.75, "q3": 0.5, "q4": 0.25, "q5": 1.0})
-    b = _results(tmp_path / "b.json", {"q1": 0.5, "q2": 0.75, "q3": 0.0, "q4": 0.5})
-    out = compare_files(a, b)
+    a = _results({"q1": 1.0, "q2": 0.75, "q3": 0.5, "q4": 0.25, "q5": 1.0})
+    b = _results({"q1": 0.5, "q2": 0.75, "q3": 0.0, "q4": 0.5})
+    out = paired_difference(per_question(a), per_question(b))
     # by hand: d = [0.5, 0, 0.5, -0.25]; mean 0.1875; deviations 0.3125, -0.1875, 0.3125, -0.4375;
     # squares sum 0.09765625 + 0.03515625 + 0.09765625 + 0.19140625 = 0.421875; / (n-1=3) = 0.140625;
     # stdev 0.375; se = 0.375 / 2 = 0.1875; half width 1.959964 * 0.1875 = 0.367493
@@ -30,7 +29,7 @@ def test_compare_by_hand(tmp_path):
     assert "paired" in out["method"]
 
 
-def test_compare_identical_runs_is_zero_and_symmetric(tmp_path):
+def test_compare_identical_runs_is_zero_and_symmetric():
     a = {"q1": 1.0, "q2": 0.0, "q3": 0.5}
     same = paired_difference(a, a)
     assert same["diff"] == 0 and same["ci95"] == [0.0, 0.0]
@@ -39,13 +38,9 @@ def test_compare_identical_runs_is_zero_and_symmetric(tmp_path):
     assert ab["diff"] == -ba["diff"] and math.isclose(ab["ci95"][0], -ba["ci95"][1])
 
 
-def test_compare_rejects_disjoint_or_foreign_files(tmp_path):
+def test_compare_rejects_results_without_a_shared_question():
     with pytest.raises(ValueError, match="share no question"):
         paired_difference({"q1": 1.0}, {"q2": 1.0})
-    bad = tmp_path / "bad.json"
-    bad.write_text("{}")
-    with pytest.raises(ValueError, match="bad.json: no per_problem"):
-        compare_files(bad, bad)
 
 
 def _fake_results(bench: str, solved: dict[str, float], k: int = 2) -> dict:

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import shlex
 
 import pytest
+from rich.console import Console
 
-from rstar2_cli.launch.plan_view import command_lines, plan_text, shell_wrap
+from rstar2_cli.launch.plan_view import command_lines, render_plan, shell_wrap
 from rstar2_cli.launch.topology import (ENGINE_GPUS_ENV, EngineReplica, PlanError, TopologySpec, build_plan,
                                         check_ipc_groups, plan_from_args)
 
@@ -141,6 +143,13 @@ def test_batch_not_divisible_by_data_parallel_size():
 def test_unknown_option_is_rejected():
     with pytest.raises(PlanError, match="unknown topology option"):
         plan_from_args(8, tensor_parallel=2)
+
+
+def plan_text(plan) -> str:
+    """The plan as `rstar2 rl --dry-run` prints it (`render_plan` on a rich console), plain and wide."""
+    buffer = io.StringIO()
+    Console(file=buffer, width=400, color_system=None, force_terminal=False).print(render_plan(plan))
+    return buffer.getvalue()
 
 
 def test_dry_run_text_has_key_lines():

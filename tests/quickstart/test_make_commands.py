@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(MAKE is None, reason="make is not installed (apt
 
 
 def _project(tmp_path: Path) -> Path:
-    """The Makefile with the files its install step depends on (nothing is installed: make -n)."""
+    """The Makefile with the files its install step depends on."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     for rel in ("pyproject.toml", "scripts/install.sh", *(p.relative_to(ROOT).as_posix()
                                                        for p in (ROOT / "requirements").glob("*.txt"))):
@@ -25,24 +26,32 @@ def _project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _dry(cwd: Path, target: str) -> str:
-    return subprocess.run([MAKE, "-n", target], cwd=cwd, capture_output=True, text=True, check=True).stdout
+def _recorder(path: Path, name: str, log: Path) -> None:
+    """A stand-in program that appends `name` and its arguments to `log`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\necho "{name} $*" >> "{log}"\n')
+    path.chmod(0o755)
 
 
 def test_install_runs_once_then_again_when_pyproject_changes(tmp_path):
-    proj = _project(tmp_path)
-    first = _dry(proj, "test")
-    assert "scripts/install.sh" in first and "-m venv .venv" in first
-    assert ".venv/bin/python -m pytest -q" in first
-    assert "scripts/install.sh" in _dry(proj, "quickstart") and ".venv/bin/rstar2 quickstart" in _dry(
-        proj, "quickstart"
-    )
-    (proj / ".venv").mkdir()
-    (proj / ".venv" / ".installed").touch()
-    assert "scripts/install.sh" not in _dry(proj, "test")      # the stamp is newer: reused
+    """The targets run for real, with the install script and the venv's programs replaced by
+    recorders (the venv's python exists, so make creates none)."""
+    proj, log = _project(tmp_path / "proj"), tmp_path / "calls.log"
+    _recorder(proj / "scripts" / "install.sh", "install.sh", log)
+    _recorder(proj / ".venv" / "bin" / "python", "python", log)
+    _recorder(proj / ".venv" / "bin" / "rstar2", "rstar2", log)
+
+    def make(*args: str) -> list[str]:
+        log.write_text("")
+        subprocess.run([MAKE, *args], cwd=proj, capture_output=True, text=True, check=True)
+        return log.read_text().splitlines()
+
+    assert make("test", "ARGS=tests/quickstart") == ["install.sh ", "python -m pytest -q tests/quickstart"]
+    assert (proj / ".venv" / ".installed").is_file()
+    assert make("quickstart") == ["rstar2 quickstart --out runs/quickstart"]            # the stamp is newer: reused
     later = time.time() + 5
     os.utime(proj / "pyproject.toml", (later, later))
-    assert "scripts/install.sh" in _dry(proj, "test")          # pyproject.toml changed: install again
+    assert make("test") == ["install.sh ", "python -m pytest -q"]                       # pyproject.toml changed
 
 
 def test_missing_system_tools_are_named_with_the_install_command(tmp_path):

@@ -1,11 +1,14 @@
 """rl/dist.py: object collectives and agreements go over the gloo group, tensors stay on the default group.
 
 The process-group calls are replaced by recorders (the real ones need several processes); the
-recorders' signatures are checked against torch's (tests/api_contracts.py).
+recorders' signatures are checked against torch's (tests/api_contracts.py). The heartbeats' store is
+checked on two real gloo ranks.
 """
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -108,13 +111,39 @@ def test_setup_distributed_creates_the_gloo_group_once_beside_nccl(monkeypatch):
     assert made == [{"default": "nccl"}, {"liveness": 1}, {"new_group": "gloo"}] and rl_dist.object_group() is GLOO
 
 
-def test_the_default_store_that_the_heartbeats_use_is_where_torch_keeps_it():
-    import inspect
+# A rank of a real 2-rank gloo group: `start_liveness` finds the group's store through the installed
+# torch and uses it as `Liveness` does (set, add, clone, set_timeout, multi_get); rank 0 sees rank 1's
+# ready mark there.
+HEARTBEAT_RANK = """
+import datetime, sys, torch.distributed as dist
+from rstar2_cli.rl import dist as rl_dist
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+live = rl_dist.start_liveness(rank)
+if rank == 1:
+    live.ready(1)
+else:
+    live.wait([0, 1], 1, "collective 1")
+dist.barrier()
+dist.destroy_process_group()
+print("rank", rank, "ok")
+"""
 
-    from torch.distributed import distributed_c10d
 
-    assert "pg_map" in inspect.getsource(distributed_c10d._get_default_store)
-    assert {"clone", "set_timeout", "multi_get", "add", "set"} <= set(dir(dist.Store))
+def test_a_rank_sees_anothers_ready_mark_in_the_default_groups_store():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    ranks = [subprocess.Popen([sys.executable, "-c", HEARTBEAT_RANK, str(r), port], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=120) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    for r, (p, (out, err)) in enumerate(zip(ranks, outs)):
+        assert p.returncode == 0 and f"rank {r} ok" in out, err[-2000:]
 
 
 TWO_NODES = {"WORLD_SIZE": "16", "RANK": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "1",

@@ -144,7 +144,7 @@ def test_vllms_server_errors_are_engine_failures_and_its_client_errors_are_not()
 
 
 def test_void_turns_and_turns_at_the_cap_are_counted(tok):
-    from rstar2_cli.rl.metrics import rollout_metrics
+    from rstar2_cli.rl.metrics import finish_rollout, rollout_tally
 
     void = "<reason>Hmm, let me think again.</reason><|im_end|>"
     malformed = "<reason>Run it.</reason>\n<tool_call>\nprint(42)\n</tool_call><|im_end|>"   # no JSON
@@ -154,7 +154,7 @@ def test_void_turns_and_turns_at_the_cap_are_counted(tok):
     trajs = rollout(tok, problems, ScriptEngine(tok, turns), samples=1)
     assert [(t.num_void_turns, t.num_turns, t.finish_reason) for t in trajs] == [
         (1, 1, "stop"), (0, 2, "stop"), (0, 4, "max_turns"), (1, 2, "stop")]
-    m = rollout_metrics(trajs)
+    m = finish_rollout(rollout_tally(trajs))
     assert m["rollout/void_turn_trajectories"] == pytest.approx(2 / 4)
     assert m["rollout/void_turn_ratio"] == pytest.approx(2 / (1 + 2 + 4 + 2))
     assert m["rollout/max_turns_ratio"] == pytest.approx(1 / 4)

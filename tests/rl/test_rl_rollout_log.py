@@ -11,7 +11,8 @@ from test_rl_exchange import _cfg, _piece, _select
 from test_rl_step_flow import make_trainer  # noqa: F401 (fixture)
 
 from rstar2_cli.models.tiny import build_tokenizer, default_corpus
-from rstar2_cli.rl.rollout_log import RolloutLog, mask_runs, pick_groups, read_rollouts, rollout_path
+from rstar2_cli.inspect.reader import read_step
+from rstar2_cli.rl.rollout_log import RolloutLog, mask_runs, pick_groups, rollout_path
 from rstar2_cli.rollout.trajectory import Trajectory
 
 KEYS = {"step", "node", "group", "prompt_id", "sample", "problem", "gold", "turns", "response_tokens", "tool_calls",
@@ -67,7 +68,7 @@ def test_the_file_is_written_whole_and_named_per_node(tok, tmp_path):
     log, shard, _ = _host_step(tok, tmp_path)
     path = log.write(4, 0, 1, shard.records)
     assert path == tmp_path / "rollouts" / "step_000004.jsonl.gz" == rollout_path(tmp_path, 4, 0, 1)
-    assert read_rollouts(path) == shard.records
+    assert read_step(tmp_path, 4) == shard.records
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]          # no .tmp left behind
     assert log.write(4, 1, 2, shard.records).name == "step_000004.node1.jsonl.gz"
     assert gzip.decompress(path.read_bytes()).count(b"\n") == len(shard.records)
@@ -96,7 +97,7 @@ def test_every_trainer_step_leaves_its_rollouts_file(make_trainer, tmp_path):
     metrics = [trainer.train_step(), trainer.train_step()]
     trainer.close()
     for step, m in enumerate(metrics, 1):
-        recs = read_rollouts(tmp_path / "run" / "rollouts" / f"step_{step:06d}.jsonl.gz")
+        recs = read_step(tmp_path / "run", step)
         assert len(recs) == 8 and {r["step"] for r in recs} == {step} and all(set(r) == KEYS for r in recs)
         assert sum(r["roc"]["decision"] == "kept" for r in recs) == m["train/trajectories"]
         assert m["time/rollout_log"] >= 0 and m["tools/loop_alarm"] == 0.0

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rstar2_cli.rl.metrics import MetricsWriter, rollout_metrics
+from rstar2_cli.rl.metrics import MetricsWriter, finish_rollout, rollout_tally
 from rstar2_cli.rl.tool_loop import ToolLoopAlarm
 from rstar2_cli.rollout.trajectory import Trajectory
 
@@ -45,7 +45,7 @@ def test_the_baseline_survives_a_checkpoint():
 def test_tool_metrics_p95_and_repeated_code():
     ts = [Trajectory(prompt_id="p", num_tool_calls=n, extra={"repeated_code_calls": r})
           for n, r in [(1, 0)] * 18 + [(4, 2), (10, 6)]]
-    m = rollout_metrics(ts)
+    m = finish_rollout(rollout_tally(ts))
     assert m["tools/calls_per_traj_p95"] == 4.0            # nearest rank: the 19th of 20
     assert m["rollout/tool_calls_max"] == 10.0 and m["rollout/tool_calls_mean"] == pytest.approx(32 / 20)
     assert m["tools/repeated_code_ratio"] == pytest.approx(8 / 32)

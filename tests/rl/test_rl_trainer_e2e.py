@@ -48,10 +48,10 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
     assert first["time/sync"] < first["time/step"]
     assert first["rollout/accuracy"] == 0.5 and first["train/loss_tokens"] > 0
     # every step's rollouts on disk: both groups (log_rollouts 4 > 2 prompts), their kept G=2 with advantages
-    from rstar2_cli.rl.rollout_log import read_rollouts
+    from rstar2_cli.inspect.reader import read_step
 
     for step in (1, 2):
-        recs = read_rollouts(out / "rollouts" / f"step_{step:06d}.jsonl.gz")
+        recs = read_step(out, step)
         assert len(recs) == 8 and {r["step"] for r in recs} == {step} and {r["group"] for r in recs} == {0, 1}
         assert sum(r["advantage"] is not None for r in recs) == 4 and all(r["turns"] for r in recs)
     for key in ("tools/calls_per_traj_p95", "tools/repeated_code_ratio", "tools/loop_alarm", "time/rollout_log"):

@@ -4,7 +4,6 @@ V1 model runner; the trainer's own environment is unchanged afterwards."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import subprocess
 import sys
@@ -54,13 +53,23 @@ def test_sleep_mode_pins_the_v1_runner_and_a_users_choice_stands():
         assert env == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 
-def test_vllm_reads_the_runner_pin_from_that_variable(monkeypatch):
-    import vllm.envs as envs
+def test_the_pin_makes_vllm_choose_the_v1_runner_where_it_would_choose_v2(monkeypatch):
+    """vLLM's own choice (`VllmConfig.use_v2_model_runner`) under `engine_spawn_env`: V1 with sleep
+    mode, V2 without it and where the user asked for V2, on a config where vLLM picks V2 by itself
+    (Triton present, as on a GPU node; this CPU box has none)."""
+    import vllm.config.vllm as vllm_config
 
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-    assert envs.VLLM_USE_V2_MODEL_RUNNER is False                 # vllm/config/vllm.py use_v2_model_runner
-    src = inspect.getsource(__import__("vllm.config.vllm", fromlist=["VllmConfig"]).VllmConfig.use_v2_model_runner.fget)
-    assert "envs.VLLM_USE_V2_MODEL_RUNNER" in src
+    config = vllm_config.VllmConfig()
+    monkeypatch.setattr(vllm_config, "HAS_TRITON", True)
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    assert config.use_v2_model_runner is True
+    with engine_spawn_env(sleep_mode=True):
+        assert config.use_v2_model_runner is False
+    with engine_spawn_env(sleep_mode=False):
+        assert config.use_v2_model_runner is True
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with engine_spawn_env(sleep_mode=True):
+        assert config.use_v2_model_runner is True
 
 
 @pytest.mark.parametrize("on_gpu,sleep_mode", [(False, False), (True, True), (True, False)])

@@ -1,5 +1,5 @@
-"""Dispatch decisions of the load-balanced scheduler and the static baseline, on fake engines
-whose free KV fraction the test controls."""
+"""Dispatch decisions of the load-balanced scheduler, on fake engines whose free KV fraction the test
+controls."""
 from __future__ import annotations
 
 import asyncio
@@ -7,8 +7,7 @@ import asyncio
 import pytest
 
 from rstar2_cli.rollout.engines import GenRequest, GenResult
-from rstar2_cli.rollout.scheduler import (LoadBalancedPolicy, LoadBalancedScheduler, ReplicaLoad,
-                                          RoundRobinScheduler)
+from rstar2_cli.rollout.scheduler import LoadBalancedPolicy, LoadBalancedScheduler, ReplicaLoad
 
 
 class FakeEngine:
@@ -139,16 +138,6 @@ async def test_another_trajectory_is_not_pinned_by_someone_elses_home():
     await sched.generate(req(), key="a")                  # a stays on 1 (within margin)
     await sched.generate(req(), key="b")                  # b's first turn: most free = 0
     assert [len(e.calls) for e in engines] == [1, 2]
-
-
-async def test_round_robin_is_a_static_split_that_ignores_load():
-    engines = [FakeEngine(0.01), FakeEngine(1.0)]
-    sched = RoundRobinScheduler(engines)
-    for key in ["a", "b", "c", "a", "a", "d", "c"]:
-        await sched.generate(req(), key=key)
-    # a->0, b->1, c->0, d->1; every turn of a trajectory on its first replica
-    assert [len(e.calls) for e in engines] == [5, 2]
-    assert sched.policy.homes == {"a": 0, "b": 1, "c": 0, "d": 1}
 
 
 async def test_inflight_is_released_when_the_engine_fails():
