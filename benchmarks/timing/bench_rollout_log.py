@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rstar2_cli.models.tiny import build_qwen3_style_tokenizer  # noqa: E402
 from rstar2_cli.rl.rollout_log import RolloutLog  # noqa: E402
 from rstar2_cli.rl.roc import decide  # noqa: E402
-from rstar2_cli.rollout.trajectory import Trajectory  # noqa: E402
+from rstar2_cli.rollout.trajectory import Trajectory, TurnRecord  # noqa: E402
 
 
 def trajectories(prompts: int, samples: int, max_len: int, vocab: int, seed: int = 0) -> list[Trajectory]:
@@ -41,18 +41,17 @@ def trajectories(prompts: int, samples: int, max_len: int, vocab: int, seed: int
             a, b = n // 3, 2 * n // 3
             tool = max(1, n // 20)
             mask = [1] * a + [0] * tool + [1] * (b - a - tool) + [0] * tool + [1] * (n - b - tool)
-            turns = [{"role": "assistant", "span": [0, a], "tool_code": "print(1)", "parse_error": None},
-                     {"role": "tool", "span": [a, a + tool], "status": "ok"},
-                     {"role": "assistant", "span": [a + tool, b], "tool_code": "print(2)", "parse_error": None},
-                     {"role": "tool", "span": [b, b + tool], "status": "error"},
-                     {"role": "assistant", "span": [b + tool, n], "tool_code": None, "parse_error": None}]
+            turns = [TurnRecord("assistant", [0, a], tool_code="print(1)"),
+                     TurnRecord("tool", [a, a + tool], status="ok"),
+                     TurnRecord("assistant", [a + tool, b], tool_code="print(2)"),
+                     TurnRecord("tool", [b, b + tool], status="error"), TurnRecord("assistant", [b + tool, n])]
             t = Trajectory(prompt_id=f"q{p}", sample_index=s, group_index=p, response_ids=ids, loss_mask=mask,
                            text="<answer>\\boxed{1}</answer>", reward=float(s % 2), num_turns=3, num_tool_calls=2,
                            num_tool_errors=1, finish_reason="stop", gold="1", extracted="1",
-                           extra={"turns": turns, "repeated_code_calls": 0})
+                           turn_records=turns)
             decide(t, "kept" if s % 4 < 2 else "dropped", "positive" if s % 2 else "negative", "synthetic")
             out.append(t)
-    out[samples * 3].extra["excluded"] = "sandbox_internal_error"
+    out[samples * 3].exclusion = "sandbox_internal_error"
     return out
 
 
@@ -66,7 +65,7 @@ def main() -> None:
     tok = build_qwen3_style_tokenizer()
     trajs = trajectories(args.prompts, args.samples, args.max_len, len(tok))
     problems = [SimpleNamespace(id=f"q{p}", problem=f"problem {p} " * 40) for p in range(args.prompts)]
-    kept = [t for t in trajs if t.extra["roc"]["decision"] == "kept"]
+    kept = [t for t in trajs if t.roc_decision.decision == "kept"]
     with tempfile.TemporaryDirectory() as tmp:
         off = RolloutLog(tmp, problems, tok, count=0, seed=0)
         started = time.perf_counter()
