@@ -218,14 +218,14 @@ def test_the_scans_see_attribute_access_and_importlib(tmp_path):
         "loop = importlib.import_module('rstar2_cli.rollout.scheduler')\n"
         "def f(name):\n"
         "    importlib.import_module(f'rstar2_cli.commands.{name}')\n"
-        "    return (rstar2_cli.rollout.agent_loop._Protocol, grader._check_timeout, parser._TAG, sm._private,\n"
+        "    return (rstar2_cli.rollout.agent_loop._LoopSetup, grader._check_timeout, parser._TAG, sm._private,\n"
         "            loop._Dispatcher, parser.__doc__, grader.GraderPool, source._x)\n")
     found = imports("benchmarks.timing.probe", source)
     assert ("rstar2_cli.rollout.scheduler", []) in found and ("rstar2_cli.commands", []) in found
     assert ("benchmarks.gpu.smoke_model", []) in found and ("rstar2_cli.protocol.parser", []) in found
     assert sorted(private_attributes("benchmarks.timing.probe", source)) == sorted([
         ("benchmarks.gpu.smoke_model", "_private"), ("rstar2_cli.reward.grader", "_check_timeout"),
-        ("rstar2_cli.rollout.agent_loop", "_Protocol"), ("rstar2_cli.protocol.parser", "_TAG"),
+        ("rstar2_cli.rollout.agent_loop", "_LoopSetup"), ("rstar2_cli.protocol.parser", "_TAG"),
         ("rstar2_cli.rollout.scheduler", "_Dispatcher")])
 
 
