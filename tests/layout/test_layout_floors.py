@@ -10,7 +10,7 @@ leaf. The floors, bottom first, and what keeps them apart:
 - the sandbox's base (`sandbox`, `inside`, `jail`, `core`): stands alone (tests/sandbox/test_sandbox_layout.py);
 - leaves: `config`, `hosts` (ports, GPU visibility), `reward`, `data`, `protocol` (the tool text
   the model sees, which uses only `sandbox.core`'s result, never the HTTP service);
-- `models` (the tiny model, the attention choice), `inspect` (reads run and eval files and writes the
+- `models` (the tiny model, the attention choice), `inspector` (reads run and eval files and writes the
   trajectory page: files and `protocol`'s tags only, never `rollout` or `rl`), the sandbox's service
   and Redis mode;
 - `rollout` (engines, agent loop, weight sync, the tool sandbox);
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 FLOORS = (
     ("rstar2_cli", "recipe_text", "source_commit", "sandbox", "sandbox.inside", "sandbox.jail", "sandbox.core"),
     ("config", "hosts", "reward", "data", "protocol"),
-    ("models", "inspect", "sandbox.service", "sandbox.redis_mode"),
+    ("models", "inspector", "sandbox.service", "sandbox.redis_mode"),
     ("rollout",),
     ("launch", "eval", "sft"),
     ("rl",),
