@@ -15,7 +15,8 @@ leaf. The floors, bottom first, and what keeps them apart:
   and Redis mode;
 - `rollout` (engines, agent loop, weight sync, the tool sandbox);
 - `launch` (plans engines, so above `rollout`), `eval`, `sft`;
-- `rl`; then `quickstart` and `sandbox_bench`; then `commands`; then `cli`.
+- `rl`; then `quickstart`, `sandbox_bench` and `prepare` (`rstar2 prepare`'s jobs that roll out a
+  policy: eval's runner on launch's engines, with a run's recipe); then `commands`; then `cli`.
 `benchmarks/` stands on all of them: it may import `rstar2_cli` and `sandbox`, and its scripts
 import each other by file name (`import smoke_model`, `from sim.workload import ...`: the folders
 are on sys.path, pyproject.toml's pytest `pythonpath`), never a private name; `rstar2_cli` and
@@ -36,7 +37,7 @@ FLOORS = (
     ("rollout",),
     ("launch", "eval", "sft"),
     ("rl",),
-    ("quickstart", "sandbox_bench"),
+    ("quickstart", "sandbox_bench", "prepare"),
     ("commands",),
     ("cli",),
 )
