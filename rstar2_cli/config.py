@@ -63,7 +63,10 @@ class RolloutConfig(_Section):
     byte for byte: the prompt, the forced `<reason>`, the tool-response text and its cut, the
     parse-error text and the time limit. `max_turns` defaults to the paper's value instead. Each
     deliberate improvement is a field below, off by default (docs/fidelity.md, "Protocol", lists
-    them with the paper's and the release's values).
+    them with the paper's and the release's values). The turn limit of a training run is this
+    section's (and `rstar2 prepare hard` reads the run's); `rstar2 eval` has the paper's evaluation
+    protocol instead (30 turns, eval/protocol_defaults.py), and the quickstart's toy recipe its own
+    (quickstart/settings.py, which its held-out eval reads too).
     """
     max_turns: int = Field(10, ge=1)                  # the paper's §4 value for stages 1-2 (15 in stage 3); the
                                                       # release's trainer yaml has multi_turn.max_assistant_turns 5
