@@ -20,8 +20,15 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 from rstar2_cli.recipe_text import ConfigError, apply_overrides, read_yaml_mapping
 
-# train.micro_batch_tokens: what "auto" is on CPU (no memory plan sizes a CPU run), and the least a recipe may give
+# train.micro_batch_tokens: a recipe gives a number, or "auto" (the default), which becomes CPU_MICRO_BATCH_TOKENS on
+# CPU (no memory plan sizes a CPU run; `RecipeConfig._placement`) and, on GPU, the largest multiple of 1024 whose
+# update fits, at most RELEASE_MICRO_BATCH_TOKENS (`rstar2 rl`, launch/engine_sizing.py). MIN_MICRO_BATCH_TOKENS:
+# the least a recipe may give, and what auto falls back to where nothing fits.
 CPU_MICRO_BATCH_TOKENS, MIN_MICRO_BATCH_TOKENS = 16384, 1024
+# The release's tokens per GPU per micro-batch: microsoft/rStar examples/run_qwen3-14b_rstar2_agent_weave.sh,
+# `actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480` (with use_dynamic_bsz=True, verl packs each
+# micro-batch up to it). "auto" takes no more, however large the GPU.
+RELEASE_MICRO_BATCH_TOKENS = 20480
 # The bounds of the two sampling settings, written once: every settings model that samples (RolloutConfig here,
 # eval.settings.EvalSettings, quickstart.settings.QuickstartSettings) declares its field with these, so each is
 # checked when it is loaded and nothing downstream checks again. 0 is greedy decoding; an RL recipe needs more
@@ -56,7 +63,10 @@ class RolloutConfig(_Section):
     byte for byte: the prompt, the forced `<reason>`, the tool-response text and its cut, the
     parse-error text and the time limit. `max_turns` defaults to the paper's value instead. Each
     deliberate improvement is a field below, off by default (docs/fidelity.md, "Protocol", lists
-    them with the paper's and the release's values).
+    them with the paper's and the release's values). The turn limit of a training run is this
+    section's (and `rstar2 prepare hard` reads the run's); `rstar2 eval` has the paper's evaluation
+    protocol instead (30 turns, eval/protocol_defaults.py), and the quickstart's toy recipe its own
+    (quickstart/settings.py, which its held-out eval reads too).
     """
     max_turns: int = Field(10, ge=1)                  # the paper's §4 value for stages 1-2 (15 in stage 3); the
                                                       # release's trainer yaml has multi_turn.max_assistant_turns 5
@@ -215,8 +225,8 @@ class TrainConfig(_Section):
     steps: int = Field(100, ge=1)
     prompts_per_step: int = Field(512, ge=1)
     group_size: int = Field(16, ge=1)                 # G kept per prompt (2G rolled out with RoC)
-    # tokens per micro-batch (rl/packing.py); auto: sized on GPU by `rstar2 rl` (launch/engine_sizing.py)
-    micro_batch_tokens: Annotated[int, Field(ge=MIN_MICRO_BATCH_TOKENS)] | Literal["auto"] = CPU_MICRO_BATCH_TOKENS
+    # tokens per micro-batch (rl/packing.py); auto: sized for the device (CPU_MICRO_BATCH_TOKENS above)
+    micro_batch_tokens: Annotated[int, Field(ge=MIN_MICRO_BATCH_TOKENS)] | Literal["auto"] = "auto"
     logprob_chunk_tokens: int = Field(1024, ge=1)     # tokens per chunk of the log-prob head
                                                       # (peak memory = chunk x vocab)
     # attention kernel of the update: auto = flash_attention_2 over packed rows where flash-attn runs (CUDA/ROCm,

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     errors = sum(t.num_tool_errors for t in trajs)
     from collections import Counter
 
-    reasons = Counter(r for t in trajs for r in t.extra.get("tool_reasons", []))
+    reasons = Counter(r for t in trajs for r in t.tool_outcomes)
     # plain: the same generated-token count, one request per trajectory, one continuous batch
     per_traj = max(1, tool_tokens // len(trajs))
     prompt = trajs[0].prompt_ids

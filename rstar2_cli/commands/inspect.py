@@ -1,4 +1,4 @@
-"""`rstar2 inspect RUN_DIR`: flags only; the work is in `rstar2_cli.inspect`."""
+"""`rstar2 inspect RUN_DIR`: flags only; the work is in `rstar2_cli.inspector`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,9 +27,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a self-contained HTML page to browse a run's trajectories: curves, steps, groups, turns,
         RoC decisions, filters. Prints the page's path (with --serve, the address instead)."""
-        from rstar2_cli.inspect.page import PAGE_FILE, render_page, write_page  # lazy: pydantic, for --help (cli.py)
+        from rstar2_cli.inspector.page import PAGE_FILE, render_page, write_page  # lazy: pydantic, for --help (cli.py)
         # lazy: pydantic, for --help (cli.py)
-        from rstar2_cli.inspect.reader import InspectError, read_folder, rl_runs_under
+        from rstar2_cli.inspector.reader import InspectError, read_folder, rl_runs_under
 
         if serve is not None and out is not None:
             fail(f"--out {out} with --serve: --serve writes no file (its page loads each step from the server); "
@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
             except OSError as e:
                 fail(f"--out {target}: cannot write the page ({e.strerror or e})")
             return
-        from rstar2_cli.inspect.serve import make_server, serve_until_interrupted  # lazy: http.server, for --serve
+        from rstar2_cli.inspector.serve import make_server, serve_until_interrupted  # lazy: http.server, for --serve
 
         try:
             server = make_server(run_dir, serve, render_page(data).encode())

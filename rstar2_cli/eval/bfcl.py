@@ -167,7 +167,7 @@ class BFCLFamily(MathFamily):
                 t.text = tokenizer.decode(res.token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
                 t.num_tool_calls = len(_CALL.findall(t.text))
             except Exception as e:  # one failed request is a failed sample, not a failed run
-                t.finish_reason, t.extra["error"] = "error", repr(e)
+                t.finish_reason, t.error = "error", repr(e)
             return t
 
         jobs = [one(p, k, g) for g, p in enumerate(chunk) for k in range(s.samples)]

@@ -82,7 +82,7 @@ def sample_record(traj, grade: dict[str, Any]) -> dict[str, Any]:
         "tool_calls": traj.num_tool_calls,
         "tool_errors": traj.num_tool_errors,
         "finish_reason": traj.finish_reason,
-        "error": traj.extra.get("error"),
+        "error": traj.error,
         "infra_error": traj.infra_error or None,
         "text": traj.text,
     }

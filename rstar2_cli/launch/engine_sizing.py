@@ -20,7 +20,8 @@ builds its engines and micro-batches with the same numbers, which the dry run sh
 * `train.micro_batch_tokens` (after the engines, whose sizing does not depend on it): the largest
   multiple of 1024 whose update phase fits the GPU (`memory_plan.fitting_micro_batch`, which
   counts a trajectory longer than that as a micro-batch of its own), at most
-  RELEASE_MICRO_BATCH_TOKENS; when none fits, MIN_MICRO_BATCH_TOKENS, and the plan says it does not fit.
+  RELEASE_MICRO_BATCH_TOKENS; when none fits, MIN_MICRO_BATCH_TOKENS, and the plan says it does not fit
+  (both in config.py, beside what auto is on CPU).
 
 The constants and `engine_kwargs`, which turns an engine section into vLLM's arguments and sizes
 what is still "auto" for an engine no plan sized, live with the engines (`rollout/engine_args.py`).
@@ -29,16 +30,11 @@ from __future__ import annotations
 
 import math
 
-from rstar2_cli.config import MIN_MICRO_BATCH_TOKENS
+from rstar2_cli.config import MIN_MICRO_BATCH_TOKENS, RELEASE_MICRO_BATCH_TOKENS
 from rstar2_cli.launch import memory_plan as mp
 from rstar2_cli.launch.model_shape import shape_for_model
 from rstar2_cli.rollout.engine_args import (GPU_BATCH_TOKENS, MAX_NUM_SEQS_CAP, default_max_model_len,
                                           planned_utilization)
-
-# The release's tokens per GPU per micro-batch: microsoft/rStar examples/run_qwen3-14b_rstar2_agent_weave.sh,
-# `actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480` (with use_dynamic_bsz=True, verl packs each
-# micro-batch up to it). "auto" takes no more, however large the GPU.
-RELEASE_MICRO_BATCH_TOKENS = 20480
 
 
 def size_engines(cfg, plan, gpu_gib: float):

@@ -12,7 +12,7 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from rstar2_cli.launch.engine_sizing import RELEASE_MICRO_BATCH_TOKENS
+from rstar2_cli.config import RELEASE_MICRO_BATCH_TOKENS
 from rstar2_cli.launch.memory_plan import MICRO_BATCH_STEP, MemoryPlan, update_phase_gib
 from rstar2_cli.launch.topology import Plan
 

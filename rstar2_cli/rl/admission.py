@@ -42,7 +42,7 @@ def exclusion_reason(t: Trajectory, *, exclude_void_turns: bool = False) -> str 
 def split_for_training(trajectories: Iterable[Trajectory], *,
                        exclude_void_turns: bool = False) -> tuple[list[Trajectory], dict[str, float]]:
     """(the trajectories that train, metrics counting the others per reason); each one left out
-    carries its reason in `extra["excluded"]` (the rollout log's `fault`)."""
+    carries its reason in `Trajectory.exclusion` (the rollout log's `fault`)."""
     kept: list[Trajectory] = []
     faults: Counter = Counter()
     void = 0
@@ -51,7 +51,7 @@ def split_for_training(trajectories: Iterable[Trajectory], *,
         if reason is None:
             kept.append(t)
             continue
-        t.extra["excluded"] = reason
+        t.exclusion = reason
         if reason == VOID_TURN:
             void += 1
         else:

@@ -134,7 +134,7 @@ def rollout_tally(trajectories: Sequence[Trajectory], max_response_tokens: int |
         "void_turns": float(sum(t.num_void_turns for t in ts)),
         "void_trajectories": float(sum(t.num_void_turns > 0 for t in ts)),
         "max_turns": float(sum(t.finish_reason == "max_turns" for t in ts)),
-        "repeated_code_calls": float(sum(t.extra.get("repeated_code_calls", 0) for t in ts)),
+        "repeated_code_calls": float(sum(t.num_repeated_code_calls for t in ts)),
     })
     for t in ts:     # calls per trajectory as a histogram: hosts' tallies merge into the batch's exact p95
         key = f"{CALLS_HIST}{t.num_tool_calls}"

@@ -123,6 +123,8 @@ def plan_buckets(lengths: Sequence[int], budget: int, min_fill: float = MIN_FILL
 
 
 def _check_budget(budget: int) -> None:
+    if not isinstance(budget, int):     # a recipe's "auto" is a number once its device is known
+        raise ValueError(f"micro_batch_tokens must be a number, got {budget!r} (config.check_placement sizes auto)")
     if budget < 1:
         raise ValueError(f"micro_batch_tokens must be >= 1, got {budget}")
 

@@ -49,7 +49,7 @@ both classes are present).
 With RoC disabled: the first G samples of each group, then the same filter.
 
 Decisions: the selection records on every trajectory it sees why it kept or left it
-(`Trajectory.extra["roc"]`: decision kept / dropped / filtered / excluded, its class, a one-line
+(`Trajectory.roc_decision`: decision kept / dropped / filtered / excluded, its class, a one-line
 rule; `decide`), which the rollout log writes as it is (`rl/rollout_log.py`).
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ import numpy as np
 from rstar2_cli.config import RocConfig
 from rstar2_cli.rl.admission import split_for_training
 from rstar2_cli.rl.metrics import Tally
-from rstar2_cli.rollout.trajectory import Trajectory
+from rstar2_cli.rollout.trajectory import RocDecision, Trajectory
 
 PENALTY_EPS = 1e-3          # keeps 1/(p+eps) finite for a perfect (zero-penalty) positive
 RELEASE_MIN_NEGATIVES = 2   # min_zero_reward_trace_num in examples/run_qwen3-14b_rstar2_agent_weave.sh
@@ -137,9 +137,9 @@ def penalty_parts(t: Trajectory, mode: str = "paper") -> tuple[float, float]:
     return error_penalty(t), format_penalty(t)
 
 
-def decide(t: Trajectory, decision: str, as_: str | None, rule: str) -> None:
+def decide(t: Trajectory, decision: str, as_class: str | None, rule: str) -> None:
     """Record the selection's decision on `t` (kept, dropped, filtered or excluded)."""
-    t.extra["roc"] = {"decision": decision, "as": as_, "rule": rule}
+    t.roc_decision = RocDecision(decision, as_class, rule)
 
 
 def _mark(group: Sequence[Trajectory], chosen: Iterable[int], rules: dict[str, tuple[str, str]]) -> None:
@@ -382,8 +382,8 @@ def select_for_training(trajectories: Iterable[Trajectory], cfg: RocConfig, grou
     trajectories = list(trajectories)
     accountable, infra_metrics = split_for_training(trajectories, exclude_void_turns=cfg.exclude_void_turns)
     for t in trajectories:
-        if "excluded" in t.extra:
-            decide(t, "excluded", None, f"excluded: {t.extra['excluded']}")
+        if t.exclusion is not None:
+            decide(t, "excluded", None, f"excluded: {t.exclusion}")
     groups = group_by_instance(accountable)
     if not cfg.enabled:
         result = first_g_groups(groups, group_size, reject_equal_reward=cfg.reject_equal_reward)

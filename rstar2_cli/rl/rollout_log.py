@@ -15,7 +15,7 @@ One line per trajectory (`docs/rollouts.md` lists the keys; null where unknown):
 problem and gold answer, its turns (the agent loop's records, `rollout/agent_loop.py`: each turn's
 token span decoded once here, with its call code and parse errors or its tool status; a trajectory
 without records is split at its loss-mask runs), its counts and outcome, admission's exclusion
-reason (`fault`), RoC's own decision and rule (`extra["roc"]`, `rl/roc.py`) with p_err and p_format
+reason (`fault`), RoC's own decision and rule (`Trajectory.roc_decision`, `rl/roc.py`) with p_err and p_format
 as RoC's mode computes them (`roc.penalty_parts`), and its advantage where kept.
 `logprob_gap` (engine against trainer log-probs) is null when picked: the trainer's log-probs
 exist only on the training ranks, after the exchange. `logprob_gap.fill_logprob_gaps`, a
@@ -36,7 +36,7 @@ from rstar2_cli.protocol.template import ids_decoder
 from rstar2_cli.rl.admission import VOID_TURN
 from rstar2_cli.rl.logprob_gap import Gap, Label, fill_logprob_gaps
 from rstar2_cli.rl.roc import penalty_parts
-from rstar2_cli.rollout.trajectory import Trajectory
+from rstar2_cli.rollout.trajectory import Trajectory, TurnRecord
 
 
 def rollout_path(out_dir: str | Path, step: int, node: int, nodes: int) -> Path:
@@ -58,7 +58,7 @@ def pick_groups(trajs: Sequence[Trajectory], count: int, *, seed: int, step: int
         return []
     rng = np.random.default_rng([seed, step, node])
     chosen = {keys[i] for i in rng.choice(len(keys), size=min(count, len(keys)), replace=False)}
-    chosen |= {group_key(t) for t in trajs if t.extra.get("excluded") not in (None, VOID_TURN)}
+    chosen |= {group_key(t) for t in trajs if t.exclusion not in (None, VOID_TURN)}
     return sorted(chosen)
 
 
@@ -75,17 +75,16 @@ def mask_runs(mask: Sequence[int]) -> list[tuple[int, int, int]]:
 
 def render_turns(t: Trajectory, decode: Callable[[list[int]], str]) -> list[dict[str, Any]]:
     """The trajectory's turns as the log writes them, each span decoded once."""
-    records = t.extra.get("turns")
-    if records is None:     # no agent-loop records: the loss-mask runs (1 = generated, 0 = tool/template)
-        records = [{"role": "assistant" if m else "tool", "span": [s, e]} for s, e, m in mask_runs(t.loss_mask)]
+    records = t.turn_records or [    # no agent-loop records: the loss-mask runs (1 = generated, 0 = tool/template)
+        TurnRecord("assistant" if m else "tool", [s, e]) for s, e, m in mask_runs(t.loss_mask)]
     out = []
     for r in records:
-        s, e = r["span"]
-        turn = {"role": r["role"], "text": decode(list(t.response_ids[s:e])), "tokens": e - s}
-        if r["role"] == "assistant":
-            turn.update(tool_code=r.get("tool_code"), parse_error=r.get("parse_error"))
+        s, e = r.span
+        turn = {"role": r.role, "text": decode(list(t.response_ids[s:e])), "tokens": e - s}
+        if r.role == "assistant":
+            turn.update(tool_code=r.tool_code, parse_error=r.parse_error)
         else:
-            turn["status"] = r.get("status")
+            turn["status"] = r.status
         out.append(turn)
     return out
 
@@ -110,16 +109,17 @@ class RolloutLog:
         return [self.record(t, step, node, adv.get(id(t))) for t in chosen]
 
     def record(self, t: Trajectory, step: int, node: int, advantage: float | None) -> dict[str, Any]:
-        roc = t.extra.get("roc") or {"decision": None, "as": None, "rule": None}
+        d = t.roc_decision
+        roc = {"decision": d and d.decision, "as": d and d.as_class, "rule": d and d.rule}
         p_err = p_format = None
-        if roc.get("decision") != "excluded":
+        if roc["decision"] != "excluded":
             p_err, p_format = penalty_parts(t, self.roc_mode)
         return {"step": step, "node": node, "group": t.group_index, "prompt_id": t.prompt_id,
                 "sample": t.sample_index, "problem": self.problems.get(t.prompt_id), "gold": t.gold,
                 "turns": render_turns(t, self.decode), "response_tokens": t.response_length,
                 "tool_calls": t.num_tool_calls, "tool_errors": t.num_tool_errors, "void_turns": t.num_void_turns,
                 "finish_reason": t.finish_reason or None, "reward": t.reward, "extracted": t.extracted,
-                "grade_reason": t.grade_reason or None, "fault": t.extra.get("excluded"),
+                "grade_reason": t.grade_reason or None, "fault": t.exclusion,
                 "roc": {**roc, "p_err": p_err, "p_format": p_format}, "advantage": advantage,
                 "logprob_gap": None}
 

@@ -32,10 +32,10 @@ per trajectory (`Trajectory.num_void_turns`): a turn that ended on a stop id wit
 tool call (a malformed one, answered with a parse error, is no complete code block) and no answer
 (`has_answer`). A turn cut by the response budget is not counted (it is clipped, `rollout/clip_ratio`).
 
-Turn records (`Trajectory.extra["turns"]`, read by `rl/rollout_log.py`): per turn in order, its
+Turn records (`Trajectory.turn_records`, read by `rl/rollout_log.py`): per turn in order, its
 role, its `span` [start, end) in `response_ids`, and what the loop knew: a generated turn's call
 code and parse errors (`note_attempts`), a tool turn's status (`tool_status`); no text (a writer
-decodes the spans of the few trajectories it logs). `extra["repeated_code_calls"]`: calls whose
+decodes the spans of the few trajectories it logs). `Trajectory.num_repeated_code_calls`: calls whose
 code (`call_code`) an earlier call of the same trajectory ran (the tool-loop alarm, rl/tool_loop.py).
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ from rstar2_cli.protocol.template import eos_token_ids, single_token_id
 from rstar2_cli.protocol.tools import ToolSpec, get_tools, tool_schemas
 from rstar2_cli.rollout.engine_health import EngineDied
 from rstar2_cli.rollout.generation import GenRequest, is_engine_failure
-from rstar2_cli.rollout.trajectory import Trajectory
+from rstar2_cli.rollout.trajectory import Trajectory, TurnRecord
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def occurrences(prompt_ids: list[str]) -> list[int]:
 
 
 @dataclass
-class _Protocol:
+class _LoopSetup:
     """What every trajectory of a run shares: tokenizer, tools, stop ids, and the exact fast paths
     from ids to text and from tool outputs to ids (protocol/detokenize.py, protocol/splice.py)."""
     tokenizer: Any
@@ -110,7 +110,7 @@ class _Protocol:
     tool_turn: ToolTurnEncoder              # responses.tool_turn_ids, spliced
 
     @classmethod
-    def build(cls, tokenizer, cfg: RolloutConfig) -> "_Protocol":
+    def build(cls, tokenizer, cfg: RolloutConfig) -> "_LoopSetup":
         eos = eos_token_ids(tokenizer)
         # The release stops a turn only at end-of-turn; rollout.stop_at_tool_call also at </tool_call>.
         stops = eos + ([single_token_id(tokenizer, "</tool_call>")] if cfg.stop_at_tool_call else [])
@@ -118,14 +118,14 @@ class _Protocol:
                    ToolTurnEncoder(tokenizer, cfg.force_reason))
 
 
-async def _run_calls(attempts: list[ToolCall | ParseError], tool_runner, proto: _Protocol,
+async def _run_calls(attempts: list[ToolCall | ParseError], tool_runner, setup: _LoopSetup,
                      session: str) -> list[Any]:
     """Outcomes in call order: ParseErrors as they are, valid calls as sandbox RunResults."""
     calls = [(i, a) for i, a in enumerate(attempts) if isinstance(a, ToolCall)]
     outcomes: list[Any] = list(attempts)
     if calls:
-        items = [proto.tools[c.name].run_item(c.arguments, session, proto.cfg.code_runner) for _, c in calls]
-        results = await tool_runner.run_batch(items, timeout=proto.cfg.tool_timeout)
+        items = [setup.tools[c.name].run_item(c.arguments, session, setup.cfg.code_runner) for _, c in calls]
+        results = await tool_runner.run_batch(items, timeout=setup.cfg.tool_timeout)
         if len(results) != len(items):
             raise RuntimeError(f"tool runner returned {len(results)} results for {len(items)} calls")
         for (i, _), r in zip(calls, results):
@@ -139,13 +139,13 @@ def call_code(call: ToolCall) -> str:
     return code if isinstance(code, str) else repr(sorted(call.arguments.items()))
 
 
-def note_attempts(turn: dict[str, Any], attempts: list[ToolCall | ParseError]) -> None:
+def note_attempts(turn: TurnRecord, attempts: list[ToolCall | ParseError]) -> None:
     """A generated turn's call attempts on its record: the code of its well-formed calls (several
     joined by `CALL_SEPARATOR`), the messages of its malformed ones; None where it has none."""
     codes = [c.arguments.get("code", c.raw) for c in attempts if isinstance(c, ToolCall)]
     errors = [a.message for a in attempts if isinstance(a, ParseError)]
-    turn["tool_code"] = CALL_SEPARATOR.join(map(str, codes)) if codes else None
-    turn["parse_error"] = "\n".join(errors) if errors else None
+    turn.tool_code = CALL_SEPARATOR.join(map(str, codes)) if codes else None
+    turn.parse_error = "\n".join(errors) if errors else None
 
 
 def tool_status(reasons: list[str]) -> str:
@@ -175,28 +175,26 @@ def record_versions(traj: Trajectory, res: Any, start: int, context_tokens: int)
 
 
 async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_runner,
-                       proto: _Protocol, priority: int = 0) -> Trajectory:
-    cfg = proto.cfg
+                       setup: _LoopSetup, priority: int = 0) -> Trajectory:
+    cfg = setup.cfg
     budget = cfg.max_response_tokens
     ids, mask, logprobs = traj.response_ids, traj.loss_mask, traj.logprobs
-    reasons: list[str] = []           # per call: "ok", a sandbox failure reason, or "parse_error"
-    turns: list[dict[str, Any]] = []  # per turn, its token span and what the loop knew (`turn_records`)
+    reasons = traj.tool_outcomes      # per call: "ok", a sandbox failure reason, or "parse_error"
+    turns = traj.turn_records         # per turn, its token span and what the loop knew
     seen_code: set[str] = set()
-    repeated = 0                      # calls whose code an earlier call of this trajectory ran already
     used_session = False
-    decoded = ResponseDecoder(proto.decode)   # the response's text, one piece per extend of `ids`
+    decoded = ResponseDecoder(setup.decode)   # the response's text, one piece per extend of `ids`
     try:
         while True:
             req = GenRequest(prompt_ids=traj.prompt_ids + ids, max_tokens=budget - len(ids),
-                             temperature=cfg.temperature, top_p=cfg.top_p, stop_token_ids=proto.stop_ids,
+                             temperature=cfg.temperature, top_p=cfg.top_p, stop_token_ids=setup.stop_ids,
                              seed=(seed + 1_000_003 * traj.num_turns) & 0x7FFFFFFF, logprobs=True,
                              priority=priority)
             res = await generator.generate(req, key=key)
             if len(res.logprobs) != len(res.token_ids):
                 raise RuntimeError(f"engine returned {len(res.logprobs)} logprobs for {len(res.token_ids)} tokens")
             record_versions(traj, res, len(ids), len(req.prompt_ids))
-            turns.append({"role": "assistant", "span": [len(ids), len(ids) + len(res.token_ids)],
-                          "tool_code": None, "parse_error": None})
+            turns.append(TurnRecord("assistant", [len(ids), len(ids) + len(res.token_ids)]))
             ids.extend(res.token_ids)
             decoded.extend(res.token_ids)
             mask.extend([1] * len(res.token_ids))
@@ -207,31 +205,31 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
                 break
             last = res.token_ids[-1] if res.token_ids else None
             turn_text = decoded.last()
-            attempts = parse_tool_calls(turn_text, proto.tools, cfg.max_calls_per_turn,
+            attempts = parse_tool_calls(turn_text, setup.tools, cfg.max_calls_per_turn,
                                         messages=cfg.parse_messages, unclosed_feedback=cfg.unclosed_tag_feedback)
             note_attempts(turns[-1], attempts)
-            if (last in proto.stop_ids and not any(isinstance(a, ToolCall) for a in attempts)
+            if (last in setup.stop_ids and not any(isinstance(a, ToolCall) for a in attempts)
                     and not has_answer(turn_text)):
                 traj.num_void_turns += 1      # a complete turn with neither a well-formed call nor an answer
             # A turn continues only if it ended on a stop id (end-of-turn, or </tool_call> with
             # rollout.stop_at_tool_call) and made a call attempt.
-            if not attempts or last not in proto.stop_ids:
+            if not attempts or last not in setup.stop_ids:
                 traj.finish_reason = "stop"
                 break
             if traj.num_turns >= cfg.max_turns:
                 traj.finish_reason = "max_turns"
                 break
             started = time.monotonic()
-            outcomes = await _run_calls(attempts, tool_runner, proto, key)
+            outcomes = await _run_calls(attempts, tool_runner, setup, key)
             traj.tool_time += time.monotonic() - started
-            used_session = used_session or any(isinstance(a, ToolCall) and proto.tools[a.name].stateful
+            used_session = used_session or any(isinstance(a, ToolCall) and setup.tools[a.name].stateful
                                                for a in attempts)
             for o in outcomes:
                 reasons.append("parse_error" if isinstance(o, ParseError) else o.reason)
             for a in attempts:
                 if isinstance(a, ToolCall):
                     code = call_code(a)
-                    repeated += code in seen_code
+                    traj.num_repeated_code_calls += code in seen_code
                     seen_code.add(code)
             traj.num_tool_calls += len(outcomes)
             infra = sum(r in INFRA_TOOL_REASONS for r in reasons[-len(outcomes):])
@@ -241,12 +239,12 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
                 traj.infra_error = traj.infra_error or "sandbox_internal_error"
             texts = [response_text(o, cfg.tool_response_max_chars, cfg.tool_timeout, cfg.response_format)
                      for o in outcomes]
-            tool_ids = proto.tool_turn(texts, after_eos=last in proto.eos_ids)
+            tool_ids = setup.tool_turn(texts, after_eos=last in setup.eos_ids)
             if len(ids) + len(tool_ids) >= budget:   # the release's rule: no partial tool turn
                 traj.finish_reason = "length"
                 break
-            turns.append({"role": "tool", "span": [len(ids), len(ids) + len(tool_ids)],
-                          "status": tool_status(reasons[-len(outcomes):])})
+            turns.append(TurnRecord("tool", [len(ids), len(ids) + len(tool_ids)],
+                                    status=tool_status(reasons[-len(outcomes):])))
             ids.extend(tool_ids)
             decoded.extend(tool_ids)
             mask.extend([0] * len(tool_ids))
@@ -259,12 +257,11 @@ async def _rollout_one(traj: Trajectory, key: str, seed: int, generator, tool_ru
         log.warning("trajectory %s failed: %r", key, e)
         traj.finish_reason = "error"
         traj.infra_error = "engine_error"
-        traj.extra["error"] = repr(e)
+        traj.error = repr(e)
     finally:
         if used_session and hasattr(tool_runner, "close_session"):
             tool_runner.close_session(key)
     traj.text = decoded.text(ids)
-    traj.extra.update(key=key, seed=seed, tool_reasons=reasons, turns=turns, repeated_code_calls=repeated)
     return traj
 
 
@@ -297,17 +294,18 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
     if not len(group_indices) == len(occurrence) == len(problems):
         raise ValueError(f"{len(problems)} problems but {len(group_indices)} group indices and "
                          f"{len(occurrence)} occurrence counts")
-    proto = _Protocol.build(tokenizer, cfg)
-    schemas = tool_schemas(proto.tools, cfg.tool_schema_return) if cfg.tools_in_prompt else None
+    setup = _LoopSetup.build(tokenizer, cfg)
+    schemas = tool_schemas(setup.tools, cfg.tool_schema_return) if cfg.tools_in_prompt else None
     encode_prompt = PromptEncoder(tokenizer, cfg.system_prompt, schemas, cfg.force_reason)
     trajs: list[Trajectory] = []
     jobs = []
     for (prompt_id, problem, gold), group, occ in zip(problems, group_indices, occurrence):
         prompt_ids = encode_prompt(problem)
         for k in range(samples_per_problem):   # one prompt list per problem, shared by its samples
-            t = Trajectory(prompt_id=prompt_id, sample_index=k, group_index=group, prompt_ids=prompt_ids, gold=gold)
-            trajs.append(t)
-            jobs.append((t, instance_key(prompt_id, k, occ), trajectory_seed(seed, prompt_id, k, occ)))
+            key, s = instance_key(prompt_id, k, occ), trajectory_seed(seed, prompt_id, k, occ)
+            trajs.append(Trajectory(prompt_id=prompt_id, sample_index=k, group_index=group, prompt_ids=prompt_ids,
+                                    gold=gold, instance_key=key, sampling_seed=s))
+            jobs.append((trajs[-1], key, s))
     if not jobs:
         return []
 
@@ -315,19 +313,18 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
         async def one(t, key, s):
             while True:
                 try:
-                    await _rollout_one(t, key, s, generator, tool_runner, proto, priority)
+                    await _rollout_one(t, key, s, generator, tool_runner, setup, priority)
                     break
                 except EngineDied as died:
                     if recover is None:
-                        t.finish_reason, t.infra_error, t.extra["error"] = "error", "engine_error", repr(died)
-                        t.text = proto.decode(t.response_ids)
-                        t.extra.update(key=key, seed=s)
+                        t.finish_reason, t.infra_error, t.error = "error", "engine_error", repr(died)
+                        t.text = setup.decode(t.response_ids)
                         break
                     log.warning("trajectory %s: %s; rolled out again after the restart", key, died)
                     await recover(died)
                     vars(t).update(vars(Trajectory(prompt_id=t.prompt_id, sample_index=t.sample_index,
                                                    group_index=t.group_index, prompt_ids=t.prompt_ids,
-                                                   gold=t.gold)))
+                                                   gold=t.gold, instance_key=key, sampling_seed=s)))
             if on_done is not None:
                 on_done(t)
         await asyncio.gather(*(one(*j) for j in jobs))
@@ -347,5 +344,5 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
         await run_all()
     failed = [t for t in trajs if t.finish_reason == "error"]
     if len(failed) == len(trajs):
-        raise RuntimeError(f"all {len(trajs)} trajectories failed; first error: {failed[0].extra.get('error')}")
+        raise RuntimeError(f"all {len(trajs)} trajectories failed; first error: {failed[0].error}")
     return trajs

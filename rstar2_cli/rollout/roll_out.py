@@ -3,7 +3,7 @@
 `roll_out` rolls out this node's shard of a step's prompts through the agent loop (the fleet's
 replicas behind its scheduler, the sandbox for tool calls): `rollouts_per_prompt` trajectories per
 prompt, each carrying its prompt's position in the step's batch as `group_index` (RoC groups by
-it) and the node in `extra["node"]`. Sampling seeds depend on the step, the prompt id and the
+it) and the node in `rollout_node`. Sampling seeds depend on the step, the prompt id and the
 sample index only (`agent_loop`), so which node rolls a prompt out changes nothing; a prompt drawn
 twice in one batch gets fresh seeds for its later draw (`occurrences` over the whole batch).
 
@@ -37,7 +37,7 @@ async def roll_out(batch: Sequence[Any], positions: Sequence[int], fleet: Any, t
                                  group_indices=list(positions), occurrence=[drawn[i] for i in positions],
                                  priority=priority, recover=fleet.supervisor.recover)
     for t in trajs:
-        t.extra["node"] = node
+        t.rollout_node = node
     return trajs
 
 

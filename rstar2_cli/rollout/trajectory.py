@@ -4,11 +4,32 @@ Why token ids and not text: the trainer must score exactly the tokens the engine
 Re-tokenizing generated text can merge or split tokens differently, which silently corrupts
 the importance ratio. So the agent loop appends the engine's ids as they are, plus the
 tokenized tool responses, and everything downstream reads these fields.
+
+What one stage notes for another rides in typed fields too: the agent loop's per-turn records
+(`TurnRecord`) and call outcomes, admission's exclusion reason (rl/admission.py) and RoC's decision
+(`RocDecision`, rl/roc.py), which the rollout log, the step metrics and the eval rows read.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+
+@dataclass
+class TurnRecord:
+    """One turn of a trajectory as the agent loop saw it (no text: the rollout log decodes `span`)."""
+    role: str                           # "assistant" (generated) or "tool" (a tool-response turn)
+    span: list[int]                     # [start, end) in response_ids
+    tool_code: str | None = None        # assistant: the code of its well-formed calls (agent_loop.CALL_SEPARATOR)
+    parse_error: str | None = None      # assistant: the messages of its malformed calls
+    status: str | None = None           # tool: "ok", "parse_error", "timeout", "infra_error" or "error"
+
+
+@dataclass
+class RocDecision:
+    """What the trainer's selection (rl/roc.py) did with a trajectory, and by which rule."""
+    decision: str                       # "kept", "dropped", "filtered" or "excluded"
+    as_class: str | None                # "positive" or "negative" (None when excluded)
+    rule: str                           # the rule, one line
 
 
 @dataclass
@@ -52,7 +73,24 @@ class Trajectory:
     version_spans: list[list[int]] = field(default_factory=list)
     continued_turns: int = 0            # turns stopped by a weight update and continued on the new weights
     recompute_tokens: int = 0           # context tokens re-prefilled on the new weights for those turns
-    extra: dict[str, Any] = field(default_factory=dict)
+    # what the stages note for each other
+    instance_key: str = ""              # routing and sandbox-session key (agent_loop.instance_key)
+    sampling_seed: int | None = None    # its seed (agent_loop.trajectory_seed); turn seeds derive from it
+    rollout_node: int = 0               # the rollout host that rolled it out (rollout/roll_out.py)
+    error: str | None = None            # finish_reason "error": the exception that ended it (repr)
+    tool_outcomes: list[str] = field(default_factory=list)  # per call: "ok", the sandbox's failure reason,
+                                                            # or "parse_error"
+    turn_records: list[TurnRecord] = field(default_factory=list)  # per turn, in order ([] = none kept)
+    num_repeated_code_calls: int = 0    # calls whose code an earlier call of it ran (rl/tool_loop.py's alarm)
+    exclusion: str | None = None        # why admission left it out of training (rl/admission.py), else None
+    roc_decision: RocDecision | None = None  # the selection's decision (rl/roc.py), once made
+
+    def __post_init__(self) -> None:
+        # The async trainer's checkpoint stores pending trajectories as `dataclasses.asdict` mappings
+        # (rl/async_rollouts.py); built again from one, the nested records come back typed.
+        self.turn_records = [r if isinstance(r, TurnRecord) else TurnRecord(**r) for r in self.turn_records]
+        if isinstance(self.roc_decision, dict):
+            self.roc_decision = RocDecision(**self.roc_decision)
 
     @property
     def response_length(self) -> int:

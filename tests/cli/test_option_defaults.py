@@ -1,7 +1,7 @@
 """An option that stands for a setting has no default of its own: it shows and uses the setting's
 one default (`rstar2 eval`'s are EvalSettings', eval/settings.py; `rstar2 quickstart`'s the
 QuickstartSettings' or its preset's), or none at all where the value comes from a recipe
-(`prepare hard`'s rollout options: the policy's run recipe, rl/mine_hard.py). Read from the Click
+(`prepare hard`'s rollout options: the policy's run recipe, prepare/mine_hard.py). Read from the Click
 command the CLI builds, so a literal written into an option shows up here."""
 from __future__ import annotations
 

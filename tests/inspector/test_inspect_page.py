@@ -18,9 +18,9 @@ from inspect_fixtures import serving, write_eval, write_rl_run
 from typer.testing import CliRunner
 
 from rstar2_cli.cli import app
-from rstar2_cli.inspect.page import embedded_json, render_page
-from rstar2_cli.inspect.reader import read_folder
-from rstar2_cli.inspect.serve import make_server
+from rstar2_cli.inspector.page import embedded_json, render_page
+from rstar2_cli.inspector.reader import read_folder
+from rstar2_cli.inspector.serve import make_server
 
 EVIL = '</script><script>alert("x")</script><img src=x onerror=alert(1)> & <!--'
 
@@ -50,7 +50,7 @@ def test_model_output_cannot_end_the_data_block(tmp_path):
 
 
 def test_the_script_sets_text_never_markup():
-    from rstar2_cli.inspect.page import asset
+    from rstar2_cli.inspector.page import asset
 
     js = asset("page.js")
     assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(", js)

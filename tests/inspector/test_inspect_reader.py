@@ -8,8 +8,8 @@ import json
 import pytest
 from inspect_fixtures import eval_text, write_eval, write_rl_run
 
-from rstar2_cli.inspect.eval_rows import split_turns, tool_code, tool_status
-from rstar2_cli.inspect.reader import InspectError, allocate, read_folder, read_step
+from rstar2_cli.inspector.eval_rows import split_turns, tool_code, tool_status
+from rstar2_cli.inspector.reader import InspectError, allocate, read_folder, read_step
 
 
 def test_an_rl_run_reads_steps_metrics_recipe_and_every_trajectory(tmp_path):

@@ -11,6 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from rstar2_cli.cli import app
+from rstar2_cli.config import RELEASE_MICRO_BATCH_TOKENS
 from rstar2_cli.launch import engine_sizing as es
 from rstar2_cli.launch import memory_plan as mp
 from rstar2_cli.launch.topology import plan_from_args
@@ -54,7 +55,7 @@ def test_auto_is_the_largest_multiple_of_1024_that_fits_at_most_the_releases_bud
     spec = es.memory_spec_for(cfg, plan, 66.0, "custom")
     assert mp.build_memory_plan(spec).fits
     assert not mp.build_memory_plan(dataclasses.replace(spec, micro_batch_tokens=tokens + 1024)).fits
-    assert sized_stage2(191.6)[0].train.micro_batch_tokens == es.RELEASE_MICRO_BATCH_TOKENS == 20480
+    assert sized_stage2(191.6)[0].train.micro_batch_tokens == RELEASE_MICRO_BATCH_TOKENS == 20480
     assert sized_stage2(191.6, gpus=64)[0].train.micro_batch_tokens == 20480
     # a number in the recipe is used as given; and nothing fits a card below the longest trajectory's update
     assert sized_stage2(66.0, "train.micro_batch_tokens=4096")[0].train.micro_batch_tokens == 4096

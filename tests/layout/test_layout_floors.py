@@ -10,12 +10,13 @@ leaf. The floors, bottom first, and what keeps them apart:
 - the sandbox's base (`sandbox`, `inside`, `jail`, `core`): stands alone (tests/sandbox/test_sandbox_layout.py);
 - leaves: `config`, `hosts` (ports, GPU visibility), `reward`, `data`, `protocol` (the tool text
   the model sees, which uses only `sandbox.core`'s result, never the HTTP service);
-- `models` (the tiny model, the attention choice), `inspect` (reads run and eval files and writes the
+- `models` (the tiny model, the attention choice), `inspector` (reads run and eval files and writes the
   trajectory page: files and `protocol`'s tags only, never `rollout` or `rl`), the sandbox's service
   and Redis mode;
 - `rollout` (engines, agent loop, weight sync, the tool sandbox);
 - `launch` (plans engines, so above `rollout`), `eval`, `sft`;
-- `rl`; then `quickstart` and `sandbox_bench`; then `commands`; then `cli`.
+- `rl`; then `quickstart`, `sandbox_bench` and `prepare` (`rstar2 prepare`'s jobs that roll out a
+  policy: eval's runner on launch's engines, with a run's recipe); then `commands`; then `cli`.
 `benchmarks/` stands on all of them: it may import `rstar2_cli` and `sandbox`, and its scripts
 import each other by file name (`import smoke_model`, `from sim.workload import ...`: the folders
 are on sys.path, pyproject.toml's pytest `pythonpath`), never a private name; `rstar2_cli` and
@@ -32,11 +33,11 @@ REPO = Path(__file__).resolve().parents[2]
 FLOORS = (
     ("rstar2_cli", "recipe_text", "source_commit", "sandbox", "sandbox.inside", "sandbox.jail", "sandbox.core"),
     ("config", "hosts", "reward", "data", "protocol"),
-    ("models", "inspect", "sandbox.service", "sandbox.redis_mode"),
+    ("models", "inspector", "sandbox.service", "sandbox.redis_mode"),
     ("rollout",),
     ("launch", "eval", "sft"),
     ("rl",),
-    ("quickstart", "sandbox_bench"),
+    ("quickstart", "sandbox_bench", "prepare"),
     ("commands",),
     ("cli",),
 )
@@ -218,14 +219,14 @@ def test_the_scans_see_attribute_access_and_importlib(tmp_path):
         "loop = importlib.import_module('rstar2_cli.rollout.scheduler')\n"
         "def f(name):\n"
         "    importlib.import_module(f'rstar2_cli.commands.{name}')\n"
-        "    return (rstar2_cli.rollout.agent_loop._Protocol, grader._check_timeout, parser._TAG, sm._private,\n"
+        "    return (rstar2_cli.rollout.agent_loop._LoopSetup, grader._check_timeout, parser._TAG, sm._private,\n"
         "            loop._Dispatcher, parser.__doc__, grader.GraderPool, source._x)\n")
     found = imports("benchmarks.timing.probe", source)
     assert ("rstar2_cli.rollout.scheduler", []) in found and ("rstar2_cli.commands", []) in found
     assert ("benchmarks.gpu.smoke_model", []) in found and ("rstar2_cli.protocol.parser", []) in found
     assert sorted(private_attributes("benchmarks.timing.probe", source)) == sorted([
         ("benchmarks.gpu.smoke_model", "_private"), ("rstar2_cli.reward.grader", "_check_timeout"),
-        ("rstar2_cli.rollout.agent_loop", "_Protocol"), ("rstar2_cli.protocol.parser", "_TAG"),
+        ("rstar2_cli.rollout.agent_loop", "_LoopSetup"), ("rstar2_cli.protocol.parser", "_TAG"),
         ("rstar2_cli.rollout.scheduler", "_Dispatcher")])
 
 

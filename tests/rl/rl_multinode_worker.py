@@ -34,7 +34,7 @@ def main(recipe_path: str, out_dir: str) -> None:
 
     def recording_grades(trajs, reward):
         alternating_grades(trajs, reward)
-        seen.append({"digest": digest(trajs), "nodes": [t.extra["node"] for t in trajs],
+        seen.append({"digest": digest(trajs), "nodes": [t.rollout_node for t in trajs],
                      "order": [[t.prompt_id, t.sample_index, t.group_index] for t in trajs]})
 
     trainer = RLTrainer(load_recipe_dict(json.loads(Path(recipe_path).read_text())), progress=False,

@@ -213,7 +213,7 @@ def test_staleness_needs_the_off_policy_correction():
 def test_colocated_engines_on_gpus_refuse_staleness_once_the_run_knows_its_device():
     from rstar2_cli.config import check_placement
 
-    raw = {**_recipe(max_staleness=1), "loss": {"tis": True}}
+    raw = {**_recipe(max_staleness=1, micro_batch_tokens=4096), "loss": {"tis": True}}   # a number: not sized on GPU
     assert load_recipe_dict(raw).engine.colocate              # the device is not known yet: not checked
     load_recipe_dict(raw, on_gpu=False)                        # CPU: the engine core runs beside the trainer
     with pytest.raises(ConfigError) as e:
@@ -224,7 +224,8 @@ def test_colocated_engines_on_gpus_refuse_staleness_once_the_run_knows_its_devic
     with pytest.raises(ConfigError, match="engine.colocate: true on GPUs"):   # what each trainer process runs
         check_placement(load_recipe_dict(raw), on_gpu=True)
     check_placement(load_recipe_dict({**raw, "engine": {"colocate": False}}), on_gpu=True)
-    check_placement(load_recipe_dict(_recipe()), on_gpu=True)          # k = 0 colocated: the release's set-up
+    release = _recipe(micro_batch_tokens=4096)
+    check_placement(load_recipe_dict(release), on_gpu=True)          # k = 0 colocated: the release's set-up
 
 
 def test_an_abandoned_step_is_drawn_again_from_the_same_sampler_position():

@@ -71,12 +71,12 @@ def test_a_problem_drawn_twice_is_two_instances_with_their_own_seeds_and_keys(to
     trajs = rollout(tok, problems, engine)
     assert [(t.prompt_id, t.group_index, t.sample_index) for t in trajs] == [
         ("a", 0, 0), ("a", 0, 1), ("b", 1, 0), ("b", 1, 1), ("a", 2, 0), ("a", 2, 1)]
-    keys = [t.extra["key"] for t in trajs]
+    keys = [t.instance_key for t in trajs]
     assert len(set(keys)) == 6 and keys[4:] == [instance_key("a", 0, 1), instance_key("a", 1, 1)]
     # first draws keep the seeds they always had (runs without duplicates stay bit-identical)
-    assert [t.extra["seed"] for t in trajs[:4]] == [trajectory_seed(5, p, k) for p in "ab" for k in (0, 1)]
+    assert [t.sampling_seed for t in trajs[:4]] == [trajectory_seed(5, p, k) for p in "ab" for k in (0, 1)]
     assert keys[:4] == ["a#0", "a#1", "b#0", "b#1"]
-    assert {t.extra["seed"] for t in trajs[4:]}.isdisjoint({t.extra["seed"] for t in trajs[:2]})
+    assert {t.sampling_seed for t in trajs[4:]}.isdisjoint({t.sampling_seed for t in trajs[:2]})
 
 
 def test_a_shard_carries_global_positions_and_occurrences(tok):
@@ -91,7 +91,7 @@ def test_a_shard_carries_global_positions_and_occurrences(tok):
         shards.append(trajs)
     merged = sorted((t for s in shards for t in s), key=lambda t: t.group_index)
     assert [(t.prompt_id, t.group_index) for t in merged] == [("a", 0), ("b", 1), ("a", 2), ("c", 3)]
-    assert merged[0].extra["key"] != merged[2].extra["key"] and merged[0].extra["seed"] != merged[2].extra["seed"]
+    assert merged[0].instance_key != merged[2].instance_key and merged[0].sampling_seed != merged[2].sampling_seed
 
 
 def test_only_failures_of_the_model_count_as_tool_errors(tok):

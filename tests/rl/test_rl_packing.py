@@ -26,6 +26,12 @@ def test_empty_prompt_is_rejected():
         pack_sequences([([], [1, 2])], 10)
 
 
+def test_an_unsized_auto_budget_is_one_clear_error():
+    """A recipe loaded without its device keeps micro_batch_tokens "auto" (config.py): packing names it."""
+    with pytest.raises(ValueError, match=r"micro_batch_tokens must be a number, got 'auto'"):
+        micro_batches([([1], [2])], "auto", "packed")
+
+
 def _reference_logprobs(model, t):
     ids = torch.tensor([t.prompt_ids + t.response_ids])
     with torch.no_grad():

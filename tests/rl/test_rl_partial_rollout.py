@@ -4,6 +4,7 @@ behaviour log-prob, and a checkpoint keeps the per-token versions."""
 from __future__ import annotations
 
 import asyncio
+import io
 import math
 from types import SimpleNamespace
 
@@ -17,7 +18,7 @@ from rstar2_cli.rl.async_rollouts import (drop_stale_groups, finish_partial, par
 from rstar2_cli.rl.policy import PolicyTrainer, loss_positions
 from rstar2_cli.rollout.agent_loop import record_versions, run_agent_loop
 from rstar2_cli.rollout.engines import GenResult, version_spans
-from rstar2_cli.rollout.trajectory import Trajectory
+from rstar2_cli.rollout.trajectory import RocDecision, Trajectory, TurnRecord
 
 
 def _recipe(**train):
@@ -117,6 +118,23 @@ def test_checkpointed_pending_batches_keep_per_token_versions():
     assert (index, problems) == (3, [7])
     assert back.token_versions() == t.token_versions() == [1] * 4 + [2] * 2
     assert (back.continued_turns, back.recompute_tokens, back.policy_version) == (1, 30, 1)
+
+
+def test_checkpointed_pending_batches_keep_the_stages_typed_notes():
+    """What the agent loop and the selection note on a trajectory comes back typed from a checkpoint
+    (the rollout log reads the turn records' spans, the step metrics the repeated calls)."""
+    t = Trajectory(prompt_id="p", response_ids=[1] * 6, loss_mask=[1, 1, 0, 0, 1, 1], instance_key="p#0",
+                   sampling_seed=11, rollout_node=1, tool_outcomes=["runtime_error"], num_repeated_code_calls=1,
+                   turn_records=[TurnRecord("assistant", [0, 2], tool_code="boom()"),
+                                 TurnRecord("tool", [2, 4], status="error"), TurnRecord("assistant", [4, 6])],
+                   exclusion="sandbox_internal_error", roc_decision=RocDecision("excluded", None, "excluded: x"))
+    buf = io.BytesIO()
+    torch.save(pending_to_state([(3, [7], ([0], [t], {}))]), buf)
+    buf.seek(0)
+    (_, _, piece), = pending_from_state(torch.load(buf, weights_only=False))
+    back = piece[1][0]
+    assert back == t
+    assert back.turn_records[1].status == "error" and back.roc_decision.as_class is None
 
 
 def test_truncated_is_weights_each_token_by_its_own_behaviour_logprob():

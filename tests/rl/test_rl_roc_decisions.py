@@ -1,4 +1,4 @@
-"""RoC records why it kept, dropped, filtered or excluded each trajectory (`extra["roc"]`), from its
+"""RoC records why it kept, dropped, filtered or excluded each trajectory (`Trajectory.roc_decision`), from its
 own selection: the recorded decisions are exactly the result's kept groups."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from rstar2_cli.config import RocConfig
 from rstar2_cli.rl.roc import select_for_training
-from rstar2_cli.rollout.trajectory import Trajectory
+from rstar2_cli.rollout.trajectory import RocDecision, Trajectory
 
 CLEAN = "<reason>ok</reason> <answer>\\boxed{1}</answer>"
 
@@ -26,21 +26,21 @@ def test_decisions_match_the_selection(mode):
     res = select_for_training(ts, RocConfig(mode=mode), 4, lambda g: np.random.default_rng(g[0].group_index))
     kept = {id(t) for t in res.trajectories}
     for t in ts:
-        d = t.extra["roc"]
+        d = t.roc_decision
         if t.group_index == 1:
-            assert d == {"decision": "filtered", "as": None, "rule": "group filtered: all rewards equal"}
+            assert d == RocDecision("filtered", None, "group filtered: all rewards equal")
         elif t.infra_error:
-            assert d == {"decision": "excluded", "as": None, "rule": "excluded: sandbox_internal_error"}
-            assert t.extra["excluded"] == "sandbox_internal_error"
+            assert d == RocDecision("excluded", None, "excluded: sandbox_internal_error")
+            assert t.exclusion == "sandbox_internal_error"
         else:
-            assert d["decision"] == ("kept" if id(t) in kept else "dropped")
-            assert d["as"] == ("positive" if t.reward > 0 else "negative")
-            assert d["rule"].startswith(f"{d['as']} {d['decision']}: ")
-    assert sum(t.extra["roc"]["decision"] == "kept" for t in ts) == len(res.trajectories) == 8
+            assert d.decision == ("kept" if id(t) in kept else "dropped")
+            assert d.as_class == ("positive" if t.reward > 0 else "negative")
+            assert d.rule.startswith(f"{d.as_class} {d.decision}: ")
+    assert sum(t.roc_decision.decision == "kept" for t in ts) == len(res.trajectories) == 8
 
 
 def test_plain_grpo_rules_name_the_first_g():
     ts = [traj(i, i % 2) for i in range(6)]
     select_for_training(ts, RocConfig(enabled=False), 4, np.random.default_rng(0))
-    assert [t.extra["roc"]["decision"] for t in ts] == ["kept"] * 4 + ["dropped"] * 2
-    assert ts[0].extra["roc"]["rule"] == "negative kept: GRPO, first G=4"
+    assert [t.roc_decision.decision for t in ts] == ["kept"] * 4 + ["dropped"] * 2
+    assert ts[0].roc_decision.rule == "negative kept: GRPO, first G=4"

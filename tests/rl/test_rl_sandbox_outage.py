@@ -42,7 +42,7 @@ def test_calls_failing_past_the_retries_are_not_the_models_tool_errors(tok, free
             return await run_agent_loop(problems, 4, engine, sb, tok, cfg, seed=3, progress=False), sb
 
     trajs, sb = asyncio.run(roll())
-    assert all(reasons == ["internal_error"] for reasons in (t.extra["tool_reasons"] for t in trajs))
+    assert all(reasons == ["internal_error"] for reasons in (t.tool_outcomes for t in trajs))
     assert "internal_error" in INFRA_TOOL_REASONS
     assert [(t.num_tool_calls, t.num_infra_tool_calls, t.num_tool_errors, t.infra_error) for t in trajs] == [
         (1, 1, 0, "sandbox_internal_error")] * 4

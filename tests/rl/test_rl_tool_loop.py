@@ -43,7 +43,7 @@ def test_the_baseline_survives_a_checkpoint():
 
 
 def test_tool_metrics_p95_and_repeated_code():
-    ts = [Trajectory(prompt_id="p", num_tool_calls=n, extra={"repeated_code_calls": r})
+    ts = [Trajectory(prompt_id="p", num_tool_calls=n, num_repeated_code_calls=r)
           for n, r in [(1, 0)] * 18 + [(4, 2), (10, 6)]]
     m = finish_rollout(rollout_tally(ts))
     assert m["tools/calls_per_traj_p95"] == 4.0            # nearest rank: the 19th of 20

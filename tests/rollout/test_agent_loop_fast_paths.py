@@ -47,9 +47,9 @@ async def test_tool_turns_render_once_per_shape_and_ids_are_decoded_once(tok, mo
     assert sum(mapped) == sum(len(t.response_ids) for t in trajs)
     for t in trajs:
         assert t.text == whole_decode(tok, t.response_ids)
-        code = t.extra["turns"][0]["tool_code"]
+        code = t.turn_records[0].tool_code
         run = RunResult(stdout=outputs[code][0], stderr="", exit_code=0, wall_time=0.01, reason="ok")
-        start, end = t.extra["turns"][1]["span"]
+        start, end = t.turn_records[1].span
         assert t.response_ids[start:end] == tool_turn_ids(tok, [responses.release_run_text(run)])
 
 

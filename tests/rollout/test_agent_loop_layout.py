@@ -166,7 +166,7 @@ async def test_parse_errors_are_answered_not_run(tiny_tok, messages, bad_json_sa
     unknown = call(name="python_notebook")
     [t], _, runner = await roll(tiny_tok, {"p#0": [bad_json, unknown, ANSWER]}, parse_messages=messages)
     assert runner.batches == []
-    assert (t.num_tool_calls, t.num_tool_errors, t.extra["tool_reasons"]) == (2, 2, ["parse_error"] * 2)
+    assert (t.num_tool_calls, t.num_tool_errors, t.tool_outcomes) == (2, 2, ["parse_error"] * 2)
     assert bad_json_says in t.text and unknown_says in t.text
     assert t.finish_reason == "stop"
 
@@ -176,7 +176,7 @@ async def test_failed_runs_count_as_tool_errors_and_long_output_is_middle_cut(ti
                          "print('x' * 9000)": ("x" * 9000, "", "ok")})
     script = {"p#0": [call("1/0"), call("print('x' * 9000)"), ANSWER]}
     [t], _, _ = await roll(tiny_tok, script, runner, tool_response_max_chars=200)
-    assert t.extra["tool_reasons"] == ["runtime_error", "ok"] and t.num_tool_errors == 1
+    assert t.tool_outcomes == ["runtime_error", "ok"] and t.num_tool_errors == 1
     assert "Tool call failure\nreason: \nstderr: Traceback\nZeroDivisionError: division by zero\n" in t.text
     assert (
         "Tool call success\nstdout: " + "x" * 74 + "...(truncated)..." + "x" * 78 + "\nexecution time: 0.01s" in t.text
@@ -256,7 +256,7 @@ async def test_a_failing_trajectory_is_marked_error_and_the_rest_complete(tiny_t
     engine = ScriptedEngine(tiny_tok, script, fail_keys={"bad#0"})
     trajs, _, _ = await roll(tiny_tok, script, engine=engine)
     assert [(t.prompt_id, t.finish_reason) for t in trajs] == [("bad", "error"), ("good", "stop")]
-    assert "engine down" in trajs[0].extra["error"]
+    assert "engine down" in trajs[0].error
     with pytest.raises(RuntimeError, match="all 1 trajectories failed.*engine down"):
         await roll(tiny_tok, {"bad#0": [ANSWER]}, engine=ScriptedEngine(tiny_tok, {"bad#0": [ANSWER]}, {"bad#0"}))
 
@@ -267,11 +267,11 @@ async def test_keys_and_seeds_are_per_trajectory_and_reproducible(tiny_tok):
     trajs, e1, _ = await roll(tiny_tok, script(), samples=3, seed=7)
     _, e2, _ = await roll(tiny_tok, script(), samples=3, seed=7)
     _, e3, _ = await roll(tiny_tok, script(), samples=3, seed=8)
-    assert [(t.prompt_id, t.sample_index, t.extra["key"]) for t in trajs] == [("p", k, f"p#{k}") for k in range(3)]
+    assert [(t.prompt_id, t.sample_index, t.instance_key) for t in trajs] == [("p", k, f"p#{k}") for k in range(3)]
     seeds = lambda e: sorted((k, r.seed) for k, r in e.requests)  # noqa: E731
     assert seeds(e1) == seeds(e2) != seeds(e3)
     assert len({s for _, s in seeds(e1)}) == 3
-    assert trajs[0].extra["seed"] == trajectory_seed(7, "p", 0)
+    assert trajs[0].sampling_seed == trajectory_seed(7, "p", 0)
 
 
 async def test_with_the_real_sandbox_notebook_state_persists_and_errors_are_counted(tiny_tok):
@@ -280,7 +280,7 @@ async def test_with_the_real_sandbox_notebook_state_persists_and_errors_are_coun
     script = {"p#0": [nb("x = 6"), nb("print(x * 7)"), nb("1/0"), ANSWER]}
     async with Sandbox(workers=1, limits=Limits(timeout=5)) as sb:
         [t], _, _ = await roll(tiny_tok, script, runner=sb, tool="python_notebook")
-    assert t.extra["tool_reasons"] == ["ok", "ok", "runtime_error"] and t.num_tool_errors == 1
+    assert t.tool_outcomes == ["ok", "ok", "runtime_error"] and t.num_tool_errors == 1
     responses = [seg.split("\n</tool_response>")[0] for seg in t.text.split("<tool_response>\n")[1:]]
     assert responses[1].startswith("Tool call success\nstdout: 42\n\nexecution time: ")
     assert responses[2].startswith("Tool call failure\nreason: \n") and "ZeroDivisionError" in responses[2]

@@ -153,7 +153,7 @@ def test_a_replica_that_dies_mid_rollout_is_restarted_and_the_step_data_is_uncha
 def test_without_recover_an_engine_death_is_an_error_trajectory(tok):
     trajs = rollout(tok, [SeededReplica(tok, die_after=2), SeededReplica(tok)])
     failed = [t for t in trajs if t.finish_reason == "error"]
-    assert failed and all(t.infra_error == "engine_error" and "engine died" in t.extra["error"] for t in failed)
+    assert failed and all(t.infra_error == "engine_error" and "engine died" in t.error for t in failed)
 
 
 def test_past_max_restarts_the_rollout_raises_one_line(tok):

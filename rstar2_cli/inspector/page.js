@@ -1,7 +1,7 @@
-// The trajectory browser: builds the page from the JSON in #rstar2-data (rstar2_cli/inspect/page.py).
+// The trajectory browser: builds the page from the JSON in #rstar2-data (rstar2_cli/inspector/page.py).
 // Model output is untrusted: every text goes into the DOM through textContent / createTextNode.
 // DATA.on_demand (`rstar2 inspect --serve`): a section holds no trajectory until it is opened; then
-// its trajectories come from the server at section.url (rstar2_cli/inspect/serve.py).
+// its trajectories come from the server at section.url (rstar2_cli/inspector/serve.py).
 "use strict";
 (function () {
   const DATA = JSON.parse(document.getElementById("rstar2-data").textContent);

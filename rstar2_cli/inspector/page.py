@@ -23,7 +23,7 @@ PAGE_FILE = "inspect.html"
 
 
 def asset(name: str) -> str:
-    return resources.files("rstar2_cli.inspect").joinpath(name).read_text(encoding="utf-8")
+    return resources.files("rstar2_cli.inspector").joinpath(name).read_text(encoding="utf-8")
 
 
 def embedded_json(data: Any) -> str:

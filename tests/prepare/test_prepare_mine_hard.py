@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rstar2_cli.rl.mine_hard import mine_hard, mining_settings
+from rstar2_cli.prepare.mine_hard import mine_hard, mining_settings
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from rstar2_cli.config import RESOLVED_RECIPE
-from rstar2_cli.inspect.eval_rows import eval_trajectory
+from rstar2_cli.inspector.eval_rows import eval_trajectory
 
 METRICS_FILE, RECIPE_FILE, ROLLOUTS_DIR = "metrics.jsonl", RESOLVED_RECIPE, "rollouts"
 RESULTS_FILE, TRAJ_FILE = "results.json", "trajectories.jsonl"     # eval/runner.py's names

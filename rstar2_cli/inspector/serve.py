@@ -16,8 +16,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from rstar2_cli.inspect.page import clean
-from rstar2_cli.inspect.reader import InspectError, read_step
+from rstar2_cli.inspector.page import clean
+from rstar2_cli.inspector.reader import InspectError, read_step
 
 STEP_PATH = re.compile(r"^/step/(\d{1,9})\.json$")
 
