@@ -35,7 +35,7 @@ RELEASE_MICRO_BATCH_TOKENS = 20480
 # (RecipeConfig._consistent: the trainer scores logits / temperature).
 Temperature = Annotated[float, Field(ge=0.0)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
-# The recipe an RL run resolved, in its train.out_dir (rl/trainer.py writes it at start): what a command that
+# The recipe an RL run resolved, in its train.out_dir (rl/run/trainer.py writes it at start): what a command that
 # continues from the run's checkpoints (`rstar2 prepare hard`) reads the run's settings from.
 RESOLVED_RECIPE = "resolved_recipe.yaml"
 
@@ -171,7 +171,7 @@ class SandboxConfig(_Section):
     memory_mb: int = Field(1024, ge=64)
     isolation: Literal["auto", "nsjail", "bwrap", "namespaces", "none"] = "auto"
     # a remote sandbox (url) whose every call has failed as an infrastructure error (after the client's
-    # retries) for this long ends the run at the next step boundary: checkpoint, RunAborted (rl/trainer.py)
+    # retries) for this long ends the run at the next step boundary: checkpoint, RunAborted (rl/run/trainer.py)
     outage_s: float = Field(300.0, gt=0.0)
 
 
@@ -188,7 +188,7 @@ class RocConfig(_Section):
     """GRPO-RoC downsampling (paper §3.1)."""
     enabled: bool = True                              # False: plain GRPO on G rollouts
     # paper: uniform negatives, weighted positives, min(2, |class|) each (as the release);
-    # release: the release's roc.py counts, sorts and text-based penalties (see rl/roc.py)
+    # release: the release's roc.py counts, sorts and text-based penalties (see rl/selection/roc.py)
     mode: Literal["paper", "release"] = "paper"
     oversample: int = Field(2, ge=1)                  # roll out oversample*G, keep G (release: n=32 -> 16)
     reject_equal_reward: bool = True                  # drop groups whose rewards are all equal
@@ -225,7 +225,7 @@ class TrainConfig(_Section):
     steps: int = Field(100, ge=1)
     prompts_per_step: int = Field(512, ge=1)
     group_size: int = Field(16, ge=1)                 # G kept per prompt (2G rolled out with RoC)
-    # tokens per micro-batch (rl/packing.py); auto: sized for the device (CPU_MICRO_BATCH_TOKENS above)
+    # tokens per micro-batch (rl/update/packing.py); auto: sized for the device (CPU_MICRO_BATCH_TOKENS above)
     micro_batch_tokens: Annotated[int, Field(ge=MIN_MICRO_BATCH_TOKENS)] | Literal["auto"] = "auto"
     logprob_chunk_tokens: int = Field(1024, ge=1)     # tokens per chunk of the log-prob head
                                                       # (peak memory = chunk x vocab)
@@ -233,22 +233,22 @@ class TrainConfig(_Section):
     # bf16), else sdpa over length-bucketed rows; never attention across trajectories (models/attention.py)
     attn_implementation: Literal["auto", "flash_attention_2", "sdpa"] = "auto"
     ppo_mini_batches: int = Field(1, ge=1)            # optimizer steps per batch (release: 1)
-    # Asynchronous GRPO-RoC, experimental (rl/async_rollouts.py): batches s+1..s+k roll out while step s
+    # Asynchronous GRPO-RoC, experimental (rl/run/async_rollouts.py): batches s+1..s+k roll out while step s
     # trains, none trained more than k versions after it was sampled. 0 = the release's synchronous
-    # step (rStar2-Agent trains synchronously), a direct call (rl/batch_source.py; k >= 1: rl/rollout_ahead.py).
+    # step (rStar2-Agent trains synchronously), a direct call (rl/run/batch_source.py; k >= 1: rl/run/rollout_ahead.py).
     max_staleness: int = Field(0, ge=0, le=8)
     # Partial rollouts (needs max_staleness >= 1): a weight update stops in-flight turns at a token
     # boundary and they continue under the new weights, prefix recomputed (docs/async-rl.md §7);
     # off: updates land between turns only, as verl's one-step-off and the release.
     partial_rollout: bool = False
-    # torch threads of a CPU trainer beside its vLLM engine (rl/cpu_threads.py): auto = the CPUs vLLM
+    # torch threads of a CPU trainer beside its vLLM engine (rl/ranks/cpu_threads.py): auto = the CPUs vLLM
     # reserves beside its worker while the engine decodes (the k = 0 update takes all); all = torch's default
     cpu_threads: Literal["auto", "all"] = "auto"
     seed: int = 0
     save_every: int = Field(10, ge=1)
     # step_* checkpoints kept on disk, newest first; 0 = all. `latest` and `final` are never deleted
     # (resume reads `latest`, the next stage `final`), so 1 is enough to resume; 0 keeps the history
-    # for evaluating earlier steps, as before (rl/checkpoint.py: ~12 bytes per parameter each)
+    # for evaluating earlier steps, as before (rl/update/checkpoint.py: ~12 bytes per parameter each)
     keep_checkpoints: int = Field(0, ge=0)
     out_dir: str = "runs/rl"
     tensorboard: bool = False
@@ -258,17 +258,17 @@ class TrainConfig(_Section):
     eval_sets: list[str] = Field(default_factory=lambda: ["aime24"], min_length=1)  # names or .jsonl files
     eval_samples: int = Field(1, ge=1)                # k of avg@k per held-out problem
     eval_before_train: bool = True                    # also a point at step 0 (when eval_every > 0)
-    # faults (rl/preemption.py, rl/trainer.py)
+    # faults (rl/run/preemption.py, rl/run/trainer.py)
     preempt_grace_s: float = Field(600.0, gt=0.0)     # SIGTERM/SIGUSR1 -> finish the step and checkpoint
                                                       # within this; past it exit 75 without it (the
                                                       # sbatch's --signal lead is larger)
     max_nonfinite_steps: int = Field(3, ge=1)         # NaN/inf loss or grad norm skips the optimizer step;
                                                       # this many in a row checkpoint and abort (a diverged
                                                       # run, not one bad batch)
-    # groups per step written to <out_dir>/rollouts/ (rl/rollout_log.py; the issue's `rl.log_rollouts`:
+    # groups per step written to <out_dir>/rollouts/ (rl/logs/rollout_log.py; the issue's `rl.log_rollouts`:
     # this schema has no rl section), plus every group with a faulted trajectory; 0 = off
     log_rollouts: int = Field(4, ge=0)
-    # tool-loop alarm (rl/tool_loop.py): calls per trajectory over factor x the first steps' mean
+    # tool-loop alarm (rl/logs/loop_alarm.py): calls per trajectory over factor x the first steps' mean
     tool_loop_baseline_steps: int = Field(5, ge=1)
     tool_loop_factor: float = Field(2.0, gt=1.0)
     stop_on_tool_loop: bool = False                   # the alarm also checkpoints and stops the run

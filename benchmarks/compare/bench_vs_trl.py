@@ -4,7 +4,7 @@ Why: the first question a user asks is "why not the GRPOTrainer I already have?"
 same RL work from one SFT checkpoint per seed (built by the quickstart's own code, SFT mix and seed):
   rstar2          RLTrainer, the quickstart's GRPO-RoC recipe (vLLM, concurrent agent loop, sandbox),
                   synchronous (train.max_staleness 0, the paper's step)
-  rstar2_k1       the same with train.max_staleness 1 (asynchronous, rl/async_rollouts.py; the quickstart's
+  rstar2_k1       the same with train.max_staleness 1 (asynchronous, rl/run/async_rollouts.py; the quickstart's
                   off-policy loss: Clip-Higher against the engine's log-probs, loss.old_logprobs rollout)
   trl_sandbox     TRL GRPOTrainer with `tools=[python_code_with_standard_io]` running in our sandbox
   trl_subprocess  the same, the tool written as a TRL user would: subprocess.run per call
@@ -44,7 +44,7 @@ from rstar2_cli.config import EngineConfig, load_recipe_dict  # noqa: E402
 from rstar2_cli.quickstart.pipeline import heldout_eval, sft_stage  # noqa: E402
 from rstar2_cli.quickstart.prepare import PreparedToy, prepare_toy  # noqa: E402
 from rstar2_cli.quickstart.settings import QuickstartSettings, TOY_SYSTEM_PROMPT, toy_rl_recipe  # noqa: E402
-from rstar2_cli.rl.trainer import RLTrainer  # noqa: E402
+from rstar2_cli.rl.run.trainer import RLTrainer  # noqa: E402
 from rstar2_cli.rollout.engines import VLLMEngine  # noqa: E402
 from rstar2_cli.source_commit import source_commit  # noqa: E402
 from sandbox import Limits, Sandbox  # noqa: E402

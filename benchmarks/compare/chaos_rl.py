@@ -11,7 +11,7 @@ within the next step (a fraction of the clean run's mean step time):
   trainer_kill     SIGKILL of the trainer process (and then of its leftover children, as a
                    cluster reaps a dead job), followed by `--resume auto`;
   preempt          SIGTERM (preemption): the trainer checkpoints at the step boundary and exits
-                   75 (`rl/preemption.py`), followed by a requeue (`--resume auto`);
+                   75 (`rl/run/preemption.py`), followed by a requeue (`--resume auto`);
   engine_kill      SIGKILL of vLLM's EngineCore process (a child of the trainer); the trainer
                    restarts it and counts `faults/engine_restarts`;
   sandbox_kill     the `rstar2 serve-sandbox` process the recipe's `sandbox.url` points at is
@@ -56,8 +56,8 @@ from rstar2_cli.config import SandboxConfig, load_recipe  # noqa: E402
 from rstar2_cli.quickstart.pipeline import heldout_eval, sft_stage  # noqa: E402
 from rstar2_cli.quickstart.prepare import prepare_toy  # noqa: E402
 from rstar2_cli.quickstart.settings import QuickstartSettings, toy_rl_recipe  # noqa: E402
-from rstar2_cli.rl import preemption  # noqa: E402
-from rstar2_cli.rl.checkpoint import latest_checkpoint  # noqa: E402
+from rstar2_cli.rl.run import preemption  # noqa: E402
+from rstar2_cli.rl.update.checkpoint import latest_checkpoint  # noqa: E402
 
 KINDS = ("trainer_kill", "preempt", "engine_kill", "sandbox_kill", "checkpoint_fail")
 CHECKPOINT_FAULT_ENV = "RSTAR2_FAULT_CHECKPOINT_WRITE"

@@ -37,8 +37,8 @@ from bench_load_memory import COMMON, SHAPES  # noqa: E402
 from gpu_shapes_check import qwen3_config  # noqa: E402
 from harness import Stopwatch, write_json  # noqa: E402
 from rstar2_cli.config import EngineConfig, LossConfig, ModelConfig, OptimConfig  # noqa: E402
-from rstar2_cli.rl.loss import group_advantages  # noqa: E402
-from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
+from rstar2_cli.rl.update.loss import group_advantages  # noqa: E402
+from rstar2_cli.rl.update.policy import PolicyTrainer  # noqa: E402
 from rstar2_cli.rollout.engines import GenRequest, VLLMEngine  # noqa: E402
 from rstar2_cli.rollout.trajectory import Trajectory  # noqa: E402
 from rstar2_cli.rollout.weight_sync.pusher import WeightPusher  # noqa: E402

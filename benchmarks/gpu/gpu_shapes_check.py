@@ -54,8 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from recorders import CountingSource, RecordingClient, RecordingGroup  # noqa: E402
 from rstar2_cli.models.attention import choose_attention  # noqa: E402
-from rstar2_cli.rl.model_load import decoder_layers, shard_model  # noqa: E402
-from rstar2_cli.rl.packing import micro_batches  # noqa: E402
+from rstar2_cli.rl.update.model_load import decoder_layers, shard_model  # noqa: E402
+from rstar2_cli.rl.update.packing import micro_batches  # noqa: E402
 from rstar2_cli.rollout.weight_sync.nccl import send_to_replicas  # noqa: E402
 from rstar2_cli.rollout.weight_sync.source import (MiB, check_packed_buffer, engine_named_parameters,
                                                    largest_tensor, packed_buffer_bytes, policy_weight_source)  # noqa: E402
@@ -80,7 +80,7 @@ def qwen3_config(name: str):
 
 
 def trainer_model(name: str):
-    """The policy as rl/model_load.py builds it before sharding: fp32, sdpa, on the meta device."""
+    """The policy as rl/update/model_load.py builds it before sharding: fp32, sdpa, on the meta device."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -138,7 +138,7 @@ def check_fsdp(model) -> str:
     assert tuple(out.shape) == (1, 16, cfg.hidden_size), f"layer forward gave {tuple(out.shape)}"
     layer.float()
     names = [n for n, _ in model.named_parameters()]
-    # the trainer's policy on a sharded run (rl/policy.py): bf16 compute, fp32 gradient reduction
+    # the trainer's policy on a sharded run (rl/update/policy.py): bf16 compute, fp32 gradient reduction
     shard_model(model, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
     wrapped = [m for m in [*decoder_layers(model), model] if isinstance(m, FSDPModule)]
     assert len(wrapped) == cfg.num_hidden_layers + 1, f"{len(wrapped)} FSDP modules"
@@ -153,7 +153,7 @@ def check_fsdp(model) -> str:
 
 
 def check_attention(model) -> str:
-    """The trainer's attention layout on this shape (models/attention.py, rl/packing.py): on a GPU with
+    """The trainer's attention layout on this shape (models/attention.py, rl/update/packing.py): on a GPU with
     flash-attn, packed rows for its varlen kernel; without it, SDPA over padded buckets, for which
     transformers must build no mask at all (SDPA's causal kernel) where one packed row of the same
     trajectories gets a dense [1, 1, T, T] mask. Checked with the model's own `create_causal_mask`."""

@@ -14,7 +14,7 @@ and benchmarks/ on sys.path. The baseline, measured in the same process, is a pl
 AdamW step on the same packed micro-batches; the policy update is reported as a ratio to it.
 FLOP convention and peak table: benchmarks/gpu/smoke_model.py. Sharded load: the model is
 saved as a bf16 HF checkpoint and built again as the trainer builds it under torchrun
-(rl/model_load.py: meta device, fully_shard, local shards from safetensors slices; a 1-rank
+(rl/update/model_load.py: meta device, fully_shard, local shards from safetensors slices; a 1-rank
 process group when not under torchrun); load time, GPU peak and host RSS growth are reported,
 then the sharded model runs one forward and backward of the first packed micro-batch with the
 trainer's mixed precision (its time and loss are reported; a missing gradient is an error).
@@ -36,9 +36,9 @@ import torch  # noqa: E402
 import smoke_model as sm  # noqa: E402
 from harness import Stopwatch, write_json  # noqa: E402
 from rstar2_cli.hosts.ports import master_store  # noqa: E402
-from rstar2_cli.rl.dist import setup_distributed  # noqa: E402
-from rstar2_cli.rl.model_load import DEFAULT_LOAD_METHOD, build_policy_model  # noqa: E402
-from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
+from rstar2_cli.rl.ranks.dist import setup_distributed  # noqa: E402
+from rstar2_cli.rl.update.model_load import DEFAULT_LOAD_METHOD, build_policy_model  # noqa: E402
+from rstar2_cli.rl.update.policy import PolicyTrainer  # noqa: E402
 from rstar2_cli.rollout.trajectory import Trajectory  # noqa: E402
 
 
@@ -104,7 +104,7 @@ def policy_configs() -> tuple:
 
 def measure_policy_update(model, lengths, max_len, vocab, steps, warmup, sync, flops, tokens, peak,
                           baseline_seconds) -> dict:
-    """The trainer's own update (rstar2_cli/rl/policy.py: PolicyTrainer.update): fp32 master
+    """The trainer's own update (rstar2_cli/rl/update/policy.py: PolicyTrainer.update): fp32 master
     weights with bf16 compute, packing by token budget, Clip-Higher loss, AdamW, grad clip. Under
     torchrun it shards with FSDP2 (fully_shard per decoder layer); MFU is then per device."""
     model_cfg, optim_cfg, loss_cfg = policy_configs()
@@ -132,7 +132,7 @@ def _rss_bytes() -> int:
 def measure_sharded_load(model, device, sync, batch) -> dict:
     """Save `model` as a bf16 checkpoint, time the trainer's sharded build of it, then run one
     forward and backward of `batch` through the sharded model with the trainer's precision
-    (bf16 compute and fp32 gradient reduction on GPU, as rl/policy.py sets it)."""
+    (bf16 compute and fp32 gradient reduction on GPU, as rl/update/policy.py sets it)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -280,8 +280,8 @@ def _print_table(result: dict) -> None:
             ("tokens/step", f"{result['tokens_per_step']:,} in {result['micro_batches']} packed rows"),
             ("baseline s/step", base["seconds_per_step"]), ("baseline tokens/s", base["tokens_per_s"]),
             ("baseline MFU", base["mfu"]), ("peak memory GiB", base["peak_memory_gib"]),
-            ("policy update (rl/policy.py)", _fmt_update(result["policy_update"])),
-            ("sharded load (rl/model_load.py)", _fmt_load(result["sharded_load"]))]
+            ("policy update (rl/update/policy.py)", _fmt_update(result["policy_update"])),
+            ("sharded load (rl/update/model_load.py)", _fmt_load(result["sharded_load"]))]
     try:
         from rich.console import Console
         from rich.table import Table

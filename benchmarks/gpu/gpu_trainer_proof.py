@@ -9,14 +9,14 @@ Needs torch and transformers and this source tree, nothing else: no vLLM, no pyd
 minutes on one H100. The model is a random Qwen3 at Qwen3-14B's widths (hidden 5120, 40 query / 8
 KV heads of 128, MLP 17408, vocabulary 151,936, untied head) with as many decoder layers as let the
 update's memory plan fit the card (trainer_proof_memory.py `choose_size`), saved once as a bf16 HF
-checkpoint under `--work`. Every policy is built as `rstar2 rl` builds it on GPU: rl/policy.py with
+checkpoint under `--work`. Every policy is built as `rstar2 rl` builds it on GPU: rl/update/policy.py with
 FSDP2 (`fully_shard` per decoder layer, then the root) over a process group, here of one rank.
 The checks, in order:
 
-  sharded_load     rl/model_load.py's sharded build holds exactly the parameters and buffers
+  sharded_load     rl/update/model_load.py's sharded build holds exactly the parameters and buffers
                    (rotary inv_freq: recomputed, not in the checkpoint) of `from_pretrained`,
                    compared on every rank, and one forward pass gives its logits.
-  chunked_head     the chunked log-prob head (rl/logprobs.py) with the Clip-Higher loss (rl/loss.py)
+  chunked_head     the chunked log-prob head (rl/update/logprobs.py) with the Clip-Higher loss (rl/update/loss.py)
                    under FSDP2 bf16 gives the loss, log-probs and every gradient of the full-logits
                    reference, with old log-probs away from the current ones (both clip bounds act).
   packed_attention the policy's micro-batches score each trajectory as if it ran alone, well inside
@@ -24,7 +24,7 @@ The checks, in order:
   update_memory    the device-level peak of the FSDP2 update of one micro-batch is within
                    launch/memory_plan.py's trainer total and not more than 15 % under it.
   update_speed     tokens/s and MFU of that update (FLOPs: smoke_model.py).
-  dcp_checkpoint   rl/checkpoint.py: DCP save (weights consolidated into HF safetensors, AdamW
+  dcp_checkpoint   rl/update/checkpoint.py: DCP save (weights consolidated into HF safetensors, AdamW
                    shards), then a fresh policy loads it: weights, AdamW moments and the LR
                    schedule equal the saved ones bit for bit.
   engine_headroom  after continue_optimizer (get_optimizer_state_dict initialises AdamW) and the
@@ -61,7 +61,7 @@ import trainer_proof_memory as proof_memory  # noqa: E402
 from trainer_proof_model import (SIZES, WIDTHS, Context, Skipped, build_random_checkpoint, card_gib,  # noqa: E402
                                  first_line, one_rank_group, policy_for, random_model)
 from trainer_proof_numerics import check_chunked_head, check_packed_attention, check_sharded_load  # noqa: E402
-from rstar2_cli.rl.checkpoint import is_checkpoint  # noqa: E402
+from rstar2_cli.rl.update.checkpoint import is_checkpoint  # noqa: E402
 
 # the cards the JSON shows the proof's sizing for, in GiB as torch reports them (H100 80GB, H200)
 SIZING_CARDS = (79.1, 139.8)

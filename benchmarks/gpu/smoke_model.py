@@ -24,7 +24,7 @@ import random
 import torch
 
 from rstar2_cli.launch.model_shape import Qwen3Shape
-from rstar2_cli.rl.packing import plan_bins
+from rstar2_cli.rl.update.packing import plan_bins
 
 # bf16 dense peak TFLOP/s per device, most specific name first. Sources: NVIDIA H100/H200 and
 # A100 datasheets (dense, without sparsity), AMD CDNA3 MI300X/MI325X datasheets.

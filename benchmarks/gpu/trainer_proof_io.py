@@ -17,7 +17,7 @@ import torch
 
 from harness import Stopwatch
 from trainer_proof_model import CheckFailed, Skipped, full
-from rstar2_cli.rl.checkpoint import STATE_DIR, load_checkpoint, save_checkpoint
+from rstar2_cli.rl.update.checkpoint import STATE_DIR, load_checkpoint, save_checkpoint
 
 # torchrun's agent sets it in every worker (torch/distributed/elastic/agent/server/
 # local_elastic_agent.py); a process that inherits it and starts its own TCP rendezvous becomes a
@@ -50,7 +50,7 @@ def _named_optimizer_state(policy) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def dcp_paths(folder: Path) -> dict[str, Path]:
-    """Where the DCP check writes: the checkpoint folder (`step_000001`, as rl/checkpoint.py names
+    """Where the DCP check writes: the checkpoint folder (`step_000001`, as rl/update/checkpoint.py names
     steps) and its AdamW/trainer state folder."""
     target = folder / "step_000001"
     return {"target": target, "state": target / STATE_DIR}
@@ -79,7 +79,7 @@ def dcp_verdict(figures: dict) -> None:
 
 
 def dcp_round_trip(holder: dict, make_policy, folder: Path, free) -> dict:
-    """Save `holder["policy"]` (after an update: AdamW has state) with rl/checkpoint.py, drop it
+    """Save `holder["policy"]` (after an update: AdamW has state) with rl/update/checkpoint.py, drop it
     (popped from `holder`, so no reference is left), load the folder into `make_policy()` (fresh
     weights), and compare weights, AdamW state and LR schedule bit for bit. The folder stays (the
     engine-headroom check continues its optimizer state)."""

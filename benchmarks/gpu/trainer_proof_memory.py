@@ -15,7 +15,7 @@ torch.cuda.memory_reserved(). The plan's trainer total counts the same (its "tra
 is the non-torch part). The check passes when that peak is within the plan and not more than
 PLAN_BAND under it.
 
-Engine headroom: `rstar2 rl` continuing a stage or resuming calls rl/checkpoint.py's
+Engine headroom: `rstar2 rl` continuing a stage or resuming calls rl/update/checkpoint.py's
 continue_optimizer, whose get_optimizer_state_dict initialises AdamW by a zero-gradient step
 (torch/distributed/checkpoint/state_dict.py `_init_optim_state`): full-size gradients and the
 foreach step's temporaries, freed into torch's cache. vLLM then refuses to start unless
@@ -35,7 +35,7 @@ import gpu_smoke
 import smoke_model as sm
 from trainer_proof_model import CHUNK_TOKENS, GIB, CheckFailed, Context, Skipped, first_line, policy_for, rows_of
 from rstar2_cli.launch.memory_plan import MemorySpec, build_memory_plan, resolve_gpu_memory, trainer_resident_gib
-from rstar2_cli.rl.checkpoint import continue_optimizer, save_checkpoint
+from rstar2_cli.rl.update.checkpoint import continue_optimizer, save_checkpoint
 from rstar2_cli.rollout.engine_args import GPU_BATCH_TOKENS, UNPLANNED_MAX_NUM_SEQS, planned_utilization
 from rstar2_cli.rollout.weight_sync.colocated import release_trainer_cache
 
@@ -252,7 +252,7 @@ def check_engine_headroom(ctx: Context, memory: DeviceMemory | None = None) -> d
     if policy.optimizer.state:
         raise AssertionError("a fresh policy has AdamW state already: nothing would be initialised")
     position = continue_optimizer(folder, policy)
-    figures = {"path": "rl/checkpoint.py continue_optimizer", "adamw_entries": len(policy.optimizer.state),
+    figures = {"path": "rl/update/checkpoint.py continue_optimizer", "adamw_entries": len(policy.optimizer.state),
                "schedule_position": position}
     if not memory.available():
         raise Skipped("needs CUDA (continue_optimizer ran on the 1-rank FSDP2 policy)", figures)

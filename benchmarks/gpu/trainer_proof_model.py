@@ -21,16 +21,16 @@ import smoke_model as sm
 from gpu_smoke import BARE_NODE_CONFIGS
 from rstar2_cli.hosts.ports import master_store
 from rstar2_cli.launch.model_shape import QWEN3_14B
-from rstar2_cli.rl.dist import process_info
-from rstar2_cli.rl.packing import micro_batches
-from rstar2_cli.rl.policy import PolicyTrainer
+from rstar2_cli.rl.ranks.dist import process_info
+from rstar2_cli.rl.update.packing import micro_batches
+from rstar2_cli.rl.update.policy import PolicyTrainer
 
 WIDTHS = {"14b": QWEN3_14B, "small": replace(sm.TINY, tie_embeddings=False)}
 # per widths: tokens of the chunked-head check, micro-batch budget of the attention check, tokens
 # of the sharded-load forward, layers and update tokens where no card is there to size them
 SIZES = {"14b": {"head_tokens": 4096, "attn_budget": 4096, "forward_tokens": 128, "layers": 2, "update_tokens": 8192},
          "small": {"head_tokens": 48, "attn_budget": 96, "forward_tokens": 32, "layers": 2, "update_tokens": 256}}
-CHUNK_TOKENS = 1024     # the policy's logprob_chunk_tokens default (rl/policy.py), as the plan is given
+CHUNK_TOKENS = 1024     # the policy's logprob_chunk_tokens default (rl/update/policy.py), as the plan is given
 GIB = 2**30
 
 
@@ -136,7 +136,7 @@ def policy_kwargs(ctx: Context, model=None, *, path: Path | None = None, micro_b
                   checkpointing: bool = False) -> dict:
     """PolicyTrainer's arguments as `rstar2 rl` gives them on GPU, FSDP2 on the 1-rank group: the
     recipe defaults; `model` None builds from the HF folder `path` (default: the bf16 checkpoint) on
-    the meta device, reading this rank's safetensors slices (rl/model_load.py), else places `model`."""
+    the meta device, reading this rank's safetensors slices (rl/update/model_load.py), else places `model`."""
     configs = {k: SimpleNamespace(**BARE_NODE_CONFIGS[k]) for k in ("model", "optim", "loss")}
     configs["model"].gradient_checkpointing = checkpointing
     if model is None:
@@ -153,7 +153,7 @@ def policy_for(ctx: Context, model=None, *, path: Path | None = None, micro_batc
 
 
 def rows_of(policy, batch) -> list:
-    """The micro-batches `policy` cuts `batch` into (its budget and layout, rl/packing.py)."""
+    """The micro-batches `policy` cuts `batch` into (its budget and layout, rl/update/packing.py)."""
     return micro_batches([(t.prompt_ids, t.response_ids) for t in batch], policy.micro_batch_tokens, policy.layout)
 
 

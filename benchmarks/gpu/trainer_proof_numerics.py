@@ -11,9 +11,11 @@ import gpu_smoke
 from harness import Stopwatch
 from trainer_proof_model import CHUNK_TOKENS, CheckFailed, Context, full, policy_for, reference_model, rows_of
 from rstar2_cli.models.attention import LAYOUT_OF
-from rstar2_cli.rl import dist as rl_dist, logprobs as rl_logprobs, model_load
-from rstar2_cli.rl.loss import clip_higher_loss, loss_stats
-from rstar2_cli.rl.model_load import DEFAULT_LOAD_METHOD
+from rstar2_cli.rl.ranks import dist as rl_dist
+from rstar2_cli.rl.update import logprobs as rl_logprobs
+from rstar2_cli.rl.update import model_load
+from rstar2_cli.rl.update.loss import clip_higher_loss, loss_stats
+from rstar2_cli.rl.update.model_load import DEFAULT_LOAD_METHOD
 from rstar2_cli.rollout.trajectory import Trajectory
 
 # bf16: both heads round the same bf16 logits; the reference's head gradient is a bf16 matmul,
@@ -27,7 +29,7 @@ TOLERANCE = {torch.bfloat16: {"loss_rel": 1e-2, "logprob_abs": 5e-2, "grad_rel":
 OLD_LOGPROB_SPREAD = 0.4
 MIN_CLIP_FRACTION = 0.02   # of the tokens, at each bound: below it the clipped branch is not exercised
 # trajectory lengths of the attention check, x budget: two groups of near lengths, so that SDPA's
-# padded buckets (rows >= 80 % full, rl/packing.py MIN_FILL) and flash-attn's packed rows both hold several
+# padded buckets (rows >= 80 % full, rl/update/packing.py MIN_FILL) and flash-attn's packed rows both hold several
 ATTN_FRACTIONS = (0.3, 0.27, 0.24, 0.1, 0.09, 0.08)
 LEAK_MARGIN = 5.0      # a leak must move log-probs at least this many times the packing difference
 
@@ -39,7 +41,7 @@ def _mixed_precision():
 
 
 def sharded_model(ctx: Context):
-    """rl/model_load.py's sharded build of the checkpoint (meta device, FSDP2 with bf16 compute,
+    """rl/update/model_load.py's sharded build of the checkpoint (meta device, FSDP2 with bf16 compute,
     this rank's safetensors slices, non-persistent buffers recomputed)."""
     return model_load.build_policy_model(str(ctx.checkpoint), sharded=True, device=ctx.device,
                                          mp_policy=_mixed_precision())
@@ -141,7 +143,7 @@ def head_verdict(figures: dict) -> None:
 
 
 def check_chunked_head(ctx: Context) -> dict:
-    """The chunked head (rl/logprobs.py) with the Clip-Higher loss (rl/loss.py) against full
+    """The chunked head (rl/update/logprobs.py) with the Clip-Higher loss (rl/update/loss.py) against full
     logits, under FSDP2 bf16: loss, log-probs and every gradient, with old log-probs away from the
     current ones (OLD_LOGPROB_SPREAD), so ratios differ from 1 and both clip bounds act."""
     model = ctx.kept.pop("fsdp", None)
@@ -207,7 +209,7 @@ def attention_verdict(figures: dict, tol: float) -> None:
 
 
 def check_packed_attention(ctx: Context) -> dict:
-    """The policy's micro-batches (models/attention.py's kernel, rl/packing.py's layout) score each
+    """The policy's micro-batches (models/attention.py's kernel, rl/update/packing.py's layout) score each
     trajectory as if alone, well inside what a leak would change (the same trajectory after another)."""
     budget = ctx.sizes["attn_budget"]
     policy = policy_for(ctx, micro_batch_tokens=budget)

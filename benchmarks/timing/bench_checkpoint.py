@@ -8,7 +8,7 @@ builds the policy exactly as the trainer does (`PolicyTrainer`: meta device, FSD
 per layer and root, its own slices read), gives AdamW state with one optimizer step on random
 gradients, then times `save` and `load` (barrier to barrier) while a thread samples its resident
 set (/proc/self/statm, every 5 ms; memory-mapped file pages it touched count too). Methods:
-  sharded   rl/checkpoint.py: DCP, every rank writes its shards (weights through
+  sharded   rl/update/checkpoint.py: DCP, every rank writes its shards (weights through
             HuggingFaceStorageWriter, consolidated on rank 0 one tensor at a time)
   gather    the previous path, kept here as the baseline: rank 0 gathers the full weights and
             the full AdamW state (`get_*_state_dict(full_state_dict=True, cpu_offload=True)`)
@@ -75,9 +75,9 @@ def gather_save(target: Path, policy, step: int) -> None:
     import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    from rstar2_cli.rl import dist as rl_dist  # lazy: the torchrun ranks import it, the launcher stays without torch
+    from rstar2_cli.rl.ranks import dist as rl_dist  # lazy: torchrun's ranks import it; the launcher has no torch
     # lazy: the torchrun ranks import it, the launcher stays without torch
-    from rstar2_cli.rl.checkpoint import rng_state
+    from rstar2_cli.rl.update.checkpoint import rng_state
 
     weights = dict(policy.full_state_dict())
     optim = get_optimizer_state_dict(policy.model, policy.optimizer,
@@ -101,7 +101,7 @@ def gather_load(step_dir: Path, policy) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     # lazy: the torchrun ranks import it, the launcher stays without torch
-    from rstar2_cli.rl.model_load import fill_from_safetensors
+    from rstar2_cli.rl.update.model_load import fill_from_safetensors
 
     fill_from_safetensors(policy.model, step_dir)
     state = torch.load(step_dir / "trainer_state.pt", weights_only=False)
@@ -118,10 +118,10 @@ def worker(model_dir: str, out_dir: str, method: str) -> None:
 
     # lazy: the torchrun ranks import it, the launcher stays without torch
     from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
-    from rstar2_cli.rl import checkpoint  # lazy: the torchrun ranks import it, the launcher stays without torch
-    from rstar2_cli.rl import dist as rl_dist  # lazy: the torchrun ranks import it, the launcher stays without torch
+    from rstar2_cli.rl.update import checkpoint  # lazy: the torchrun ranks import it, the launcher stays without torch
+    from rstar2_cli.rl.ranks import dist as rl_dist  # lazy: torchrun's ranks import it; the launcher has no torch
     # lazy: the torchrun ranks import it, the launcher stays without torch
-    from rstar2_cli.rl.policy import PolicyTrainer
+    from rstar2_cli.rl.update.policy import PolicyTrainer
 
     info = rl_dist.setup_distributed()
     policy = PolicyTrainer(ModelConfig(path=model_dir, gradient_checkpointing=False), OptimConfig(lr=1e-5),

@@ -1,5 +1,5 @@
 """Bytes each rank receives per step when the rolled-out trajectories reach the trainer ranks:
-the old exchange against `rstar2_cli/rl/exchange.py`, in one invocation, on synthetic trajectories
+the old exchange against `rstar2_cli/rl/ranks/exchange.py`, in one invocation, on synthetic trajectories
 (no model, no process group: the sizes are those of the pickles the collectives send).
 
   old  every rollout host broadcast its piece (a pickled list of Trajectory objects) to every
@@ -35,9 +35,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rstar2_cli.config import load_recipe_dict  # noqa: E402
-from rstar2_cli.rl.rollout_hosts import node_shard  # noqa: E402
-from rstar2_cli.rl.exchange import Plan  # noqa: E402
-from rstar2_cli.rl.host_selection import GradedBatch, select_on_host  # noqa: E402
+from rstar2_cli.rl.ranks.rollout_hosts import node_shard  # noqa: E402
+from rstar2_cli.rl.ranks.exchange import Plan  # noqa: E402
+from rstar2_cli.rl.selection.host_selection import GradedBatch, select_on_host  # noqa: E402
 from rstar2_cli.rollout.trajectory import Trajectory  # noqa: E402
 
 VOCAB = 151_936          # Qwen3's vocabulary (token ids up to it)

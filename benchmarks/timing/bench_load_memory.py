@@ -77,9 +77,9 @@ def worker(model_dir: str, method: str, out_dir: str) -> None:
     import torch
     import transformers.models.qwen3.modeling_qwen3  # noqa: F401  (imports are not loading time)
 
-    from rstar2_cli.rl import dist as rl_dist  # lazy: the torchrun ranks import it, the launcher stays without torch
+    from rstar2_cli.rl.ranks import dist as rl_dist  # lazy: torchrun's ranks import it; the launcher has no torch
     # lazy: the torchrun ranks import it, the launcher stays without torch
-    from rstar2_cli.rl.model_load import build_policy_model
+    from rstar2_cli.rl.update.model_load import build_policy_model
 
     info = rl_dist.setup_distributed()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

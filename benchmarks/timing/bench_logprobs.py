@@ -1,5 +1,5 @@
 """Peak memory and time of the policy's log-prob pass (forward + backward): the chunked head
-(rstar2_cli/rl/logprobs.py) against the full-logits path it replaces, in one run.
+(rstar2_cli/rl/update/logprobs.py) against the full-logits path it replaces, in one run.
 
 Each case scores `tokens` positions with the Qwen3 vocabulary (151,936) from random fp32 hidden
 states [tokens, H] through an LM-head weight [V, H], evaluates the Clip-Higher loss
@@ -83,9 +83,9 @@ def worker(path: str, tokens: int, hidden: int, chunk: int, seed: int) -> dict:
     import torch.nn.functional as F
 
     # lazy: torch; the case's subprocess only (the launcher reads MemAvailable)
-    from rstar2_cli.rl.logprobs import token_logprobs_with_loss
+    from rstar2_cli.rl.update.logprobs import token_logprobs_with_loss
     # lazy: torch; the case's subprocess only (the launcher reads MemAvailable)
-    from rstar2_cli.rl.loss import clip_higher_loss
+    from rstar2_cli.rl.update.loss import clip_higher_loss
 
     torch.manual_seed(seed)
     weight = torch.nn.Parameter(torch.randn(VOCAB, hidden) * hidden ** -0.5)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: ha
 from harness import add_json_option, write_json  # noqa: E402
 from rstar2_cli.config import load_recipe_dict  # noqa: E402
 from rstar2_cli.models.tiny import build_tiny_model  # noqa: E402
-from rstar2_cli.rl.launch_entry import train  # noqa: E402
+from rstar2_cli.rl.run.launch_entry import train  # noqa: E402
 
 PHASES = ("rollout", "reward", "train", "sync")
 

@@ -2,7 +2,7 @@
 
 Why: the update packs trajectories into micro-batches; under SDPA a packed `[1, T]` row makes
 transformers build a dense block-diagonal `[1, 1, T, T]` mask and SDPA compute all T^2 blocks,
-although each trajectory only attends to itself (rl/packing.py). This measures the real
+although each trajectory only attends to itself (rl/update/packing.py). This measures the real
 `PolicyTrainer.update` (AdamW step included) on one synthetic RL batch, in both layouts:
 
   packed   today's path before the fix: packed rows, SDPA with the dense mask
@@ -86,7 +86,7 @@ def run_case(model_name: str, budget: int, path: str, steps: int, warmup: int, q
 
     # lazy: only the --case subprocess needs torch
     from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
-    from rstar2_cli.rl.policy import PolicyTrainer  # lazy: only the --case subprocess needs torch
+    from rstar2_cli.rl.update.policy import PolicyTrainer  # lazy: only the --case subprocess needs torch
     from smoke_model import qwen3_config, training_flops  # lazy: only the --case subprocess needs torch
 
     shape = model_shape(model_name, qwen_vocab)

@@ -20,11 +20,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))   # smoke_model: Qwen3 configs and FLOP counts
 sys.path.insert(0, str(ROOT / "benchmarks"))   # harness
 
-import rstar2_cli.rl.policy as policy_mod  # noqa: E402
+import rstar2_cli.rl.update.policy as policy_mod  # noqa: E402
 from bench_update import model_shape, synthetic_batch  # noqa: E402
 from harness import Stopwatch, add_json_option, write_json  # noqa: E402
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # noqa: E402
-from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
+from rstar2_cli.rl.update.policy import PolicyTrainer  # noqa: E402
 from smoke_model import qwen3_config  # noqa: E402
 
 _PATCHED: list[bool] = []

@@ -170,7 +170,7 @@ def hard_command(
     from rstar2_cli.eval.report import engines_line  # lazy: pydantic and the core, for --help's speed (cli.py)
     # lazy: pydantic and the core, for --help's speed (cli.py)
     from rstar2_cli.prepare.mine_hard import mine_hard, mining_settings, run_recipe_of, stage3_problems
-    from rstar2_cli.rl.stages import find_recipe  # lazy: pydantic and the core, for --help's speed (cli.py)
+    from rstar2_cli.rl.run.stages import find_recipe  # lazy: pydantic and the core, for --help's speed (cli.py)
 
     checks.model_dir(policy, "--policy")
     out = out if out is not None else Path(stage3_problems())

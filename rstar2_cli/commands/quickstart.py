@@ -12,8 +12,8 @@ from rich.console import Console
 from rstar2_cli.commands import checks, fail
 from rstar2_cli.quickstart.report import results_table
 from rstar2_cli.rollout.engine_logs import VERBOSE_ENV
-from rstar2_cli.rl.own_session import again_in_own_session, at_a_terminal
-from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, Preempted, continue_command
+from rstar2_cli.rl.run.own_session import again_in_own_session, at_a_terminal
+from rstar2_cli.rl.run.preemption import PREEMPTED_EXIT_CODE, Preempted, continue_command
 
 
 def register(app: typer.Typer) -> None:
@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
 
         if verbose:      # read where the trainer starts its engines (rollout/engine_logs.py)
             os.environ[VERBOSE_ENV] = "1"
-        if at_a_terminal():   # the trainer and its engines out of reach of the terminal's Ctrl-C (rl/own_session.py)
+        if at_a_terminal():   # the trainer and engines out of reach of the terminal's Ctrl-C (rl/run/own_session.py)
             raise typer.Exit(again_in_own_session("rstar2_cli.cli", sys.argv[1:]))
         console = Console()
         try:

@@ -15,8 +15,8 @@ from typer.core import TyperCommand
 
 from rstar2_cli.commands import checks, fail
 from rstar2_cli.hosts.cpu_ranks import CPU_RANKS_ENV, cpu_ranks
-from rstar2_cli.rl import run_folder
-from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, RESUME_MODES, continue_command, torchrun_env
+from rstar2_cli.rl.run import run_folder
+from rstar2_cli.rl.run.preemption import PREEMPTED_EXIT_CODE, RESUME_MODES, continue_command, torchrun_env
 from rstar2_cli.rollout.engine_logs import VERBOSE_ENV
 
 
@@ -85,8 +85,9 @@ def register(app: typer.Typer) -> None:
         from rstar2_cli import config  # lazy: pydantic, for --help's speed (cli.py)
         # lazy: pydantic and asyncio, for --help's speed (cli.py)
         from rstar2_cli.launch import cluster_env, engine_sizing, memory_plan, model_shape, plan_view, topology
-        from rstar2_cli.rl import launch_entry, stages  # lazy: the trainer's entry and pydantic (cli.py)
-        from rstar2_cli.rl.resume import ResumeError, resume_point  # lazy: torch (the checkpoint check)
+        from rstar2_cli.rl.run import launch_entry  # lazy: the trainer's entry and pydantic (cli.py)
+        from rstar2_cli.rl.run import stages  # lazy: the trainer's entry and pydantic (cli.py)
+        from rstar2_cli.rl.run.resume import ResumeError, resume_point  # lazy: torch (the checkpoint check)
 
         console = Console()
         if verbose:      # read by every trainer process this command starts (rollout/engine_logs.py)

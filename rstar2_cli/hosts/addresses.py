@@ -6,7 +6,7 @@ warning in the installed libtorch_cpu.so reads "Unable to resolve hostname to a 
 Using the loopback address as fallback. Manually set the network interface to bind to with
 GLOO_SOCKET_IFNAME."). A name on loopback (a Debian-style `127.0.1.1 hostname` line in /etc/hosts)
 leaves the other nodes nothing to connect to, and the run hangs at its first object collective.
-`loopback_refusal` says so in one line; the trainers (`rl/dist.py` `check_node_address`) and the
+`loopback_refusal` says so in one line; the trainers (`rl/ranks/dist.py` `check_node_address`) and the
 allocation's preflight (`launch/preflight.py`) both ask it.
 """
 from __future__ import annotations

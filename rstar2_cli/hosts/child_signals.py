@@ -3,7 +3,7 @@
 Why: SLURM delivers a signal sent to a job step (srun forwarding the batch script's USR1, or
 `scancel --signal`) to every process of the step, not only to the task srun started: slurmd's
 `_rpc_signal_tasks` has slurmstepd signal the step's whole process container (proctrack). The
-trainers checkpoint on USR1 (rl/preemption.py), but USR1's default action ends a process, and
+trainers checkpoint on USR1 (rl/run/preemption.py), but USR1's default action ends a process, and
 vLLM's engine core handles only SIGTERM and SIGINT (vllm/v1/engine/core.py, `signal.signal`
 calls), so the warning killed every node's engines mid-step; with several trainer ranks a dead
 engine fails the step, and the preempted run lost the step and its checkpoint (the CPU rehearsal

@@ -6,7 +6,7 @@ same torchrun line per node, the same trainer code. With the variable set, each 
 is one CPU rank: the ranks join a gloo group on the CPU device, each node's rollout host starts
 its engine on vLLM's CPU build, and no GPU memory plan is made. It is read only where a device,
 backend or memory plan is chosen: `rstar2 rl` (commands/rl.py: the recipe's placement and the
-plan), the plan's nodes (launch/topology.py: their ranks see no GPU) and `rl/dist.py` (gloo, the
+plan), the plan's nodes (launch/topology.py: their ranks see no GPU) and `rl/ranks/dist.py` (gloo, the
 CPU device). torchrun's workers and the engines they spawn inherit it with the node's environment.
 """
 from __future__ import annotations

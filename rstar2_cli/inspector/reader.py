@@ -1,6 +1,6 @@
 """Read an RL run folder or an eval output folder into one plain dict for the trajectory page.
 
-An RL run folder holds `metrics.jsonl` (one JSON object per step, rl/metrics.py `MetricsWriter`),
+An RL run folder holds `metrics.jsonl` (one JSON object per step, rl/logs/writer.py `MetricsWriter`),
 `resolved_recipe.yaml` and `rollouts/step_NNNNNN.jsonl.gz` (or `step_NNNNNN.node<k>.jsonl.gz`, one
 file per rollout node), one trajectory per line with its turns, grade, RoC decision and advantage.
 An eval folder holds `results.json` and `trajectories.jsonl` (eval/runner.py `RESULTS_FILE`,

@@ -7,7 +7,7 @@ Every term is a formula below with its source; the ones not derived from code ar
 *assumed* (TRAINER_RUNTIME_GIB, ENGINE_RUNTIME_GIB, ENGINE_CUDA_GRAPHS_GIB, the backward transient). Nothing here was
 measured on a GPU.
 
-Trainer (rl/model_load.py, rl/policy.py): fp32 parameters sharded by FSDP2 over all N trainer
+Trainer (rl/update/model_load.py, rl/update/policy.py): fp32 parameters sharded by FSDP2 over all N trainer
 ranks (`fully_shard` per decoder layer, then the root), so per rank
   parameters 4 P / N, gradients 4 P / N (FSDP2 keeps sharded gradients in the parameters' fp32;
   the policy reduces in fp32), AdamW exp_avg + exp_avg_sq 8 P / N (fp32, like the parameters).
@@ -20,7 +20,7 @@ gradients plus the fp32 copy reduce-scattered (reduce_dtype=fp32):
   2 B x (root + 2 x layer) + 6 B x max(root, layer).
 Activations of the largest micro-batch, T = max(`train.micro_batch_tokens`, `max_model_len`)
 tokens: the packer fills a micro-batch up to `train.micro_batch_tokens` but gives a longer sequence
-one of its own, uncut (rl/packing.py `plan_bins` and `plan_buckets`: "or one long item"), and a
+one of its own, uncut (rl/update/packing.py `plan_bins` and `plan_buckets`: "or one long item"), and a
 trajectory is at most the engine's context, prompt + `rollout.max_response_tokens`
 (rollout/engine_args.py `default_max_model_len`). bf16, per layer and token (the tensors autograd
 saves in transformers' Qwen3DecoderLayer; tests/launch count them):
@@ -32,7 +32,7 @@ saves in transformers' Qwen3DecoderLayer; tests/launch count them):
   backward recomputes one layer at a time: T x (L x 2 h B + 2 A), the second A being that
   layer's activation gradients (assumed the size of its activations). Without it:
   T x (L + 1) x A.
-Log-prob head (rl/logprobs.py): the final norm's saved fp32 input and bf16 output for all T
+Log-prob head (rl/update/logprobs.py): the final norm's saved fp32 input and bf16 output for all T
 tokens and the hidden states' bf16 gradient `grad_h` the chunked head forms in its forward,
 T x (8 h + 4) B, and one chunk of `train.logprob_chunk_tokens` C tokens over the vocabulary V:
   C x V x 4 B x 4 (fp32 logits, log-softmax, the probabilities of the entropy, the logits'

@@ -23,7 +23,7 @@ from rstar2_cli.launch.memory_plan import MemoryPlan
 from rstar2_cli.launch.torchrun_cmd import DEFAULT_REDIS_PORT
 from rstar2_cli.rollout.weight_sync.backends import choose_backend
 
-DEFAULT_ENTRY_MODULE = "rstar2_cli.rl.launch_entry"
+DEFAULT_ENTRY_MODULE = "rstar2_cli.rl.run.launch_entry"
 # Read by the RL entry module on every node: where its vLLM engines go and their TP size.
 ENGINE_GPUS_ENV = "RSTAR2_ENGINE_GPU_IDS"
 ENGINE_TP_ENV = "RSTAR2_ENGINE_TP"

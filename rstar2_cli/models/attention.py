@@ -7,7 +7,7 @@ from `position_ids` nor waits on the device; no mask is built), so it gets the `
 SDPA has no variable-length entry point: a packed row makes transformers build a dense
 `[1, 1, T, T]` block-diagonal mask, and SDPA then computes all T^2 blocks and cannot use its
 flash backend on GPU. SDPA therefore always gets length-bucketed `padded` rows with no mask
-(rl/packing.py). flex_attention was measured too and is not offered: torch 2.13 has no
+(rl/update/packing.py). flex_attention was measured too and is not offered: torch 2.13 has no
 flex_attention backward on CPU ("FlexAttention does not support backward on CPU"), and on GPU
 flash-attn's variable-length kernel does the same work without compiling a block mask.
 
@@ -29,7 +29,7 @@ LAYOUT_OF = {"flash_attention_2": "packed", "sdpa": "padded"}
 @dataclass(frozen=True)
 class AttentionChoice:
     implementation: str     # transformers attn_implementation
-    layout: str             # rl/packing.py LAYOUTS
+    layout: str             # rl/update/packing.py LAYOUTS
     reason: str             # one line, for the run log
 
     @property

@@ -27,7 +27,7 @@ from rstar2_cli.data.problems import load_problems
 from rstar2_cli.eval import runner
 from rstar2_cli.eval.settings import EvalSettings, context_length, protocol_of_rollout, rollout_fields
 from rstar2_cli.launch.eval_engines import eval_engines_for
-from rstar2_cli.rl.stages import find_recipe
+from rstar2_cli.rl.run.stages import find_recipe
 
 # The rollout settings a command line can give (RolloutConfig fields): without a recipe, all of them must be
 SAMPLING = ("max_turns", "max_response_tokens", "temperature", "top_p")

@@ -11,7 +11,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Iterable, Mapping
 
-from rstar2_cli.protocol.detokenize import ids_decoder  # noqa: F401  (rl/rollout_log.py reads it here)
+from rstar2_cli.protocol.detokenize import ids_decoder  # noqa: F401  (rl/logs/rollout_log.py reads it here)
 
 # The release's system prompt (its custom_chat_template's default; the template holds the same text).
 SYSTEM_PROMPT = (

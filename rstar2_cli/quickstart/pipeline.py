@@ -29,8 +29,8 @@ from rstar2_cli.eval.settings import EvalSettings
 from rstar2_cli.quickstart.prepare import PreparedToy, prepare_toy
 from rstar2_cli.quickstart.report import write_report
 from rstar2_cli.quickstart.settings import TOY_PROTOCOL, TOY_SYSTEM_PROMPT, QuickstartSettings, toy_rl_recipe
-from rstar2_cli.rl.run_folder import write_resolved_recipe
-from rstar2_cli.rl.trainer import RLTrainer
+from rstar2_cli.rl.run.run_folder import write_resolved_recipe
+from rstar2_cli.rl.run.trainer import RLTrainer
 from rstar2_cli.sft.settings import SftConfig
 from rstar2_cli.sft.trainer import run_sft
 from rstar2_cli.source_commit import source_commit

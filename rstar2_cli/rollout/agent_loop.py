@@ -25,18 +25,18 @@ of the same prompt (rollout/generation.py); finished trajectories are untouched.
 ends with finish_reason "error", as any engine error.
 Engine errors (`generation.is_engine_failure`: vLLM's server-side errors, `EngineRequestError`)
 end a trajectory with finish_reason "error" and infra_error "engine_error", which the trainer
-leaves out (rl/admission.py); any other exception is a bug and propagates.
+leaves out (rl/selection/exclusion.py); any other exception is a bug and propagates.
 
 Void turns (SimpleTIR, arXiv 2509.02479: a turn with neither code nor a final answer) are counted
 per trajectory (`Trajectory.num_void_turns`): a turn that ended on a stop id with no well-formed
 tool call (a malformed one, answered with a parse error, is no complete code block) and no answer
 (`has_answer`). A turn cut by the response budget is not counted (it is clipped, `rollout/clip_ratio`).
 
-Turn records (`Trajectory.turn_records`, read by `rl/rollout_log.py`): per turn in order, its
+Turn records (`Trajectory.turn_records`, read by `rl/logs/rollout_log.py`): per turn in order, its
 role, its `span` [start, end) in `response_ids`, and what the loop knew: a generated turn's call
 code and parse errors (`note_attempts`), a tool turn's status (`tool_status`); no text (a writer
 decodes the spans of the few trajectories it logs). `Trajectory.num_repeated_code_calls`: calls whose
-code (`call_code`) an earlier call of the same trajectory ran (the tool-loop alarm, rl/tool_loop.py).
+code (`call_code`) an earlier call of the same trajectory ran (the tool-loop alarm, rl/logs/loop_alarm.py).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ leaves to the processes beside it, and no torch.compile when the engine runs eag
 vLLM's CPU worker binds its OpenMP threads to every CPU but the ones it reserves for other
 processes (vllm/utils/ompmultiprocessing.py, auto binding: `VLLM_CPU_NUM_OF_RESERVED_CPU`, by
 default the engine's local world size, i.e. one CPU beside a TP-1 engine on x86). The engine-core
-process's other threads, and the trainer process beside it (rl/cpu_threads.py), keep their torch
+process's other threads, and the trainer process beside it (rl/ranks/cpu_threads.py), keep their torch
 work within that count of threads.
 
 An eager engine (`engine.enforce_eager`, "auto" on CPU) still compiles one helper with

@@ -11,7 +11,7 @@ Versions: version v = the weights after v trainer steps. A push adds one; a step
 nothing adds one too (`keep_weights`: the unchanged weights are also the next step's). A resumed
 run's replicas start at the checkpoint's step (AReaL #1342: a restored engine left at version 0).
 
-The fleet starts no thread: its coroutines (and the roll-out's, `roll_out.py`) run on the event
+The fleet starts no thread: its coroutines (and the roll-out's, `batch_rollout.py`) run on the event
 loop the caller gives, which the synchronous trainer drives from its own thread (`run_on_loop`:
 `run_until_complete`) and asynchronous RL runs in a thread of its own. Each replica has its own
 loop thread besides (`engines.py`: vLLM's AsyncLLM is driven from it).

@@ -6,8 +6,8 @@ the importance ratio. So the agent loop appends the engine's ids as they are, pl
 tokenized tool responses, and everything downstream reads these fields.
 
 What one stage notes for another rides in typed fields too: the agent loop's per-turn records
-(`TurnRecord`) and call outcomes, admission's exclusion reason (rl/admission.py) and RoC's decision
-(`RocDecision`, rl/roc.py), which the rollout log, the step metrics and the eval rows read.
+(`TurnRecord`) and call outcomes, admission's exclusion reason (rl/selection/exclusion.py) and RoC's decision
+(`RocDecision`, rl/selection/roc.py), which the rollout log, the step metrics and the eval rows read.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class TurnRecord:
 
 @dataclass
 class RocDecision:
-    """What the trainer's selection (rl/roc.py) did with a trajectory, and by which rule."""
+    """What the trainer's selection (rl/selection/roc.py) did with a trajectory, and by which rule."""
     decision: str                       # "kept", "dropped", "filtered" or "excluded"
     as_class: str | None                # "positive" or "negative" (None when excluded)
     rule: str                           # the rule, one line
@@ -76,18 +76,18 @@ class Trajectory:
     # what the stages note for each other
     instance_key: str = ""              # routing and sandbox-session key (agent_loop.instance_key)
     sampling_seed: int | None = None    # its seed (agent_loop.trajectory_seed); turn seeds derive from it
-    rollout_node: int = 0               # the rollout host that rolled it out (rollout/roll_out.py)
+    rollout_node: int = 0               # the rollout host that rolled it out (rollout/batch_rollout.py)
     error: str | None = None            # finish_reason "error": the exception that ended it (repr)
     tool_outcomes: list[str] = field(default_factory=list)  # per call: "ok", the sandbox's failure reason,
                                                             # or "parse_error"
     turn_records: list[TurnRecord] = field(default_factory=list)  # per turn, in order ([] = none kept)
-    num_repeated_code_calls: int = 0    # calls whose code an earlier call of it ran (rl/tool_loop.py's alarm)
-    exclusion: str | None = None        # why admission left it out of training (rl/admission.py), else None
-    roc_decision: RocDecision | None = None  # the selection's decision (rl/roc.py), once made
+    num_repeated_code_calls: int = 0    # calls whose code an earlier call of it ran (rl/logs/loop_alarm.py's alarm)
+    exclusion: str | None = None        # why admission left it out of training (rl/selection/exclusion.py), else None
+    roc_decision: RocDecision | None = None  # the selection's decision (rl/selection/roc.py), once made
 
     def __post_init__(self) -> None:
         # The async trainer's checkpoint stores pending trajectories as `dataclasses.asdict` mappings
-        # (rl/async_rollouts.py); built again from one, the nested records come back typed.
+        # (rl/run/async_rollouts.py); built again from one, the nested records come back typed.
         self.turn_records = [r if isinstance(r, TurnRecord) else TurnRecord(**r) for r in self.turn_records]
         if isinstance(self.roc_decision, dict):
             self.roc_decision = RocDecision(**self.roc_decision)

@@ -8,7 +8,7 @@ position ids) and trains.
 Packing needs flash-attn: a packed row reaches the model as `position_ids` with no mask, which
 `flash_attention_2` turns into variable-length sequences (`cu_seqlens`), but for which SDPA gets a
 dense block-diagonal `[1, 1, T, T]` mask from transformers and computes all T^2 blocks (the RL
-update's layouts, rl/packing.py, have the figures). So `packing: true` is honoured only where
+update's layouts, rl/update/packing.py, have the figures). So `packing: true` is honoured only where
 `attn_implementation` resolves to `flash_attention_2` (rstar2_cli/models/attention.py); under SDPA the
 conversations are batched with padding instead (padding-only masks, no cross-document blocks),
 with a warning, and `info["packing"]` says which ran.

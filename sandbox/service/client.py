@@ -9,7 +9,7 @@ at most `max_backoff`; the defaults ride out about 25 s, e.g. a `serve-sandbox` 
 port), then become `internal_error` results rather than exceptions.
 
 `outage` (`SandboxOutage`) says how long every request has been failing that way: a trainer aborts
-the run once it exceeds `sandbox.outage_s` (`rstar2_cli/rl/trainer.py`).
+the run once it exceeds `sandbox.outage_s` (`rstar2_cli/rl/run/trainer.py`).
 
 Why calls are coalesced: one HTTP request per tool call makes the client the bottleneck under
 high concurrency (httpx's pool costs ~10x more per request at 64 in flight than at 1). Calls made

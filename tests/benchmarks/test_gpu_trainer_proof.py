@@ -90,7 +90,7 @@ def test_a_given_size_wins_and_the_cpu_uses_its_sizes():
 
 
 def test_the_policy_and_process_group_arguments_match_the_real_signatures(ctx):
-    from rstar2_cli.rl.policy import PolicyTrainer
+    from rstar2_cli.rl.update.policy import PolicyTrainer
 
     kwargs = proof_model.policy_kwargs(ctx, micro_batch_tokens=1024, checkpointing=True)
     inspect.signature(PolicyTrainer).bind(**kwargs)
@@ -105,7 +105,7 @@ def test_the_policy_and_process_group_arguments_match_the_real_signatures(ctx):
 def test_the_policy_runs_fsdp2_on_one_rank_and_refuses_it_without_a_group(ctx):
     from torch.distributed.tensor import DTensor
 
-    from rstar2_cli.rl.policy import PolicyTrainer
+    from rstar2_cli.rl.update.policy import PolicyTrainer
 
     policy = proof_model.policy_for(ctx, micro_batch_tokens=256)
     assert policy.sharded and all(isinstance(p, DTensor) for p in policy.model.parameters())
@@ -134,7 +134,7 @@ def ctx(tmp_path_factory):
 
 
 def test_sharded_load_fails_on_a_buffer_not_recomputed(ctx, monkeypatch):
-    from rstar2_cli.rl import model_load
+    from rstar2_cli.rl.update import model_load
 
     assert numerics.check_sharded_load(ctx)["tensors_equal"]
     ctx.kept.pop("fsdp", None)
@@ -161,7 +161,7 @@ def test_chunked_head_fails_when_its_ratios_stay_at_one(ctx, monkeypatch):
 
 
 def test_chunked_head_fails_on_a_head_off_the_full_logits(ctx, monkeypatch):
-    from rstar2_cli.rl import logprobs
+    from rstar2_cli.rl.update import logprobs
 
     real = logprobs.token_logprobs_with_loss
     monkeypatch.setattr(logprobs, "token_logprobs_with_loss",
@@ -199,7 +199,7 @@ def test_update_speed_fails_on_a_non_finite_update():
 
 
 def test_dcp_round_trip_fails_when_a_loaded_weight_differs(ctx, monkeypatch, tmp_path):
-    from rstar2_cli.rl import checkpoint
+    from rstar2_cli.rl.update import checkpoint
 
     real = checkpoint.load_model_weights
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from rstar2_cli.config import ConfigError, load_recipe, load_recipe_dict
-from rstar2_cli.rl.stages import resolve_stage_recipe
+from rstar2_cli.rl.run.stages import resolve_stage_recipe
 
 
 @pytest.mark.parametrize("stage,max_len,turns,steps", [(1, 8192, 5, 300), (2, 12288, 5, 85), (3, 12288, 15, 125)])
@@ -29,7 +29,7 @@ def test_every_number_in_the_paper_recipes_names_its_source():
     import re
     from pathlib import Path
 
-    from rstar2_cli.rl.stages import packaged_recipes
+    from rstar2_cli.rl.run.stages import packaged_recipes
 
     for name in ("stage1", "stage2", "stage3", "sft"):
         for n, line in enumerate((packaged_recipes() / f"{name}.yaml").read_text().splitlines(), 1):
@@ -46,7 +46,7 @@ def test_stages_chain_checkpoints_and_stage3_resets_optimizer():
     # an explicit --set model.path wins over the stage link
     assert resolve_stage_recipe(None, 2, ["model.path=/ckpt/x"]).model.path == "/ckpt/x"
     # stage 2 carries stage 1's AdamW state and LR position, stage 3 starts them afresh; the plan says so
-    from rstar2_cli.rl.stages import continues_optimizer, start_text
+    from rstar2_cli.rl.run.stages import continues_optimizer, start_text
 
     assert [continues_optimizer(s) for s in (s1, s2, s3)] == [False, True, False]
     assert "AdamW moments and LR-schedule position" in start_text(s2)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from rstar2_cli.cli import app
 from rstar2_cli.config import ConfigError
-from rstar2_cli.rl.stages import packaged_recipes, resolve_stage_recipe, shadowed_recipe_note
+from rstar2_cli.rl.run.stages import packaged_recipes, resolve_stage_recipe, shadowed_recipe_note
 
 
 @pytest.fixture

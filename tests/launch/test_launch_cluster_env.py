@@ -95,7 +95,7 @@ def test_known_node_rank_starts_that_nodes_torchrun_with_its_engine_env(monkeypa
     from rich.console import Console
 
     from rstar2_cli.launch.topology import ENGINE_GPUS_ENV, plan_from_args
-    from rstar2_cli.rl import launch_entry
+    from rstar2_cli.rl.run import launch_entry
 
     plan = plan_from_args(16, 2, master_addr="h", tp_size=2, recipe_args=["--config", "r.yaml"])
     calls = []
@@ -115,7 +115,7 @@ def test_a_node_whose_trainers_fail_says_so_in_one_line_naming_it(monkeypatch, c
     from rich.console import Console
 
     from rstar2_cli.launch.topology import plan_from_args
-    from rstar2_cli.rl import launch_entry
+    from rstar2_cli.rl.run import launch_entry
 
     plan = plan_from_args(16, 2, master_addr="h", recipe_args=["--config", "r.yaml"])
     monkeypatch.setattr(launch_entry, "call_forwarding_signals", lambda argv, env, own_session: code)

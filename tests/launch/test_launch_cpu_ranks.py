@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from rstar2_cli.cli import app
 from rstar2_cli.hosts.cpu_ranks import CPU_RANKS_ENV, cpu_ranks
 from rstar2_cli.launch.topology import ENGINE_GPUS_ENV, ENGINE_TP_ENV, PlanError, plan_from_args
-from rstar2_cli.rl import dist
+from rstar2_cli.rl.ranks import dist
 
 SLURM = {"SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "127.0.0.2,127.0.0.3"}
 

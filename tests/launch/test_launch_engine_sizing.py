@@ -14,7 +14,7 @@ from rstar2_cli.launch import memory_plan as mp
 from rstar2_cli.launch.model_shape import QWEN3_14B
 from rstar2_cli.launch.topology import plan_from_args
 from rstar2_cli.rollout import engine_args
-from rstar2_cli.rl.stages import resolve_stage_recipe
+from rstar2_cli.rl.run.stages import resolve_stage_recipe
 
 GIB = 2**30
 P14 = 14_768_307_200

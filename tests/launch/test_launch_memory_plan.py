@@ -247,7 +247,7 @@ def test_the_gpu_planned_for_says_where_it_came_from(monkeypatch):
 
 def test_a_sequence_longer_than_the_micro_batch_is_planned_whole():
     """The packer gives a sequence longer than train.micro_batch_tokens a micro-batch of its own
-    (rl/packing.py `plan_bins`, `plan_buckets`): 12K responses (14336-token context) at 8192
+    (rl/update/packing.py `plan_bins`, `plan_buckets`): 12K responses (14336-token context) at 8192
     micro-batch tokens keep 14336 tokens of activations and log-prob head."""
     spec = stage2_spec(micro_batch_tokens=8192, max_model_len=14336)
     assert mp.largest_micro_batch(spec) == 14336

@@ -15,7 +15,7 @@ from rstar2_cli.config import RELEASE_MICRO_BATCH_TOKENS
 from rstar2_cli.launch import engine_sizing as es
 from rstar2_cli.launch import memory_plan as mp
 from rstar2_cli.launch.topology import plan_from_args
-from rstar2_cli.rl.stages import resolve_stage_recipe
+from rstar2_cli.rl.run.stages import resolve_stage_recipe
 
 runner = CliRunner()
 
@@ -82,7 +82,7 @@ def test_a_plan_that_does_not_fit_prints_its_table_then_exits_2_with_one_line():
 
 def test_a_launch_that_does_not_fit_refuses_before_anything_starts(tmp_path, monkeypatch):
     from rstar2_cli.commands import checks
-    from rstar2_cli.rl import launch_entry
+    from rstar2_cli.rl.run import launch_entry
 
     started = []
     monkeypatch.chdir(tmp_path)

@@ -156,7 +156,7 @@ def test_asks_for_the_preemption_signal_in_time_and_requeues_on_the_preempted_co
     import re
 
     from rstar2_cli.config import TrainConfig
-    from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE
+    from rstar2_cli.rl.run.preemption import PREEMPTED_EXIT_CODE
 
     lead = re.search(r"^#SBATCH --signal=B:USR1@(\d+)$", TEXT, re.M)
     assert lead, "no #SBATCH --signal=B:USR1@N line"

@@ -18,7 +18,7 @@ def test_cpu_only_launches_directly():
     plan = plan_from_args(0)
     assert plan.launch_mode == "direct" and plan.device == "cpu"
     assert plan.trainer_world_size == 1
-    assert plan.nodes[0].launch == ("python", "-m", "rstar2_cli.rl.launch_entry")
+    assert plan.nodes[0].launch == ("python", "-m", "rstar2_cli.rl.run.launch_entry")
     assert plan.engines[0].gpu_ids == ()
     assert plan.sandbox.mode == "local"
     assert any("launch directly" in n for n in plan.notes)
@@ -29,7 +29,7 @@ def test_one_gpu_launches_directly_with_colocated_engine():
     assert plan.launch_mode == "direct"
     assert (
         plan.nodes[0].command
-        == f"{ENGINE_GPUS_ENV}=0 RSTAR2_ENGINE_TP=1 python -m rstar2_cli.rl.launch_entry --stage 1"
+        == f"{ENGINE_GPUS_ENV}=0 RSTAR2_ENGINE_TP=1 python -m rstar2_cli.rl.run.launch_entry --stage 1"
     )
     assert [e.gpu_ids for e in plan.engines] == [(0,)]
 
@@ -64,7 +64,7 @@ def test_sixtyfour_gpus_eight_nodes_paper_setup():
     assert plan.nodes[7].engines[-1].replica == 31 and plan.nodes[7].engines[-1].gpu_ids == (6, 7)
     assert plan.nodes[3].launch == (
         "torchrun", "--nnodes", "8", "--nproc-per-node", "8", "--node-rank", "3", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", "node001:29400", "--rdzv-id", "job42", "-m", "rstar2_cli.rl.launch_entry",
+        "--rdzv-endpoint", "node001:29400", "--rdzv-id", "job42", "-m", "rstar2_cli.rl.run.launch_entry",
         "--stage", "2")
     assert plan.sandbox.mode == "redis" and plan.sandbox.redis_url == "redis://node001:6379/0"
     assert plan.sandbox.total_workers == 8 * 32

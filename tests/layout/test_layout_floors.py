@@ -15,7 +15,10 @@ leaf. The floors, bottom first, and what keeps them apart:
   and Redis mode;
 - `rollout` (engines, agent loop, weight sync, the tool sandbox);
 - `launch` (plans engines, so above `rollout`), `eval`, `sft`;
-- `rl`; then `quickstart`, `sandbox_bench` and `prepare` (`rstar2 prepare`'s jobs that roll out a
+- `rl`, grouped by job, bottom first: `rl.measures` (a step's timer and tallies), `rl.ranks`
+  (processes, hosts, the exchange), `rl.update`, `rl.selection` (exclusion, RoC, advantages),
+  `rl.logs`, `rl.run` (the trainer, batch sources, resume, faults, the launch entry);
+- then `quickstart`, `sandbox_bench` and `prepare` (`rstar2 prepare`'s jobs that roll out a
   policy: eval's runner on launch's engines, with a run's recipe); then `commands`; then `cli`.
 `benchmarks/` stands on all of them: it may import `rstar2_cli` and `sandbox`, and its scripts
 import each other by file name (`import smoke_model`, `from sim.workload import ...`: the folders
@@ -36,7 +39,12 @@ FLOORS = (
     ("models", "inspector", "sandbox.service", "sandbox.redis_mode"),
     ("rollout",),
     ("launch", "eval", "sft"),
-    ("rl",),
+    ("rl", "rl.measures"),
+    ("rl.ranks",),
+    ("rl.update",),
+    ("rl.selection",),
+    ("rl.logs",),
+    ("rl.run",),
     ("quickstart", "sandbox_bench", "prepare"),
     ("commands",),
     ("cli",),
@@ -157,7 +165,7 @@ def private_attributes(module: str, path: Path) -> list[tuple[str, str]]:
 
 
 def package(module: str) -> str:
-    """The floor entry a module belongs to: `rstar2_cli.rl.trainer` -> `rl`, `sandbox.core.pool` ->
+    """The floor entry a module belongs to: `rstar2_cli.rl.run.trainer` -> `rl`, `sandbox.core.pool` ->
     `sandbox.core`, `rstar2_cli.cli` -> `cli`."""
     parts = module.split(".")
     if parts[0] == "sandbox":

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from rstar2_cli.cli import app
 from rstar2_cli.config import RESOLVED_RECIPE, dump_recipe, load_recipe, load_recipe_dict
-from rstar2_cli.rl.stages import find_recipe
+from rstar2_cli.rl.run.stages import find_recipe
 
 ALL_FLAGS = ["--max-turns", "3", "--max-tokens", "64", "--temperature", "0.7", "--top-p", "0.9"]
 

@@ -175,7 +175,7 @@ def _is_trainer_of_node(pid: int, node: int) -> bool:
     except OSError:
         return False
     # torchrun's agent has the same module in its command line; its workers have LOCAL_RANK
-    return (b"rstar2_cli.rl.launch_entry" in cmd and f"SLURM_NODEID={node}".encode() in env
+    return (b"rstar2_cli.rl.run.launch_entry" in cmd and f"SLURM_NODEID={node}".encode() in env
             and any(e.startswith(b"LOCAL_RANK=") for e in env))
 
 

@@ -13,10 +13,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rl_synthetic import make_trajectories  # noqa: E402
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # noqa: E402
-from rstar2_cli.rl.dist import setup_distributed  # noqa: E402
-from rstar2_cli.rl.loss import group_advantages  # noqa: E402
-from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
-from rstar2_cli.rl.exchange import plan_shards  # noqa: E402
+from rstar2_cli.rl.ranks.dist import setup_distributed  # noqa: E402
+from rstar2_cli.rl.update.loss import group_advantages  # noqa: E402
+from rstar2_cli.rl.update.policy import PolicyTrainer  # noqa: E402
+from rstar2_cli.rl.ranks.exchange import plan_shards  # noqa: E402
 
 
 def main(model_dir: str, out_dir: str) -> None:

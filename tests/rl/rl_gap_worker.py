@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch.distributed
 
-from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.logprob_gap import fill_logprob_gaps
+from rstar2_cli.rl.ranks import dist as rl_dist
+from rstar2_cli.rl.update.logprob_gap import fill_logprob_gaps
 
 
 def record(prompt_id: str, sample: int, kept: bool = True) -> dict:

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu
 from recorders import RecordingClient, RecordingGroup  # noqa: E402
 from rl_synthetic import build_tiny_model  # noqa: E402
 
-from rstar2_cli.rl.model_load import place_model  # noqa: E402
+from rstar2_cli.rl.update.model_load import place_model  # noqa: E402
 from rstar2_cli.rollout.weight_sync.nccl import send_to_replicas  # noqa: E402
 from rstar2_cli.rollout.weight_sync.source import policy_weight_source  # noqa: E402
 

@@ -18,14 +18,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rl_synthetic import make_trajectories  # noqa: E402
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig  # noqa: E402
-from rstar2_cli.rl.checkpoint import (  # noqa: E402
+from rstar2_cli.rl.update.checkpoint import (  # noqa: E402
     CheckpointWriteError,
     load_checkpoint,
     save_checkpoint,
 )
-from rstar2_cli.rl.dist import setup_distributed  # noqa: E402
-from rstar2_cli.rl.model_load import build_policy_model  # noqa: E402
-from rstar2_cli.rl.policy import PolicyTrainer  # noqa: E402
+from rstar2_cli.rl.ranks.dist import setup_distributed  # noqa: E402
+from rstar2_cli.rl.update.model_load import build_policy_model  # noqa: E402
+from rstar2_cli.rl.update.policy import PolicyTrainer  # noqa: E402
 
 
 def _full_optimizer(policy: PolicyTrainer) -> dict:

@@ -23,8 +23,8 @@ def main(recipe_path: str, out_dir: str) -> None:
     from rl_synthetic import alternating_grades
 
     from rstar2_cli.config import load_recipe_dict
-    from rstar2_cli.rl.trainer import RLTrainer
-    from rstar2_cli.rl.rollout_side import Collaborators
+    from rstar2_cli.rl.run.trainer import RLTrainer
+    from rstar2_cli.rl.run.rollout_side import Collaborators
     from rstar2_cli.rollout.engines import GenRequest
 
     # A random tiny model never answers right: grade every other sample correct so the update

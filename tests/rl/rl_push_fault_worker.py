@@ -19,9 +19,9 @@ from rl_synthetic import alternating_grades
 from transformers import AutoTokenizer
 
 from rstar2_cli.config import load_recipe_dict
-from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.launch_entry import run_for_exit_code
-from rstar2_cli.rl.rollout_side import Collaborators
+from rstar2_cli.rl.ranks import dist as rl_dist
+from rstar2_cli.rl.run.launch_entry import run_for_exit_code
+from rstar2_cli.rl.run.rollout_side import Collaborators
 
 recipe, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
 rl_dist.COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=90)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rstar2_cli.rl.model_load import build_policy_model
+from rstar2_cli.rl.update.model_load import build_policy_model
 
 
 def batch() -> dict[str, torch.Tensor]:

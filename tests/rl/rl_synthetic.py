@@ -68,7 +68,7 @@ def saved_weights(step_dir) -> dict:
     """Every tensor of a checkpoint folder's HF weight files (one or several, per its index)."""
     from safetensors.torch import load_file
 
-    from rstar2_cli.rl.model_load import checkpoint_files
+    from rstar2_cli.rl.update.model_load import checkpoint_files
 
     return {k: v for f in checkpoint_files(step_dir) for k, v in load_file(f).items()}
 
@@ -79,7 +79,7 @@ def saved_optimizer_state(step_dir, scratch) -> dict:
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from rstar2_cli.rl.checkpoint import STATE_DIR
+    from rstar2_cli.rl.update.checkpoint import STATE_DIR
 
     dcp_to_torch_save(str(step_dir / STATE_DIR), str(scratch))
     return torch.load(scratch, weights_only=False)["optimizer"]
@@ -96,15 +96,15 @@ def alternating_grades(trajs, reward) -> None:
 def alternating(**faults):
     """The run's collaborators with `alternating_grades` for the grader; `faults`: a
     `faults.FaultPlan`'s fields to inject."""
-    from rstar2_cli.rl.faults import FaultPlan
-    from rstar2_cli.rl.rollout_side import Collaborators
+    from rstar2_cli.rl.run.faults import FaultPlan
+    from rstar2_cli.rl.run.rollout_side import Collaborators
 
     return Collaborators(grade=alternating_grades, faults=FaultPlan(**faults))
 
 
 def write_checkpoint(folder, step: int):
-    """A small checkpoint folder laid out as rl/checkpoint.py writes one (HF safetensors and a DCP
-    `state/`), whole as far as `--resume`'s check reads it (rl/checkpoint_check.py)."""
+    """A small checkpoint folder laid out as rl/update/checkpoint.py writes one (HF safetensors and a DCP
+    `state/`), whole as far as `--resume`'s check reads it (rl/update/checkpoint_check.py)."""
     import torch   # lazy: the other helpers here need no torch
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.ranks import dist as rl_dist
 
 scenario, out = sys.argv[1], Path(sys.argv[2])
 rl_dist.COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=2)

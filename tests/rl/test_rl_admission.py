@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from rstar2_cli.config import RocConfig, load_recipe_dict
-from rstar2_cli.rl.roc import select_for_training
+from rstar2_cli.rl.selection.roc import select_for_training
 from rstar2_cli.rollout.trajectory import Trajectory
 
 

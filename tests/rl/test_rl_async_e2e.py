@@ -31,7 +31,7 @@ def _stable(row):
 
 
 def test_synchronous_steps_are_identical_for_a_seed(tiny_model, tmp_path, monkeypatch):
-    from rstar2_cli.rl.launch_entry import train
+    from rstar2_cli.rl.run.launch_entry import train
 
     data = _data(tmp_path)
     for run in ("a", "b"):
@@ -43,10 +43,10 @@ def test_synchronous_steps_are_identical_for_a_seed(tiny_model, tmp_path, monkey
 
 
 def test_one_step_off_trains_in_order_within_the_bound_and_resumes_its_rollouts(tiny_model, tmp_path, monkeypatch):
-    from rstar2_cli.rl.checkpoint import read_trainer_state
-    from rstar2_cli.rl.sampler import DataSampler
-    from rstar2_cli.rl.launch_entry import train
-    from rstar2_cli.rl.trainer import RLTrainer
+    from rstar2_cli.rl.update.checkpoint import read_trainer_state
+    from rstar2_cli.rl.run.sampler import DataSampler
+    from rstar2_cli.rl.run.launch_entry import train
+    from rstar2_cli.rl.run.trainer import RLTrainer
 
     data, out = _data(tmp_path), tmp_path / "async"
 

@@ -7,7 +7,7 @@ import concurrent.futures
 import pytest
 
 from rstar2_cli.config import ConfigError, load_recipe_dict
-from rstar2_cli.rl.async_rollouts import (
+from rstar2_cli.rl.run.async_rollouts import (
     Piece,
     RolloutPipeline,
     drop_stale_groups,
@@ -15,7 +15,7 @@ from rstar2_cli.rl.async_rollouts import (
     pending_from_state,
     pending_to_state,
 )
-from rstar2_cli.rl.sampler import DataSampler
+from rstar2_cli.rl.run.sampler import DataSampler
 from rstar2_cli.rollout.trajectory import Trajectory
 
 
@@ -178,7 +178,7 @@ def test_an_asynchronous_step_runs_batches_ahead_and_drops_groups_staler_than_k(
 
 
 def test_the_hosts_staleness_reports_merge_into_the_one_host_columns():
-    from rstar2_cli.rl.async_rollouts import merge_reports
+    from rstar2_cli.rl.run.async_rollouts import merge_reports
 
     trajs = _group(0, [[4], [4]]) + _group(1, [[3, 4], [4]]) + _group(2, [[2], [4, 5]])
     whole = drop_stale_groups(trajs, step=5, max_staleness=2)

@@ -1,4 +1,4 @@
-"""The batch sources (rl/batch_source.py, rl/rollout_ahead.py): both answer the step's calls with
+"""The batch sources (rl/run/batch_source.py, rl/run/rollout_ahead.py): both answer the step's calls with
 one signature, the recipe picks one, and the synchronous source's abandon rewinds only the
 batch it drew (an engine death in the rollout draws it again; one after the update does not)."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ import inspect
 import pytest
 
 from rstar2_cli.config import load_recipe_dict
-from rstar2_cli.rl.batch_source import BatchSource, RolloutInputs, RolloutNow
-from rstar2_cli.rl.rollout_ahead import RolloutAhead
-from rstar2_cli.rl.sampler import DataSampler
-from rstar2_cli.rl.trainer import batch_source_for
+from rstar2_cli.rl.run.batch_source import BatchSource, RolloutInputs, RolloutNow
+from rstar2_cli.rl.run.rollout_ahead import RolloutAhead
+from rstar2_cli.rl.run.sampler import DataSampler
+from rstar2_cli.rl.run.trainer import batch_source_for
 
 STEP_CALLS = ("attach", "batch", "after_update", "columns", "checkpoint_state", "abandon", "close")
 

@@ -24,7 +24,7 @@ from fake_replica import FakeReplica
 from rl_synthetic import alternating_grades, tiny_rl_recipe
 
 from rstar2_cli.config import load_recipe_dict
-from rstar2_cli.rl.rollout_side import Collaborators
+from rstar2_cli.rl.run.rollout_side import Collaborators
 from rstar2_cli.rollout.engine_health import EngineSupervisor, HealthWatch
 
 
@@ -42,7 +42,7 @@ def events(tiny_model, monkeypatch):
     """The shared event log: the fake engines, the release, and the two optimizer loads write to it."""
     from transformers import AutoTokenizer
 
-    from rstar2_cli.rl import checkpoint
+    from rstar2_cli.rl.update import checkpoint
 
     log: list = []
     monkeypatch.setattr(FakeReplica, "log", log)
@@ -67,8 +67,8 @@ def _stage1_checkpoint(tiny_model, path):
 
     from rl_synthetic import make_trajectories
     from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
-    from rstar2_cli.rl.checkpoint import save_checkpoint
-    from rstar2_cli.rl.policy import PolicyTrainer
+    from rstar2_cli.rl.update.checkpoint import save_checkpoint
+    from rstar2_cli.rl.update.policy import PolicyTrainer
 
     policy = PolicyTrainer(ModelConfig(path=str(tiny_model), gradient_checkpointing=False), OptimConfig(lr=1e-3),
                            LossConfig(), micro_batch_tokens=4096)
@@ -83,7 +83,7 @@ def _names(log):
 
 def test_release_comes_before_the_engines_start_and_before_every_wake_at_continuation_and_resume(
         events, tiny_model, tmp_path):
-    from rstar2_cli.rl.trainer import RLTrainer
+    from rstar2_cli.rl.run.trainer import RLTrainer
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}+1?", "answer": str(i + 1)}) + "\n"

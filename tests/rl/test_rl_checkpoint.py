@@ -8,7 +8,7 @@ import torch
 from rl_synthetic import make_trajectories
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
-from rstar2_cli.rl.checkpoint import (
+from rstar2_cli.rl.update.checkpoint import (
     CheckpointWriteError,
     file_index,
     latest_checkpoint,
@@ -18,9 +18,9 @@ from rstar2_cli.rl.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from rstar2_cli.rl.loss import group_advantages
-from rstar2_cli.rl.policy import PolicyTrainer
-from rstar2_cli.rl.sampler import DataSampler
+from rstar2_cli.rl.update.loss import group_advantages
+from rstar2_cli.rl.update.policy import PolicyTrainer
+from rstar2_cli.rl.run.sampler import DataSampler
 
 
 def _policy(model_dir) -> PolicyTrainer:
@@ -136,7 +136,7 @@ def test_a_full_disk_leaves_latest_and_the_previous_checkpoint_intact(tmp_path, 
 
 
 def test_any_oserror_in_a_write_is_a_checkpoint_write_error(tmp_path, tiny_model_dir, monkeypatch):
-    import rstar2_cli.rl.checkpoint as checkpoint
+    import rstar2_cli.rl.update.checkpoint as checkpoint
 
     a = _policy(tiny_model_dir)
     save_checkpoint(tmp_path / "step_000001", a, step=1)
@@ -156,8 +156,8 @@ def test_the_hf_folder_splits_into_files_that_fill_from_safetensors_reads(tmp_pa
 
     from transformers import AutoModelForCausalLM
 
-    import rstar2_cli.rl.checkpoint as checkpoint
-    from rstar2_cli.rl.model_load import fill_from_safetensors
+    import rstar2_cli.rl.update.checkpoint as checkpoint
+    from rstar2_cli.rl.update.model_load import fill_from_safetensors
 
     a = _policy(tiny_model_dir)
     a.update(*_step_batch(1))

@@ -11,9 +11,9 @@ from rl_synthetic import alternating, tiny_rl_recipe, write_times_seven
 @pytest.mark.vllm
 def test_a_full_disk_at_a_save_aborts_the_run_and_resume_continues(tiny_model, tmp_path, capsys):
     from rstar2_cli.config import load_recipe_dict
-    from rstar2_cli.rl.checkpoint import latest_checkpoint, read_trainer_state
-    from rstar2_cli.rl.launch_entry import run_for_exit_code
-    from rstar2_cli.rl.launch_entry import train
+    from rstar2_cli.rl.update.checkpoint import latest_checkpoint, read_trainer_state
+    from rstar2_cli.rl.run.launch_entry import run_for_exit_code
+    from rstar2_cli.rl.run.launch_entry import train
 
     data = write_times_seven(tmp_path / "train.jsonl", 5)
     out = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""rl/cpu_threads.py: a CPU trainer keeps off its engine's cores while the engine decodes."""
+"""rl/ranks/cpu_threads.py: a CPU trainer keeps off its engine's cores while the engine decodes."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from rstar2_cli.rl.cpu_threads import TrainerThreads
+from rstar2_cli.rl.ranks.cpu_threads import TrainerThreads
 from rstar2_cli.rollout.engine_cpus import engine_process_env, reserved_cpus
 
 CPU = torch.device("cpu")

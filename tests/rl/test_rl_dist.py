@@ -1,4 +1,4 @@
-"""rl/dist.py: object collectives and agreements go over the gloo group, tensors stay on the default group.
+"""rl/ranks/dist.py: object collectives and agreements go over the gloo group, tensors stay on the default group.
 
 The process-group calls are replaced by recorders (the real ones need several processes); the
 recorders' signatures are checked against torch's (tests/api_contracts.py). The heartbeats' store is
@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from api_contracts import assert_same_signature
 
-from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.preemption import PreemptionWatch
+from rstar2_cli.rl.ranks import dist as rl_dist
+from rstar2_cli.rl.run.preemption import PreemptionWatch
 
 GLOO = object()       # stands for the group new_group(backend="gloo") returns
 
@@ -116,7 +116,7 @@ def test_setup_distributed_creates_the_gloo_group_once_beside_nccl(monkeypatch):
 # ready mark there.
 HEARTBEAT_RANK = """
 import datetime, sys, torch.distributed as dist
-from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.ranks import dist as rl_dist
 rank, port = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                         timeout=datetime.timedelta(seconds=60))

@@ -1,4 +1,4 @@
-"""rl/exchange.py (with RoC and advantages on the rollout hosts: `host_selection.select_on_host`,
+"""rl/ranks/exchange.py (with RoC and advantages on the rollout hosts: `host_selection.select_on_host`,
 and `step_summary.py`'s merge): each rank receives only its training shard, and N nodes select,
 train and log exactly what one node does.
 
@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from rstar2_cli.config import load_recipe_dict
-from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.exchange import HostFailure, HostSelection, StepFailed, exchange, pack, plan_shards, unpack
-from rstar2_cli.rl.metrics import StepTimer
-from rstar2_cli.rl.host_selection import GradedBatch, select_on_host
-from rstar2_cli.rl.rollout_hosts import node_shard
-from rstar2_cli.rl.step_summary import step_columns
+from rstar2_cli.rl.ranks import dist as rl_dist
+from rstar2_cli.rl.ranks.exchange import HostFailure, HostSelection, StepFailed, exchange, pack, plan_shards, unpack
+from rstar2_cli.rl.measures.timer import StepTimer
+from rstar2_cli.rl.selection.host_selection import GradedBatch, select_on_host
+from rstar2_cli.rl.ranks.rollout_hosts import node_shard
+from rstar2_cli.rl.selection.step_summary import step_columns
 from rstar2_cli.rollout.trajectory import Trajectory
 
 

@@ -1,6 +1,6 @@
 """Ranks that wait for the rollout hosts: a rollout longer than the collective timeout does not
 time them out while the hosts are alive, and a host that died is reported in bounded time, in one
-line (`rl/dist.py`: heartbeats and readiness marks in torch.distributed's store).
+line (`rl/ranks/dist.py`: heartbeats and readiness marks in torch.distributed's store).
 
 Two real processes per case (gloo on CPU, the store of `init_process_group`), with a collective
 timeout of 2 s and heartbeats every 0.1 s, silent after 3 s (`rl_wait_worker.py`)."""
@@ -106,7 +106,7 @@ def test_the_wait_lasts_while_the_source_beats_and_ends_silent_s_after_its_last_
     waited for all along; one that beats until t = 30 s and then goes silent is lost once
     silent_s = 10 s have passed without a beat (within two polls), never before. (The real beat
     threads sleep 5 s of wall time first: the test's beats are the clock's.)"""
-    from rstar2_cli.rl.liveness import Liveness, RankLost
+    from rstar2_cli.rl.ranks.liveness import Liveness, RankLost
 
     def world(beats_until, ready_at):
         store, now = DictStore(), [0.0]

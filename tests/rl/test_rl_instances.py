@@ -144,7 +144,7 @@ def test_vllms_server_errors_are_engine_failures_and_its_client_errors_are_not()
 
 
 def test_void_turns_and_turns_at_the_cap_are_counted(tok):
-    from rstar2_cli.rl.metrics import finish_rollout, rollout_tally
+    from rstar2_cli.rl.measures.tally import finish_rollout, rollout_tally
 
     void = "<reason>Hmm, let me think again.</reason><|im_end|>"
     malformed = "<reason>Run it.</reason>\n<tool_call>\nprint(42)\n</tool_call><|im_end|>"   # no JSON

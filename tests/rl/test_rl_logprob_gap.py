@@ -1,4 +1,4 @@
-"""Each logged trajectory's engine/trainer log-prob gap (rl/logprob_gap.py): the update returns it
+"""Each logged trajectory's engine/trainer log-prob gap (rl/update/logprob_gap.py): the update returns it
 per trajectory from the tensors it already has, and `fill_logprob_gaps` joins it across ranks into
 the rollout hosts' records (real collectives: two gloo processes, `rl_gap_worker.py`)."""
 from __future__ import annotations
@@ -17,12 +17,12 @@ from test_rl_exchange import _cfg, _piece
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
 from rstar2_cli.models.tiny import build_tokenizer, default_corpus
-from rstar2_cli.rl.logprob_gap import add_gap, fill_logprob_gaps, gap_label
-from rstar2_cli.rl.loss import group_advantages
-from rstar2_cli.rl.policy import PolicyTrainer, loss_positions
-from rstar2_cli.rl.exchange import exchange
-from rstar2_cli.rl.host_selection import GradedBatch, select_on_host
-from rstar2_cli.rl.rollout_log import RolloutLog, StepLog, rollout_path
+from rstar2_cli.rl.update.logprob_gap import add_gap, fill_logprob_gaps, gap_label
+from rstar2_cli.rl.update.loss import group_advantages
+from rstar2_cli.rl.update.policy import PolicyTrainer, loss_positions
+from rstar2_cli.rl.ranks.exchange import exchange
+from rstar2_cli.rl.selection.host_selection import GradedBatch, select_on_host
+from rstar2_cli.rl.logs.rollout_log import RolloutLog, StepLog, rollout_path
 
 WORKER = Path(__file__).with_name("rl_gap_worker.py")
 

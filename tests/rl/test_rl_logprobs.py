@@ -1,4 +1,4 @@
-"""The chunked log-prob head (rl/logprobs.py) gives the full-logits path's log-probs, entropy, loss
+"""The chunked log-prob head (rl/update/logprobs.py) gives the full-logits path's log-probs, entropy, loss
 and parameter gradients on a tiny Qwen3 with packed rows and tool-response gaps, for any chunk
 size; and the update skips the old-log-prob pass exactly where that changes nothing."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ import torch
 from rl_synthetic import build_tiny_model, make_trajectories
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
-from rstar2_cli.rl.logprobs import final_hidden_states, head_weight, token_logprobs, token_logprobs_with_loss
-from rstar2_cli.rl.loss import clip_higher_loss, tis_weights
-from rstar2_cli.rl.packing import pack_sequences
-from rstar2_cli.rl.policy import PolicyTrainer, loss_positions
+from rstar2_cli.rl.update.logprobs import final_hidden_states, head_weight, token_logprobs, token_logprobs_with_loss
+from rstar2_cli.rl.update.loss import clip_higher_loss, tis_weights
+from rstar2_cli.rl.update.packing import pack_sequences
+from rstar2_cli.rl.update.policy import PolicyTrainer, loss_positions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "timing"))
 from bench_logprobs import full_logits_logprobs  # noqa: E402

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from rstar2_cli.rl.loss import advantages_for_groups, clip_higher_loss, group_advantages, loss_stats, tis_weights
+from rstar2_cli.rl.update.loss import advantages_for_groups, clip_higher_loss, group_advantages, loss_stats, tis_weights
 from rstar2_cli.rollout.trajectory import Trajectory
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from rstar2_cli.rl.metrics import MetricsWriter, StepTimer, read_metrics, step_metrics
+from rstar2_cli.rl.logs.writer import MetricsWriter, read_metrics
+
+from rstar2_cli.rl.measures.tally import step_metrics
+
+from rstar2_cli.rl.measures.timer import StepTimer
 from rstar2_cli.rollout.trajectory import Trajectory
 
 

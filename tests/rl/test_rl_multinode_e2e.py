@@ -103,7 +103,7 @@ def test_two_nodes_roll_out_and_select_their_own_shards_and_train_together(tiny_
     # Asynchronous: step 2 trained batch 1, sampled one version earlier, on both nodes alike; the
     # checkpoint holds batch 2, in flight at the save, with each node's own shard of it.
     assert rows[1]["async/staleness_max"] <= 1 and rows[1]["async/dropped_groups"] == 0
-    from rstar2_cli.rl.checkpoint import read_trainer_state
+    from rstar2_cli.rl.update.checkpoint import read_trainer_state
 
     pending = read_trainer_state(out / "step_000002")["extra"]["pending_rollouts"]
     assert [i for i, _ in pending["batches"]] == [2]

@@ -10,8 +10,8 @@ import torch
 from rl_synthetic import alternating, make_trajectories, write_times_seven
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
-from rstar2_cli.rl.loss import group_advantages
-from rstar2_cli.rl.policy import PolicyTrainer
+from rstar2_cli.rl.update.loss import group_advantages
+from rstar2_cli.rl.update.policy import PolicyTrainer
 
 
 def _policy(model_dir) -> PolicyTrainer:
@@ -62,9 +62,9 @@ def test_the_run_skips_counts_and_aborts_after_max_in_a_row(tiny_model, tmp_path
     from rl_synthetic import saved_optimizer_state, saved_weights, tiny_rl_recipe
 
     from rstar2_cli.config import load_recipe_dict
-    from rstar2_cli.rl.checkpoint import read_trainer_state
-    from rstar2_cli.rl.faults import RunAborted
-    from rstar2_cli.rl.launch_entry import train
+    from rstar2_cli.rl.update.checkpoint import read_trainer_state
+    from rstar2_cli.rl.run.faults import RunAborted
+    from rstar2_cli.rl.run.launch_entry import train
 
     data = write_times_seven(tmp_path / "train.jsonl", 5)
     out = tmp_path / "run"

@@ -8,9 +8,9 @@ from rl_synthetic import build_tiny_model, make_trajectories
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
 from rstar2_cli.models.attention import choose_attention
-from rstar2_cli.rl.logprobs import final_hidden_states, head_weight, token_logprobs_with_loss
-from rstar2_cli.rl.packing import LAYOUTS, micro_batches, pack_sequences, pad_sequences, plan_bins, plan_buckets
-from rstar2_cli.rl.policy import PolicyTrainer
+from rstar2_cli.rl.update.logprobs import final_hidden_states, head_weight, token_logprobs_with_loss
+from rstar2_cli.rl.update.packing import LAYOUTS, micro_batches, pack_sequences, pad_sequences, plan_bins, plan_buckets
+from rstar2_cli.rl.update.policy import PolicyTrainer
 
 
 def test_plan_bins_respects_budget_and_isolates_long_sequences():

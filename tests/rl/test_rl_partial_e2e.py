@@ -15,9 +15,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 def test_partial_rollouts_train_within_the_bound_and_resume_with_per_token_versions(tiny_model, tmp_path,
                                                                                      monkeypatch):
-    from rstar2_cli.rl.checkpoint import read_trainer_state
-    from rstar2_cli.rl.launch_entry import train
-    from rstar2_cli.rl.trainer import RLTrainer
+    from rstar2_cli.rl.update.checkpoint import read_trainer_state
+    from rstar2_cli.rl.run.launch_entry import train
+    from rstar2_cli.rl.run.trainer import RLTrainer
 
     data, out = _data(tmp_path), tmp_path / "partial"
 

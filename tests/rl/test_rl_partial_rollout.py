@@ -13,9 +13,9 @@ import torch
 from rl_synthetic import build_tiny_model
 
 from rstar2_cli.config import ConfigError, LossConfig, ModelConfig, OptimConfig, RolloutConfig, load_recipe_dict
-from rstar2_cli.rl.async_rollouts import (drop_stale_groups, finish_partial, partial_counts, pending_from_state,
+from rstar2_cli.rl.run.async_rollouts import (drop_stale_groups, finish_partial, partial_counts, pending_from_state,
                                           pending_to_state)
-from rstar2_cli.rl.policy import PolicyTrainer, loss_positions
+from rstar2_cli.rl.update.policy import PolicyTrainer, loss_positions
 from rstar2_cli.rollout.agent_loop import record_versions, run_agent_loop
 from rstar2_cli.rollout.engines import GenResult, version_spans
 from rstar2_cli.rollout.trajectory import RocDecision, Trajectory, TurnRecord

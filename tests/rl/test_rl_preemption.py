@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, PreemptionWatch, torchrun_env
+from rstar2_cli.rl.run.preemption import PREEMPTED_EXIT_CODE, PreemptionWatch, torchrun_env
 
 
 def test_torchrun_reads_the_forwarded_signals_and_the_grace_from_the_environment(monkeypatch):
@@ -25,7 +25,7 @@ def test_torchrun_reads_the_forwarded_signals_and_the_grace_from_the_environment
     monkeypatch.setenv("PET_NPROC_PER_NODE", "1")
     for name, value in torchrun_env(600.0).items():
         monkeypatch.setenv(name, value)
-    args = get_args_parser().parse_args(["-m", "rstar2_cli.rl.launch_entry"])
+    args = get_args_parser().parse_args(["-m", "rstar2_cli.rl.run.launch_entry"])
     assert "SIGUSR1" in args.signals_to_handle.split(",") and "SIGTERM" in args.signals_to_handle.split(",")
     assert args.shutdown_timeout >= 600
 
@@ -46,7 +46,7 @@ def test_past_the_grace_the_process_exits_with_the_preempted_code(tmp_path):
     """A step that does not finish within preempt_grace_s: exit 75 anyway, before the cluster's kill."""
     code = textwrap.dedent("""
         import os, signal, time
-        from rstar2_cli.rl.preemption import PreemptionWatch
+        from rstar2_cli.rl.run.preemption import PreemptionWatch
         PreemptionWatch(grace_s=0.5).install()
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(60)          # a step that never ends
@@ -102,7 +102,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("mode,expected", [("checkpoints", PREEMPTED_EXIT_CODE), ("torchrun", PREEMPTED_EXIT_CODE),
                                            ("finishes", 0)])
 def test_the_node_launcher_forwards_the_signal_and_exits_with_the_preempted_code(tmp_path, mode, expected):
-    from rstar2_cli.rl.own_session import call_forwarding_signals
+    from rstar2_cli.rl.run.own_session import call_forwarding_signals
 
     ready = tmp_path / "ready"
 
@@ -117,14 +117,14 @@ def test_the_node_launcher_forwards_the_signal_and_exits_with_the_preempted_code
 
 
 def test_without_a_signal_the_launcher_returns_the_child_code():
-    from rstar2_cli.rl.own_session import call_forwarding_signals
+    from rstar2_cli.rl.run.own_session import call_forwarding_signals
 
     assert call_forwarding_signals([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ)) == 3
 
 
 def test_resume_values():
     from rstar2_cli.commands.rl import with_resume_default
-    from rstar2_cli.rl.resume import resume_mode
+    from rstar2_cli.rl.run.resume import resume_mode
 
     assert with_resume_default(["--resume"]) == ["--resume", "latest"]
     assert with_resume_default(["--resume", "auto", "r.yaml"]) == ["--resume", "auto", "r.yaml"]
@@ -151,7 +151,7 @@ def test_rl_resume_reaches_every_node_command():
 
 
 def test_resumed_metrics_drop_the_rows_written_after_the_checkpoint(tmp_path):
-    from rstar2_cli.rl.metrics import MetricsWriter
+    from rstar2_cli.rl.logs.writer import MetricsWriter
 
     w = MetricsWriter(tmp_path)
     for step in range(4):
@@ -164,7 +164,7 @@ def test_resumed_metrics_drop_the_rows_written_after_the_checkpoint(tmp_path):
 
 def test_fault_injection_plan_from_the_environment():
     """A trainer process started by `rstar2 rl` or torchrun reads its injected faults once, at start."""
-    from rstar2_cli.rl.faults import FAULT_CHECKPOINT_WRITE_ENV, FAULT_NONFINITE_ENV, FaultPlan
+    from rstar2_cli.rl.run.faults import FAULT_CHECKPOINT_WRITE_ENV, FAULT_NONFINITE_ENV, FaultPlan
 
     assert FaultPlan.from_env({}) == FaultPlan()
     plan = FaultPlan.from_env({FAULT_NONFINITE_ENV: "2, 5", FAULT_CHECKPOINT_WRITE_ENV: "3"})
@@ -190,9 +190,9 @@ def test_every_node_command_tells_torchrun_to_forward_usr1_and_wait_for_the_chec
 @pytest.mark.parametrize("raised,code", [("preempted", PREEMPTED_EXIT_CODE), ("aborted", 1), ("done", 0)])
 def test_a_trainer_process_exits_with_the_outcome_code_and_one_line(tmp_path, monkeypatch, capsys, raised, code):
     from rstar2_cli.config import RecipeConfig, dump_recipe
-    from rstar2_cli.rl import launch_entry
-    from rstar2_cli.rl.preemption import Preempted
-    from rstar2_cli.rl.trainer import RunAborted
+    from rstar2_cli.rl.run import launch_entry
+    from rstar2_cli.rl.run.preemption import Preempted
+    from rstar2_cli.rl.run.trainer import RunAborted
 
     def fake_run(cfg, *, resume, collaborators):
         assert resume == "auto"
@@ -215,7 +215,7 @@ def test_a_trainer_process_exits_with_the_outcome_code_and_one_line(tmp_path, mo
 def test_ctrl_c_stops_at_the_step_boundary_and_a_second_one_later_stops_at_once(monkeypatch):
     """The first SIGINT only marks the run, as SIGTERM does; a repeat within INTERRUPT_REPEAT_S is the
     same keypress arriving twice (terminal and torchrun); a later one raises KeyboardInterrupt."""
-    from rstar2_cli.rl import preemption
+    from rstar2_cli.rl.run import preemption
 
     monkeypatch.setattr(preemption, "INTERRUPT_REPEAT_S", 0.3)
     before = signal.getsignal(signal.SIGINT)
@@ -240,7 +240,7 @@ def test_ctrl_c_stops_at_the_step_boundary_and_a_second_one_later_stops_at_once(
     (["rl", "--resume=auto", "--stage", "2"], "rstar2 rl --stage 2 --resume auto"),
 ])
 def test_the_continue_command_is_the_same_command_with_resume_auto(argv, expected):
-    from rstar2_cli.rl.preemption import continue_command
+    from rstar2_cli.rl.run.preemption import continue_command
 
     assert continue_command(argv) == expected
 
@@ -248,7 +248,7 @@ def test_the_continue_command_is_the_same_command_with_resume_auto(argv, expecte
 def test_the_node_launcher_survives_ctrl_c_and_leaves_it_to_torchrun(tmp_path):
     """A terminal's SIGINT reaches torchrun itself: the launcher does not pass it on (torchrun would
     end its workers at once on a second one) and reports the preemption code torchrun ends with."""
-    from rstar2_cli.rl.own_session import call_forwarding_signals
+    from rstar2_cli.rl.run.own_session import call_forwarding_signals
 
     ready = tmp_path / "ready"
     child = textwrap.dedent("""
@@ -289,7 +289,7 @@ def test_under_srun_the_launcher_leaves_the_signal_to_slurm_so_torchrun_sees_it_
                                                                                   under_srun):
     """slurmstepd signals every process of the step, torchrun included; the launcher passing the
     signal on too made torchrun see it twice (and end its workers at once on the second)."""
-    from rstar2_cli.rl import own_session
+    from rstar2_cli.rl.run import own_session
 
     ready, count = tmp_path / "ready", tmp_path / "count"
     env = {k: v for k, v in os.environ.items() if k not in ("SLURM_STEP_ID", "SLURM_STEPID")}

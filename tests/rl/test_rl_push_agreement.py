@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.rollout_side import WeightPushFailed, push_weights
+from rstar2_cli.rl.ranks import dist as rl_dist
+from rstar2_cli.rl.run.rollout_side import WeightPushFailed, push_weights
 from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
 from rstar2_cli.rollout.fleet import EngineFleet
 

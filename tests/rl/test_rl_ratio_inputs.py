@@ -7,8 +7,8 @@ import torch
 from rl_synthetic import make_trajectories
 
 from rstar2_cli.config import ConfigError, LossConfig, ModelConfig, OptimConfig, load_recipe_dict
-from rstar2_cli.rl.loss import group_advantages
-from rstar2_cli.rl.policy import PolicyTrainer, loss_positions
+from rstar2_cli.rl.update.loss import group_advantages
+from rstar2_cli.rl.update.policy import PolicyTrainer, loss_positions
 
 
 def _policy(model_dir, *, temperature: float = 1.0, tis: bool = False) -> PolicyTrainer:

@@ -21,7 +21,7 @@ import yaml
 
 from rl_synthetic import alternating, tiny_rl_recipe, write_times_seven
 from rstar2_cli.config import load_recipe_dict
-from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE
+from rstar2_cli.rl.run.preemption import PREEMPTED_EXIT_CODE
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -54,9 +54,9 @@ def _raw(tiny_model, data, out, k, steps=3):
 
 @pytest.mark.parametrize("k", [0, 1])
 def test_a_preempted_and_resumed_run_equals_the_uninterrupted_one(tiny_model, tmp_path, monkeypatch, k):
-    from rstar2_cli.rl.async_rollouts import RolloutPipeline
-    from rstar2_cli.rl.preemption import Preempted
-    from rstar2_cli.rl.launch_entry import train
+    from rstar2_cli.rl.run.async_rollouts import RolloutPipeline
+    from rstar2_cli.rl.run.preemption import Preempted
+    from rstar2_cli.rl.run.launch_entry import train
 
     # a random tiny model never answers right: alternate the grades so the update has a signal
     if k:
@@ -79,7 +79,7 @@ def test_a_preempted_and_resumed_run_equals_the_uninterrupted_one(tiny_model, tm
     assert stopped.value.step == 1 and stopped.value.checkpoint == cut / "step_000001"
     assert (cut / "latest").read_text().strip() == "step_000001"
     if k:   # the batches in flight were saved with the checkpoint, as a periodic one saves them
-        from rstar2_cli.rl.checkpoint import read_trainer_state
+        from rstar2_cli.rl.update.checkpoint import read_trainer_state
 
         state = read_trainer_state(cut / "step_000001")
         assert [i for i, _ in state["extra"]["pending_rollouts"]["batches"]] == [1, 2]
@@ -155,8 +155,8 @@ def test_rstar2_rl_stopped_by_sigterm_or_ctrl_c_exits_75_and_resume_auto_continu
                                                                                               stop):
     """SIGTERM to `rstar2 rl`, as a cluster sends it; or Ctrl-C at a terminal, SIGINT to the whole
     foreground group: the trainer and its engines run in a session of their own and get it from the
-    launcher alone (rl/own_session.py), so the step finishes on the same engines."""
-    from rstar2_cli.rl.launch_entry import train
+    launcher alone (rl/run/own_session.py), so the step finishes on the same engines."""
+    from rstar2_cli.rl.run.launch_entry import train
 
     data = _data(tmp_path)
     clean, cut = tmp_path / "clean", tmp_path / "cut"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rl_synthetic import write_checkpoint
 
-from rstar2_cli.rl.resume import ResumeError, resume_point
+from rstar2_cli.rl.run.resume import ResumeError, resume_point
 
 
 def cut(path, keep: int = 100):

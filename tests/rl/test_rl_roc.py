@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rstar2_cli.config import RocConfig
-from rstar2_cli.rl.roc import (
+from rstar2_cli.rl.selection.roc import (
     downsample_groups,
     error_penalty,
     format_penalty,

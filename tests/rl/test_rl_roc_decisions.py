@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rstar2_cli.config import RocConfig
-from rstar2_cli.rl.roc import select_for_training
+from rstar2_cli.rl.selection.roc import select_for_training
 from rstar2_cli.rollout.trajectory import RocDecision, Trajectory
 
 CLEAN = "<reason>ok</reason> <answer>\\boxed{1}</answer>"

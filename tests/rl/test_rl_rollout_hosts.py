@@ -5,7 +5,7 @@ import pytest
 
 from rstar2_cli.config import EngineConfig
 from rstar2_cli.launch.topology import plan_from_args
-from rstar2_cli.rl.rollout_hosts import EngineSlot, RolloutHostError, host_ranks, node_shard, plan_rollout_host
+from rstar2_cli.rl.ranks.rollout_hosts import EngineSlot, RolloutHostError, host_ranks, node_shard, plan_rollout_host
 
 
 def torchrun_env(node: int, nodes: int, local_rank: int, per_node: int, **extra: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The rollout log (rl/rollout_log.py): which groups a host writes, each line's schema, RoC's own
+"""The rollout log (rl/logs/rollout_log.py): which groups a host writes, each line's schema, RoC's own
 decisions and the advantages in it, and the atomic per-step, per-node file."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from test_rl_exchange import _cfg, _piece, _select
 from test_rl_step_flow import make_trainer  # noqa: F401 (fixture)
 
 from rstar2_cli.models.tiny import build_tokenizer, default_corpus
-from rstar2_cli.inspect.reader import read_step
-from rstar2_cli.rl.rollout_log import RolloutLog, mask_runs, pick_groups, rollout_path
+from rstar2_cli.inspector.reader import read_step
+from rstar2_cli.rl.logs.rollout_log import RolloutLog, mask_runs, pick_groups, rollout_path
 from rstar2_cli.rollout.trajectory import Trajectory
 
 KEYS = {"step", "node", "group", "prompt_id", "sample", "problem", "gold", "turns", "response_tokens", "tool_calls",

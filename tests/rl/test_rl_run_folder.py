@@ -14,8 +14,8 @@ from rstar2_cli.cli import app
 from rstar2_cli.config import RESOLVED_RECIPE
 from rl_synthetic import write_checkpoint
 
-from rstar2_cli.rl import launch_entry
-from rstar2_cli.rl.run_folder import previous_run, refusal
+from rstar2_cli.rl.run import launch_entry
+from rstar2_cli.rl.run.run_folder import previous_run, refusal
 
 
 def _used(folder: Path, *, latest: bool = True, steps: tuple[int, ...] = (2, 4), rows: int = 4) -> Path:

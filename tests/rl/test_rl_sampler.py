@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rstar2_cli.rl.sampler import DataSampler
+from rstar2_cli.rl.run.sampler import DataSampler
 
 
 def test_each_epoch_is_a_permutation_and_batches_cross_epochs():

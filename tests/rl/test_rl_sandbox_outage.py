@@ -11,10 +11,10 @@ import pytest
 from test_rl_instances import Engine, tok  # noqa: F401  (tok: the scripted engine's tokenizer fixture)
 
 from rstar2_cli.config import ConfigError, RocConfig, RolloutConfig, load_recipe_dict
-from rstar2_cli.rl.faults import NonfiniteSteps
-from rstar2_cli.rl.roc import error_penalty, select_for_training
-from rstar2_cli.rl.rollout_side import Collaborators, sandbox_down_for
-from rstar2_cli.rl.trainer import RLTrainer, RunAborted
+from rstar2_cli.rl.run.faults import NonfiniteSteps
+from rstar2_cli.rl.selection.roc import error_penalty, select_for_training
+from rstar2_cli.rl.run.rollout_side import Collaborators, sandbox_down_for
+from rstar2_cli.rl.run.trainer import RLTrainer, RunAborted
 from rstar2_cli.rollout.tool_sandbox import rl_tool_sandbox
 from rstar2_cli.rollout.agent_loop import INFRA_TOOL_REASONS, run_agent_loop
 from sandbox.service.client import RemoteSandbox
@@ -119,7 +119,7 @@ def test_the_run_checkpoints_and_exits_1_at_the_step_boundary_past_outage_s(tiny
     line on stderr, and step 3 never runs."""
     from rl_synthetic import tiny_rl_recipe, write_times_seven
 
-    from rstar2_cli.rl.launch_entry import run_for_exit_code
+    from rstar2_cli.rl.run.launch_entry import run_for_exit_code
 
     answers = iter([0.0, 400.0])
 

@@ -42,7 +42,7 @@ def test_two_rank_sharded_forward_backward_matches_unsharded(tmp_path, tiny_mode
 def test_shard_model_rejects_a_policy_that_is_not_one():
     from rl_synthetic import build_tiny_model
 
-    from rstar2_cli.rl.model_load import shard_model
+    from rstar2_cli.rl.update.model_load import shard_model
 
     with pytest.raises(TypeError, match="MixedPrecisionPolicy"):
         shard_model(build_tiny_model(), mp_policy="bf16")

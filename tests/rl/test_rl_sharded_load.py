@@ -14,7 +14,7 @@ import torch
 from rl_synthetic import TINY_QWEN3
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-from rstar2_cli.rl.checkpoint import load_checkpoint, save_checkpoint
+from rstar2_cli.rl.update.checkpoint import load_checkpoint, save_checkpoint
 
 WORKER = Path(__file__).with_name("rl_load_worker.py")
 
@@ -83,7 +83,7 @@ def _one_process_policy(model_dir: Path, update: bool = True):
     from rl_synthetic import make_trajectories
 
     from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
-    from rstar2_cli.rl.policy import PolicyTrainer
+    from rstar2_cli.rl.update.policy import PolicyTrainer
 
     policy = PolicyTrainer(ModelConfig(path=str(model_dir)), OptimConfig(lr=1e-3), LossConfig(), micro_batch_tokens=64)
     if update:

@@ -9,11 +9,11 @@ import torch
 from rl_synthetic import make_trajectories
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig, RecipeConfig
-from rstar2_cli.rl.checkpoint import save_checkpoint
-from rstar2_cli.rl.loss import group_advantages
-from rstar2_cli.rl.policy import PolicyTrainer
-from rstar2_cli.rl.stages import start_text
-from rstar2_cli.rl.resume import continue_stage
+from rstar2_cli.rl.update.checkpoint import save_checkpoint
+from rstar2_cli.rl.update.loss import group_advantages
+from rstar2_cli.rl.update.policy import PolicyTrainer
+from rstar2_cli.rl.run.stages import start_text
+from rstar2_cli.rl.run.resume import continue_stage
 
 
 def _policy(model_dir, optim: OptimConfig) -> PolicyTrainer:

@@ -15,10 +15,10 @@ from fake_replica import FakeReplica
 from rl_synthetic import build_tiny_model, make_trajectories, tiny_rl_recipe
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig, load_recipe_dict
-from rstar2_cli.rl.metrics import read_metrics
-from rstar2_cli.rl.policy import PolicyTrainer
-from rstar2_cli.rl.rollout_side import Collaborators
-from rstar2_cli.rl.sampler import DataSampler
+from rstar2_cli.rl.logs.writer import read_metrics
+from rstar2_cli.rl.update.policy import PolicyTrainer
+from rstar2_cli.rl.run.rollout_side import Collaborators
+from rstar2_cli.rl.run.sampler import DataSampler
 
 
 class Recorder:
@@ -49,7 +49,7 @@ class Recorder:
 def make_trainer(tiny_model, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    from rstar2_cli.rl.trainer import RLTrainer
+    from rstar2_cli.rl.run.trainer import RLTrainer
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}*7?", "answer": str(7 * i)}) + "\n"
@@ -170,8 +170,8 @@ def test_an_engine_lost_at_the_push_checkpoints_the_trained_step(make_trainer, t
     """The update ran before the push found the engines gone: the abort's checkpoint holds the
     updated weights under the step that made them, so a resume neither trains that batch twice
     nor labels new weights with the old step."""
-    from rstar2_cli.rl import checkpoint
-    from rstar2_cli.rl.faults import RunAborted
+    from rstar2_cli.rl.update import checkpoint
+    from rstar2_cli.rl.run.faults import RunAborted
     from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
 
     trainer, _, _ = make_trainer(colocated=False)

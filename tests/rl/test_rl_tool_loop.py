@@ -1,5 +1,5 @@
-"""The tool-loop alarm (rl/tool_loop.py) on synthetic metric sequences, the tool metrics it reads
-(rl/metrics.py), and `train.stop_on_tool_loop` in the trainer's loop (checkpoint, then RunAborted)."""
+"""The tool-loop alarm (rl/logs/loop_alarm.py) on synthetic metric sequences, the tool metrics it reads
+(rl/logs/writer.py), and `train.stop_on_tool_loop` in the trainer's loop (checkpoint, then RunAborted)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from rstar2_cli.rl.metrics import MetricsWriter, finish_rollout, rollout_tally
-from rstar2_cli.rl.tool_loop import ToolLoopAlarm
+from rstar2_cli.rl.logs.writer import MetricsWriter
+
+from rstar2_cli.rl.measures.tally import finish_rollout, rollout_tally
+from rstar2_cli.rl.logs.loop_alarm import ToolLoopAlarm
 from rstar2_cli.rollout.trajectory import Trajectory
 
 
@@ -61,8 +63,8 @@ def test_the_alarm_line_goes_to_the_log_and_the_live_table(tmp_path, caplog, cap
 @pytest.mark.parametrize("stop", [True, False])
 def test_stop_on_tool_loop_checkpoints_and_raises(tmp_path, stop):
     from rstar2_cli.config import RecipeConfig
-    from rstar2_cli.rl import trainer as trainer_mod
-    from rstar2_cli.rl.faults import NonfiniteSteps
+    from rstar2_cli.rl.run import trainer as trainer_mod
+    from rstar2_cli.rl.run.faults import NonfiniteSteps
 
     calls = []
     t = object.__new__(trainer_mod.RLTrainer)

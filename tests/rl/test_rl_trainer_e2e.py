@@ -9,8 +9,8 @@ import torch
 
 from rl_synthetic import alternating, alternating_grades, saved_optimizer_state, tiny_rl_recipe
 from rstar2_cli.config import load_recipe_dict
-from rstar2_cli.rl.rollout_side import Collaborators
-from rstar2_cli.rollout.roll_out import grade
+from rstar2_cli.rl.run.rollout_side import Collaborators
+from rstar2_cli.rollout.batch_rollout import grade
 
 pytestmark = pytest.mark.slow
 
@@ -23,8 +23,8 @@ def _recipe(tiny_model, data, out, steps):
 def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from rstar2_cli.rl.launch_entry import train
-    from rstar2_cli.rl.trainer import RLTrainer
+    from rstar2_cli.rl.run.launch_entry import train
+    from rstar2_cli.rl.run.trainer import RLTrainer
 
     # A random tiny model never answers right, so every group would have equal rewards and zero
     # advantage. Grade every other sample correct so the update has a signal to follow.
@@ -48,7 +48,7 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
     assert first["time/sync"] < first["time/step"]
     assert first["rollout/accuracy"] == 0.5 and first["train/loss_tokens"] > 0
     # every step's rollouts on disk: both groups (log_rollouts 4 > 2 prompts), their kept G=2 with advantages
-    from rstar2_cli.inspect.reader import read_step
+    from rstar2_cli.inspector.reader import read_step
 
     for step in (1, 2):
         recs = read_step(out, step)
@@ -65,8 +65,8 @@ def test_rl_steps_checkpoint_and_resume(tiny_model, tmp_path, monkeypatch):
     # resume continues at step 3 with the saved sampler position, optimizer, LR schedule and RoC RNG
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    from rstar2_cli.rl.checkpoint import read_trainer_state
-    from rstar2_cli.rl.sampler import DataSampler
+    from rstar2_cli.rl.update.checkpoint import read_trainer_state
+    from rstar2_cli.rl.run.sampler import DataSampler
 
     saved_state = read_trainer_state(final)
     saved_optim = saved_optimizer_state(final, tmp_path / "optim.pt")
@@ -107,7 +107,7 @@ def test_a_step_graded_by_the_real_grader_pool(tiny_model, tmp_path, monkeypatch
     in the pool), so this shows the wiring and the rewards' values, not a learning signal."""
     from rstar2_cli.reward import REASONS, GraderPool
     from rstar2_cli.reward.pool import WorkerPool
-    from rstar2_cli.rl.trainer import RLTrainer
+    from rstar2_cli.rl.run.trainer import RLTrainer
 
     jobs: list[int] = []
     run = WorkerPool.run
@@ -143,7 +143,7 @@ def test_a_step_graded_by_the_real_grader_pool(tiny_model, tmp_path, monkeypatch
 
 def test_bad_data_fails_before_model_load(tiny_model, tmp_path):
     from rstar2_cli.data.problems import DataError
-    from rstar2_cli.rl.trainer import RLTrainer
+    from rstar2_cli.rl.run.trainer import RLTrainer
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "problem": "x"}\n')

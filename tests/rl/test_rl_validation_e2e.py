@@ -9,7 +9,7 @@ import pytest
 
 from rl_synthetic import alternating_grades, tiny_rl_recipe
 from rstar2_cli.config import load_recipe_dict
-from rstar2_cli.rl.rollout_side import Collaborators
+from rstar2_cli.rl.run.rollout_side import Collaborators
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -19,7 +19,7 @@ def test_validation_points_and_an_empty_step_in_a_tiny_run(tiny_model, tmp_path,
 
     import rstar2_cli.reward as reward
     from rstar2_cli.reward import GradeResult
-    from rstar2_cli.rl.trainer import RLTrainer
+    from rstar2_cli.rl.run.trainer import RLTrainer
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}*7?", "answer": str(7 * i)}) + "\n"

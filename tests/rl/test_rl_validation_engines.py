@@ -11,7 +11,7 @@ from rl_synthetic import tiny_rl_recipe, write_times_seven
 
 from rstar2_cli.config import load_recipe_dict
 from rstar2_cli.rollout.generation import GenRequest, GenResult
-from rstar2_cli.rl.validation import run_validation
+from rstar2_cli.rl.run.validation import run_validation
 
 
 class SeededAnswerEngine:
@@ -86,7 +86,7 @@ def test_two_hosts_validate_interleaved_shares_and_rank_0_logs_what_one_host_log
     """Each rollout host evaluates every second held-out problem on its own engines; rank 0 merges
     the hosts' samples (what `rl_dist.gather_from` hands it) into the set's folder and logs the
     metrics, results and trajectories one host evaluating everything writes."""
-    from rstar2_cli.rl.validation import merge_validation, validate_share
+    from rstar2_cli.rl.run.validation import merge_validation, validate_share
 
     cfg, tok = _heldout_recipe(tiny_model, tmp_path, 7)
 

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from rstar2_cli.config import load_recipe_dict
-from rstar2_cli.rl.metrics import MetricsWriter, read_metrics
-from rstar2_cli.rl.validation import eval_set_source, validation_due
+from rstar2_cli.rl.logs.writer import MetricsWriter, read_metrics
+from rstar2_cli.rl.run.validation import eval_set_source, validation_due
 
 
 def _cfg(**train):

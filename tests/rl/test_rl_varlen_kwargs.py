@@ -13,8 +13,8 @@ from transformers import AttentionInterface
 
 from rstar2_cli.config import LossConfig, ModelConfig, OptimConfig
 from rstar2_cli.models.attention import AttentionChoice
-from rstar2_cli.rl.packing import pack_sequences, pad_sequences
-from rstar2_cli.rl.policy import PolicyTrainer
+from rstar2_cli.rl.update.packing import pack_sequences, pad_sequences
+from rstar2_cli.rl.update.policy import PolicyTrainer
 
 VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 SEEN: list[dict] = []

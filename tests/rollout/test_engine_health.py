@@ -261,7 +261,7 @@ def test_max_restarts_checkpoints_and_aborts_with_one_line(tmp_path, monkeypatch
     """RLTrainer.train: EngineRestartsExhausted from a step -> the step's batch abandoned (drawn
     again on resume), a checkpoint of the last completed step, RunAborted with one line."""
     from rstar2_cli.config import RecipeConfig
-    from rstar2_cli.rl import trainer as trainer_mod
+    from rstar2_cli.rl.run import trainer as trainer_mod
 
     calls = []
     t = object.__new__(trainer_mod.RLTrainer)

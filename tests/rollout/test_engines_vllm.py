@@ -128,7 +128,7 @@ async def test_weight_update_refuses_while_generation_is_in_flight(engine, tiny_
 
 
 def test_prompt_that_fills_the_context_is_a_clear_error(engine):
-    """The request's own failure (an engine fault for that trajectory, rl/admission.py), named."""
+    """The request's own failure (an engine fault for that trajectory, rl/selection/exclusion.py), named."""
     from rstar2_cli.rollout.generation import EngineRequestError
 
     with pytest.raises(EngineRequestError, match="leaves no room in max_model_len=1024"):

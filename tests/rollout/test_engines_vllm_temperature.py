@@ -19,7 +19,7 @@ def test_engine_and_trainer_log_probs_agree_at_the_sampling_temperature(tiny_mod
     from transformers import AutoTokenizer
 
     from rstar2_cli.config import EngineConfig, LossConfig, ModelConfig, OptimConfig
-    from rstar2_cli.rl.policy import PolicyTrainer
+    from rstar2_cli.rl.update.policy import PolicyTrainer
 
     prompt = AutoTokenizer.from_pretrained(tiny_model).encode("What is 12 + 30? Let me compute it with Python.")
     engine = VLLMEngine.from_config(str(tiny_model), EngineConfig(max_num_seqs=4), max_model_len=1024, seed=0,

@@ -39,7 +39,7 @@ def test_auto_seeds_requests_on_cpu_only_and_an_explicit_value_wins():
 
 
 def test_the_recipes_leave_it_to_the_device():
-    from rstar2_cli.rl.stages import packaged_recipes
+    from rstar2_cli.rl.run.stages import packaged_recipes
 
     assert load_recipe(None).rollout.seed_requests == "auto"
     for stage in (1, 2, 3):

@@ -9,10 +9,10 @@ import torch
 from test_request_seeds import BuiltEngine, on_gpu
 
 from rstar2_cli.config import load_recipe_dict
-from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.dist import DistInfo
-from rstar2_cli.rl.rollout_hosts import EngineSlot, RolloutHostPlan
-from rstar2_cli.rl.rollout_side import Collaborators, start_rollout_side
+from rstar2_cli.rl.ranks import dist as rl_dist
+from rstar2_cli.rl.ranks.dist import DistInfo
+from rstar2_cli.rl.ranks.rollout_hosts import EngineSlot, RolloutHostPlan
+from rstar2_cli.rl.run.rollout_side import Collaborators, start_rollout_side
 
 
 class NoTools:

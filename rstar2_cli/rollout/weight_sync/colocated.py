@@ -15,7 +15,7 @@ the GPUs to training and take them back around the weight push.
               sit on other ranks' GPUs), then the host wakes the weights; the push; the same
               again, then the KV cache (the push's own buffers are freed first).
 The same release runs before the engines first start and before a dead engine's restart
-(`rl/rollout_side.py`, `rollout/engine_health.py`): the trainer passes it down (`RLTrainer`'s
+(`rl/run/rollout_side.py`, `rollout/engine_health.py`): the trainer passes it down (`RLTrainer`'s
 `release`), so a test can record when it runs.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ a `WeightTransport` chosen by `make_transport`.
 Every rank reaches the same collectives whatever fails on a host: the releases before each wake
 (barriers) run on every rank, and before the transfer, whose gathers are collectives tensor by
 tensor (FSDP's `full_tensor`), the ranks agree on the host's check and wake (`agree`; the trainer's
-is one all-gather over the gloo group, `rl/rollout_side.py`). A host whose engines are busy or
+is one all-gather over the gloo group, `rl/run/rollout_side.py`). A host whose engines are busy or
 fail to wake (an out-of-memory on `wake_up(["weights"])`) thus stops every rank at once, where
 the others would otherwise wait in the gathers until the collective timeout (2 h).
 """

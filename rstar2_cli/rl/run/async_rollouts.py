@@ -70,7 +70,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
-from rstar2_cli.rl.metrics import StepTimer
+from rstar2_cli.rl.measures.timer import StepTimer
 from rstar2_cli.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)

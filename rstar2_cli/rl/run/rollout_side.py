@@ -32,15 +32,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstar2_cli.config import RecipeConfig, RewardConfig
-from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.faults import FaultPlan
-from rstar2_cli.rl.policy import compute_dtype
-from rstar2_cli.rl.rollout_hosts import RolloutHostPlan, host_ranks
+from rstar2_cli.rl.ranks import dist as rl_dist
+from rstar2_cli.rl.run.faults import FaultPlan
+from rstar2_cli.rl.update.policy import compute_dtype
+from rstar2_cli.rl.ranks.rollout_hosts import RolloutHostPlan, host_ranks
 from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
 from rstar2_cli.rollout.engine_logs import release_engine_logs, route_engine_logs
 from rstar2_cli.rollout.engines import VLLMEngine
 from rstar2_cli.rollout.fleet import EngineFleet, start_engines
-from rstar2_cli.rollout.roll_out import grade
+from rstar2_cli.rollout.batch_rollout import grade
 from rstar2_cli.rollout.tool_sandbox import rl_tool_sandbox
 from rstar2_cli.rollout.trajectory import Trajectory
 from rstar2_cli.rollout.weight_sync.backends import choose_backend
@@ -66,7 +66,7 @@ class Collaborators:
     grade: Callable[[Sequence[Trajectory], RewardConfig], None] = grade  # the outcome reward, in place
     release: Callable[[], None] = release_trainer_cache                 # cached device memory back
     engines_sleep: Callable[[RecipeConfig, Any], bool] = engines_sleep_for_training   # the colocated cycle
-    faults: FaultPlan = FaultPlan()                                     # injected faults (rl/faults.py)
+    faults: FaultPlan = FaultPlan()                                     # injected faults (rl/run/faults.py)
 
 
 @dataclass

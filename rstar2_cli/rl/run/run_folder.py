@@ -1,7 +1,7 @@
 """What an RL run folder (`train.out_dir`) already holds, read before a run starts.
 
 A run writes `step_<n>/` checkpoints, a `latest` file naming the newest one and a `metrics.jsonl`
-row per step (rl/checkpoint.py, rl/metrics.py). A second run started into the same folder without
+row per step (rl/update/checkpoint.py, rl/logs/writer.py). A second run started into the same folder without
 `--resume` would append its steps 1, 2, ... to the first run's rows, overwrite some of its
 checkpoints and move `latest`, so `rstar2 rl` refuses it (`refusal`). Reading plain files only
 (no torch): the check runs before anything is imported or started.

@@ -36,7 +36,7 @@ Penalties:
 
 Faults (a sandbox internal error, which covers a worker crash, a queue timeout and a remote
 backend error; an engine error; a grader timeout, crash or error) are not the model's doing:
-such trajectories leave their group before selection and advantages (``admission.py`` decides,
+such trajectories leave their group before selection and advantages (``exclusion.py`` decides,
 per trajectory), and are counted in ``roc/infra_excluded`` and ``faults/excluded_<reason>``.
 
 Groups are the sampled instances of the step (``Trajectory.group_index``, with the prompt id):
@@ -50,7 +50,7 @@ With RoC disabled: the first G samples of each group, then the same filter.
 
 Decisions: the selection records on every trajectory it sees why it kept or left it
 (`Trajectory.roc_decision`: decision kept / dropped / filtered / excluded, its class, a one-line
-rule; `decide`), which the rollout log writes as it is (`rl/rollout_log.py`).
+rule; `decide`), which the rollout log writes as it is (`rl/logs/rollout_log.py`).
 """
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ from typing import Callable, Iterable, Literal, Sequence
 import numpy as np
 
 from rstar2_cli.config import RocConfig
-from rstar2_cli.rl.admission import split_for_training
-from rstar2_cli.rl.metrics import Tally
+from rstar2_cli.rl.selection.exclusion import split_for_training
+from rstar2_cli.rl.measures.tally import Tally
 from rstar2_cli.rollout.trajectory import RocDecision, Trajectory
 
 PENALTY_EPS = 1e-3          # keeps 1/(p+eps) finite for a perfect (zero-penalty) positive
@@ -247,7 +247,7 @@ def all_rewards_equal(group: Sequence[Trajectory]) -> bool:
 
 
 def population_tally(ts: Sequence[Trajectory], prefix: str) -> Tally:
-    """The additive form of `population_metrics` (hosts' tallies merge: `rl/step_summary.py`)."""
+    """The additive form of `population_metrics` (hosts' tallies merge: `rl/selection/step_summary.py`)."""
     pos = [t for t in ts if is_positive(t)]
     answers = [answer_count(t.text) for t in ts]
     n = {"n": len(ts), "positives": len(pos), "calls": sum(t.num_tool_calls for t in ts),
@@ -295,7 +295,7 @@ def downsample_groups(groups: Sequence[Sequence[Trajectory]], group_size: int,
                       reject_equal_reward: bool = True) -> RocResult:
     """Select up to `group_size` trajectories from each oversampled group. `rng` as a function
     of the group: the trainer seeds each group by the run's seed, the step and the group's
-    position in the batch (`rollout/roll_out.py`), so the choice does not depend on which rollout host
+    position in the batch (`rollout/batch_rollout.py`), so the choice does not depend on which rollout host
     selects the group or on how many hosts there are.
 
     Drop reasons: ``equal_reward`` (all rewards equal before selection),
@@ -377,7 +377,7 @@ def group_rng(seed: int, step: int) -> GroupRng:
 
 def select_for_training(trajectories: Iterable[Trajectory], cfg: RocConfig, group_size: int,
                         rng: GroupRng) -> RocResult:
-    """The trainer's entry point: leave out what is not the model's doing (`admission.py`), group
+    """The trainer's entry point: leave out what is not the model's doing (`exclusion.py`), group
     by sampled instance, then RoC (cfg.enabled) or plain GRPO."""
     trajectories = list(trajectories)
     accountable, infra_metrics = split_for_training(trajectories, exclude_void_turns=cfg.exclude_void_turns)

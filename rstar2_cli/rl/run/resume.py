@@ -8,7 +8,7 @@ LR schedule, data position and the trainer's extras (fault counters, the tool-lo
 baseline, ...).
 
 A fresh run of a stage with `init_from` continues the previous stage's AdamW state and LR-schedule
-position unless `optim.reset` (rl/stages.py); a `model.path` that is not an rstar2 checkpoint has
+position unless `optim.reset` (rl/run/stages.py); a `model.path` that is not an rstar2 checkpoint has
 none to continue (an SFT or HF model): AdamW starts fresh.
 """
 from __future__ import annotations
@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from rstar2_cli.config import RecipeConfig
-from rstar2_cli.rl import checkpoint, checkpoint_check
-from rstar2_cli.rl.preemption import RESUME_MODES
-from rstar2_cli.rl.stages import continues_optimizer
+from rstar2_cli.rl.update import checkpoint
+from rstar2_cli.rl.update import checkpoint_check
+from rstar2_cli.rl.run.preemption import RESUME_MODES
+from rstar2_cli.rl.run.stages import continues_optimizer
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
 
-from rstar2_cli.rl.checkpoint import STATE_DIR
+from rstar2_cli.rl.update.checkpoint import STATE_DIR
 
 
 def _safetensors_damage(path: Path) -> str | None:

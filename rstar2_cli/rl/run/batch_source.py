@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rstar2_cli.config import RecipeConfig, RewardConfig
-from rstar2_cli.rl.host_selection import GradedBatch
-from rstar2_cli.rl.metrics import StepTimer
-from rstar2_cli.rl.rollout_hosts import RolloutHostPlan
-from rstar2_cli.rl.rollout_side import RolloutSide
-from rstar2_cli.rl.sampler import DataSampler
-from rstar2_cli.rollout.roll_out import roll_out
+from rstar2_cli.rl.selection.host_selection import GradedBatch
+from rstar2_cli.rl.measures.timer import StepTimer
+from rstar2_cli.rl.ranks.rollout_hosts import RolloutHostPlan
+from rstar2_cli.rl.run.rollout_side import RolloutSide
+from rstar2_cli.rl.run.sampler import DataSampler
+from rstar2_cli.rollout.batch_rollout import roll_out
 from rstar2_cli.rollout.trajectory import Trajectory
 
 GradedFn = Callable[[StepTimer], GradedBatch]

@@ -1,15 +1,15 @@
 """What `rstar2 rl` runs: directly in this process, under torchrun, or printed for each node.
 
-`python -m rstar2_cli.rl.launch_entry --config resolved_recipe.yaml [--resume [auto]]` is the
+`python -m rstar2_cli.rl.run.launch_entry --config resolved_recipe.yaml [--resume [auto]]` is the
 module torchrun starts on every rank (see `rstar2_cli/launch/topology.py`), so a multi-GPU run
 executes the same code as a CPU run: `run`, which the one-device launch calls in-process too.
 
 Exit codes, of a trainer process and of `rstar2 rl`: 0 done; 75 (`PREEMPTED_EXIT_CODE`) stopped
-by SIGTERM/SIGUSR1 after a checkpoint, continue with `--resume auto` (`rl/preemption.py`); 1 the
+by SIGTERM/SIGUSR1 after a checkpoint, continue with `--resume auto` (`rl/run/preemption.py`); 1 the
 run aborted (`RunAborted`: one line saying why); 2 a bad recipe or data file. The node launcher forwards
 SIGTERM and SIGUSR1 to torchrun, which forwards them to its workers (the plan's node environment,
 `preemption.torchrun_env`, tells it to). From a terminal, the trainer (or torchrun) runs in a session of
-its own and gets Ctrl-C from the launcher alone (`rl/own_session.py`).
+its own and gets Ctrl-C from the launcher alone (`rl/run/own_session.py`).
 """
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ from pathlib import Path
 from rstar2_cli.config import ConfigError, RecipeConfig, check_placement, load_recipe
 from rstar2_cli.data.problems import DataError
 from rstar2_cli.launch.plan_view import command_lines
-from rstar2_cli.rl.dist import setup_distributed
-from rstar2_cli.rl.faults import FaultPlan, RunAborted
-from rstar2_cli.rl.own_session import again_in_own_session, at_a_terminal, call_forwarding_signals
-from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, RESUME_MODES, Preempted
-from rstar2_cli.rl.resume import ResumeError
-from rstar2_cli.rl.rollout_side import Collaborators
-from rstar2_cli.rl.trainer import RLTrainer
+from rstar2_cli.rl.ranks.dist import setup_distributed
+from rstar2_cli.rl.run.faults import FaultPlan, RunAborted
+from rstar2_cli.rl.run.own_session import again_in_own_session, at_a_terminal, call_forwarding_signals
+from rstar2_cli.rl.run.preemption import PREEMPTED_EXIT_CODE, RESUME_MODES, Preempted
+from rstar2_cli.rl.run.resume import ResumeError
+from rstar2_cli.rl.run.rollout_side import Collaborators
+from rstar2_cli.rl.run.trainer import RLTrainer
 
 
 def train(cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = True,
@@ -39,7 +39,7 @@ def train(cfg: RecipeConfig, *, resume: bool | str = False, progress: bool = Tru
 
 
 def run(cfg, *, resume: bool | str, collaborators: Collaborators | None = None) -> Path:
-    """What every trainer process runs: start torch.distributed (`rl/dist.py`; a no-op without
+    """What every trainer process runs: start torch.distributed (`rl/ranks/dist.py`; a no-op without
     torchrun), check the recipe's placement for the device this process got (`config.py`: a
     ConfigError; an "auto" micro-batch becomes CPU_MICRO_BATCH_TOKENS on CPU), then train.
     Without `collaborators`, the real collaborators, with the faults the environment injects (the one place
@@ -83,7 +83,7 @@ def launch(plan, cfg, *, resume: bool | str, console, node_rank: int | None = No
     (module docstring)."""
     if plan.launch_mode == "direct":
         if at_a_terminal():   # the trainer and its engines out of reach of the terminal's Ctrl-C (own_session.py)
-            _, _, module, *args = plan.nodes[0].launch      # python -m rstar2_cli.rl.launch_entry ...
+            _, _, module, *args = plan.nodes[0].launch      # python -m rstar2_cli.rl.run.launch_entry ...
             return again_in_own_session(module, args)
         code, final = run_for_exit_code(cfg, resume=resume)
         if final is not None:
@@ -106,7 +106,7 @@ def launch(plan, cfg, *, resume: bool | str, console, node_rank: int | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rstar2_cli.rl.launch_entry")
+    ap = argparse.ArgumentParser(prog="python -m rstar2_cli.rl.run.launch_entry")
     ap.add_argument("--config", required=True, help="a resolved recipe YAML")
     ap.add_argument("--resume", nargs="?", const="latest", default=None, choices=RESUME_MODES,
                     help="latest (the default value): the latest checkpoint; auto: it if there is one, else fresh")

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rstar2_cli.rl.metrics import StepTimer, Tally, rollout_tally, step_metrics
-from rstar2_cli.rl.roc import POPULATIONS, RocResult, population_metrics
+from rstar2_cli.rl.measures.tally import Tally, rollout_tally, step_metrics
+
+from rstar2_cli.rl.measures.timer import StepTimer
+from rstar2_cli.rl.selection.roc import POPULATIONS, RocResult, population_metrics
 from rstar2_cli.rollout.trajectory import Trajectory
 
 

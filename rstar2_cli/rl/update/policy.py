@@ -7,8 +7,8 @@ gradient clipping are details that belong together here.
 Parallelism: under torchrun (WORLD_SIZE > 1, the process group joined by the caller through
 `rl_dist.setup_distributed`) each decoder layer and then the root are wrapped
 with FSDP2 `fully_shard` (gloo on CPU, nccl on GPU); the model is built on the meta device and
-each rank reads only its own shards from the checkpoint (rl/model_load.py). Every rank receives its own shard of
-trajectories with the global mini-batch of each (rl/exchange.py); the global loss-token count of each mini-batch
+each rank reads only its own shards from the checkpoint (rl/update/model_load.py). Every rank receives its own shard of
+trajectories with the global mini-batch of each (rl/ranks/exchange.py); the global loss-token count of each mini-batch
 is all-reduced, so N ranks take the 1-rank optimizer steps.
 FSDP2 averages gradients over ranks, so the loss is multiplied by world_size before backward to
 turn that mean into the sum the global token normalisation expects. All ranks must run the same
@@ -35,16 +35,16 @@ the clip bounds each step against the policy that sampled the batch.
 
 Engine gap: `train/logprob_abs_diff_vllm` is the mean |trainer - engine| log-prob over the loss
 tokens of every trajectory that has the engine's log-probs; the update's result also holds it per
-trajectory (`UpdateResult.gaps`) for the rollout log (rl/logprob_gap.py), from the same tensors.
+trajectory (`UpdateResult.gaps`) for the rollout log (rl/update/logprob_gap.py), from the same tensors.
 
 Attention: each trajectory attends only to itself, never across a micro-batch
 (`train.attn_implementation`, models/attention.py): flash-attn's variable-length kernel over packed
-rows on GPU, else SDPA's causal kernel over length-bucketed padded rows (rl/packing.py). The
+rows on GPU, else SDPA's causal kernel over length-bucketed padded rows (rl/update/packing.py). The
 update and the proximal pass use the same layout.
 
 Log-probs: only the loss positions of each packed row are scored (tool-response tokens never
 reach the LM head), `logprob_chunk_tokens` at a time, from the decoder's last hidden states
-(rl/logprobs.py): the head's peak memory is chunk x vocab, not micro-batch x vocab.
+(rl/update/logprobs.py): the head's peak memory is chunk x vocab, not micro-batch x vocab.
 """
 from __future__ import annotations
 
@@ -59,13 +59,13 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
-from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.ranks import dist as rl_dist
 from rstar2_cli.models.attention import LAYOUT_OF, resolve_attention
-from rstar2_cli.rl.logprob_gap import Gap, Label, engine_gaps
-from rstar2_cli.rl.logprobs import final_hidden_states, head_weight, token_logprobs, token_logprobs_with_loss
-from rstar2_cli.rl.model_load import build_policy_model, place_model
-from rstar2_cli.rl.loss import LossStats, clip_higher_loss, loss_stats, tis_weights
-from rstar2_cli.rl.packing import LAYOUTS, PackedRow, micro_batches
+from rstar2_cli.rl.update.logprob_gap import Gap, Label, engine_gaps
+from rstar2_cli.rl.update.logprobs import final_hidden_states, head_weight, token_logprobs, token_logprobs_with_loss
+from rstar2_cli.rl.update.model_load import build_policy_model, place_model
+from rstar2_cli.rl.update.loss import LossStats, clip_higher_loss, loss_stats, tis_weights
+from rstar2_cli.rl.update.packing import LAYOUTS, PackedRow, micro_batches
 from rstar2_cli.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:  # only for annotations: benchmarks/gpu/gpu_smoke.py runs this without pydantic
@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # only for annotations: benchmarks/gpu/gpu_smoke.py runs this
 class UpdateResult(dict):
     """One update's columns (loss, grad_norm, lr, ...: a dict), and `gaps`: the engine/trainer
     log-prob gap of each trained trajectory that has the engine's log-probs, keyed by
-    `logprob_gap.gap_label` (rl/logprob_gap.py); {} when nothing was trained."""
+    `logprob_gap.gap_label` (rl/update/logprob_gap.py); {} when nothing was trained."""
 
     def __init__(self, columns: dict[str, float] | None = None, gaps: dict[Label, Gap] | None = None):
         super().__init__(columns or {})
@@ -152,7 +152,7 @@ class PolicyTrainer:
         self.dtype = compute_dtype(model_cfg.dtype, self.device)
         self.sharded = self.info.world_size > 1 if sharded is None else bool(sharded)
         if self.sharded and not torch.distributed.is_initialized():
-            raise ValueError("sharded=True needs a process group: start one (rl/dist.py setup_distributed, or a "
+            raise ValueError("sharded=True needs a process group: start one (rl/ranks/dist.py setup_distributed, or a "
                              "1-rank group) before building the policy")
         self.attention = resolve_attention(attn_implementation, self.device, self.dtype)
         if layout is not None and layout not in LAYOUTS:
@@ -164,7 +164,7 @@ class PolicyTrainer:
         placing = dict(sharded=self.sharded, device=self.device, mp_policy=mp,
                        gradient_checkpointing=model_cfg.gradient_checkpointing,
                        attn_implementation=self.attention.implementation)
-        # Sharded: built on the meta device, only this rank's shards read (rl/model_load.py).
+        # Sharded: built on the meta device, only this rank's shards read (rl/update/model_load.py).
         self.model = (build_policy_model(model_cfg.path, **placing) if model is None
                       else place_model(model, **placing))
         self.model.train()
@@ -274,7 +274,7 @@ class PolicyTrainer:
     def update(self, batch: Sequence[Trajectory], advantages: Sequence[float],
                mini_batches: Sequence[int] | None = None) -> UpdateResult:
         """One RL step on this rank's shard: ppo_mini_batches optimizer steps, then LR step.
-        `mini_batches`: the global mini-batch of each trajectory (`rl/exchange.py`'s plan, which
+        `mini_batches`: the global mini-batch of each trajectory (`rl/ranks/exchange.py`'s plan, which
         makes N ranks take the 1-rank optimizer steps); default: the local list split in order."""
         if len(batch) != len(advantages):
             raise ValueError(f"{len(batch)} trajectories but {len(advantages)} advantages")

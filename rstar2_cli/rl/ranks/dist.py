@@ -45,8 +45,8 @@ import torch.distributed as dist
 
 from rstar2_cli.hosts.addresses import host_address, loopback_refusal
 from rstar2_cli.hosts.cpu_ranks import cpu_ranks
-from rstar2_cli.rl.liveness import Liveness
-from rstar2_cli.rl.rollout_hosts import node_position
+from rstar2_cli.rl.ranks.liveness import Liveness
+from rstar2_cli.rl.ranks.rollout_hosts import node_position
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def check_node_address(env: Mapping[str, str], resolve: Callable[[str], str] = h
 
 
 def setup_distributed(*, resolve: Callable[[str], str] = host_address) -> DistInfo:
-    """The entry point of every trainer process (`RLTrainer`, `rl/launch_entry.py`, the torchrun
+    """The entry point of every trainer process (`RLTrainer`, `rl/run/launch_entry.py`, the torchrun
     test workers): join torchrun's process group if launched by torchrun (once; a second call
     returns the same DistInfo), pin this rank's GPU, start this rank's heartbeat, and describe the
     process. Without torchrun it creates nothing and returns a 1-rank DistInfo. `resolve`: the
@@ -145,7 +145,7 @@ def object_group():
         return _objects_group
     if dist.get_backend() != "gloo":
         raise RuntimeError("object collectives need the gloo group: start torch.distributed with "
-                           "rstar2_cli.rl.dist.setup_distributed()")
+                           "rstar2_cli.rl.ranks.dist.setup_distributed()")
     return None
 
 
@@ -157,7 +157,7 @@ def process_info() -> DistInfo:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if world > 1 and not dist.is_initialized():
         raise RuntimeError(f"WORLD_SIZE={world} but no process group: call "
-                           "rstar2_cli.rl.dist.setup_distributed() first")
+                           "rstar2_cli.rl.ranks.dist.setup_distributed() first")
     device = torch.device("cuda", local_rank) if uses_cuda() else torch.device("cpu")
     rank = dist.get_rank() if dist.is_initialized() else 0
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device)

@@ -6,7 +6,7 @@ tokens as Python lists) costs gigabytes of heap and seconds of CPU per rank, whe
 trains on 1/64 of the kept half. So (`exchange`, a collective every rank calls):
 
   1. each rollout host has selected over its own node-shard (RoC and the advantages ran there,
-     `trainer.py`) and broadcasts its small summary (over the gloo group, `rl/dist.py`): the kept
+     `trainer.py`) and broadcasts its small summary (over the gloo group, `rl/ranks/dist.py`): the kept
      groups' prompt positions and token lengths, and its metric tallies (`step_summary.py`);
      a host whose part of the step failed sends a `HostFailure` instead, and every rank raises;
   2. every rank plans the same shards from those lengths (`plan_shards`, `Plan`);
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.ranks import dist as rl_dist
 from rstar2_cli.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ tokens: tool responses are never scored) go through the LM head, `chunk_tokens` 
 the head's peak is about chunk × vocab × 8 bytes (fp32 logits and their exponentials), not
 tokens × vocab × several copies (`benchmarks/timing/bench_logprobs.py` measures both).
 
-Backward without a second pass: the policy loss is a sum of per-token terms (rl/loss.py), so
+Backward without a second pass: the policy loss is a sum of per-token terms (rl/update/loss.py), so
 `token_logprobs_with_loss` evaluates the caller's loss on each chunk while the chunk's logits
 exist and forms its gradient there: d loss / d logits = g · (onehot(target) − softmax), with
 g = d loss / d logprob of each token. The gradients of the hidden states [tokens, H] and of the

@@ -15,7 +15,7 @@ The weights are written by DCP's HuggingFaceStorageWriter: each rank writes its 
 `sharded/`, then rank 0 consolidates them into the HF files one tensor at a time (its peak is
 the largest tensor, torch/distributed/checkpoint/_consolidate_hf_safetensors.py) and `sharded/`
 is deleted. All ranks must reach the same folder (a shared file system in multi-node runs, as
-rl/model_load.py's sliced loading assumes already).
+rl/update/model_load.py's sliced loading assumes already).
 
 Atomicity: a folder is written under `.tmp_<name>` and renamed when every rank's part is on
 disk; `<out_dir>/latest` (replaced atomically) then names it. A write that fails on any rank
@@ -49,10 +49,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.model_load import tied_sources, fill_from_safetensors
-from rstar2_cli.rl.policy import PolicyTrainer
-from rstar2_cli.rl.sampler import DataSampler
+from rstar2_cli.rl.ranks import dist as rl_dist
+from rstar2_cli.rl.update.model_load import tied_sources, fill_from_safetensors
+from rstar2_cli.rl.update.policy import PolicyTrainer
 
 STATE_DIR = "state"
 # HF's own default shard size (`save_pretrained(max_shard_size="50GB")` in transformers 5 is larger;
@@ -344,7 +343,7 @@ def _load_optimizer(step_dir: Path, policy: PolicyTrainer, state: dict[str, Any]
 
 
 def continue_optimizer(path: str | Path, policy: PolicyTrainer) -> int:
-    """A stage that continues the previous one (`init_from`, rl/stages.py): the previous stage's
+    """A stage that continues the previous one (`init_from`, rl/run/stages.py): the previous stage's
     AdamW moments and LR-schedule position into `policy`, whose weights already came from the same
     folder (`model.path`). The new recipe's optimizer settings (optim.lr, betas, weight_decay) win
     over the saved ones, and its LR schedule continues from the saved position (a warm-up already
@@ -363,10 +362,10 @@ def continue_optimizer(path: str | Path, policy: PolicyTrainer) -> int:
     return position
 
 
-def load_checkpoint(path: str | Path, policy: PolicyTrainer, sampler: DataSampler | None = None, *,
+def load_checkpoint(path: str | Path, policy: PolicyTrainer, sampler: Any = None, *,
                     reset_optimizer: bool = False) -> LoadedCheckpoint:
     """Restore weights, optimizer + LR schedule (unless `reset_optimizer`, e.g. stage 3),
-    sampler position and RNG states, at any world size."""
+    sampler position (`sampler`: the run's DataSampler, rl/run/sampler.py) and RNG states, at any world size."""
     step_dir = resolve_checkpoint(path)
     load_model_weights(policy, step_dir)
     state = read_trainer_state(step_dir)

@@ -5,7 +5,7 @@ engine-core processes a trainer starts are in that group: vLLM's EngineCore shut
 (vllm/v1/engine/core.py, `signal_handler`), so the step in progress would lose its engines. Started in
 a new session, the trainer and its engines see no terminal signal; the launcher, left in the
 foreground, gets Ctrl-C alone and passes it to the trainer, which finishes the step and checkpoints
-(`rl/preemption.py`). The launcher also passes on SIGTERM and SIGUSR1 (what SLURM sends), and the
+(`rl/run/preemption.py`). The launcher also passes on SIGTERM and SIGUSR1 (what SLURM sends), and the
 child gets SIGTERM if the launcher dies (`PR_SET_PDEATHSIG`): a closed terminal ends in a
 checkpoint too, never in a trainer left running on its own.
 """
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from rstar2_cli.rl.preemption import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS
+from rstar2_cli.rl.run.preemption import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS
 
 _PR_SET_PDEATHSIG = 1    # linux/prctl.h
 

@@ -9,13 +9,13 @@ to `<name>.tmp`, then renamed, so a reader never sees half a file.
 
 Which groups: `train.log_rollouts` of the host's groups (0: no file), drawn by a generator seeded
 by (run seed, step, node), plus every group holding a trajectory that admission excluded for a
-fault (`rl/admission.py`; a void-turn exclusion is a policy choice, not a fault).
+fault (`rl/selection/exclusion.py`; a void-turn exclusion is a policy choice, not a fault).
 
 One line per trajectory (`docs/rollouts.md` lists the keys; null where unknown): its identity, the
 problem and gold answer, its turns (the agent loop's records, `rollout/agent_loop.py`: each turn's
 token span decoded once here, with its call code and parse errors or its tool status; a trajectory
 without records is split at its loss-mask runs), its counts and outcome, admission's exclusion
-reason (`fault`), RoC's own decision and rule (`Trajectory.roc_decision`, `rl/roc.py`) with p_err and p_format
+reason (`fault`), RoC's own decision and rule (`Trajectory.roc_decision`, `rl/selection/roc.py`) with p_err and p_format
 as RoC's mode computes them (`roc.penalty_parts`), and its advantage where kept.
 `logprob_gap` (engine against trainer log-probs) is null when picked: the trainer's log-probs
 exist only on the training ranks, after the exchange. `logprob_gap.fill_logprob_gaps`, a
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from rstar2_cli.protocol.template import ids_decoder
-from rstar2_cli.rl.admission import VOID_TURN
-from rstar2_cli.rl.logprob_gap import Gap, Label, fill_logprob_gaps
-from rstar2_cli.rl.roc import penalty_parts
+from rstar2_cli.rl.selection.exclusion import VOID_TURN
+from rstar2_cli.rl.update.logprob_gap import Gap, Label, fill_logprob_gaps
+from rstar2_cli.rl.selection.roc import penalty_parts
 from rstar2_cli.rollout.trajectory import Trajectory, TurnRecord
 
 

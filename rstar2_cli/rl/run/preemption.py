@@ -33,7 +33,7 @@ The step in progress is finished, never abandoned half-way (its rollout, update 
 are not interrupted), so `preempt_grace_s` must cover one step and one checkpoint; the recipe's
 default (600 s) is sized for that, and item 4 bounds what a longer step costs.
 
-Under torchrun the node launcher (`rl/launch_entry.py`) forwards SIGTERM and SIGUSR1 to torchrun,
+Under torchrun the node launcher (`rl/run/launch_entry.py`) forwards SIGTERM and SIGUSR1 to torchrun,
 and each node's command carries `torchrun_env` (`rstar2 rl` adds it to the plan): torchrun passes
 SIGUSR1 on to the workers too (it passes SIGTERM by default) and waits `preempt_grace_s` plus a
 margin before its SIGKILL (its default is 30 s).
@@ -163,7 +163,7 @@ class PreemptionWatch:
         """Whether any rank has been signalled; a collective (every rank calls it at the same
         step boundary), so all ranks stop at the same step."""
         # lazy: rl.dist loads torch, and `rstar2 --help` imports this module (commands/rl.py)
-        from rstar2_cli.rl import dist as rl_dist
+        from rstar2_cli.rl.ranks import dist as rl_dist
 
         if not rl_dist.is_distributed():
             return self.signalled is not None

@@ -3,7 +3,7 @@
 Each rollout host holds the graded trajectories of its node-shard of the step's prompts (a
 `GradedBatch`, from the run's batch source: `batch_source.py`). `select_on_host` runs, in the
 paper's order: admission and RoC down to G per group (`roc.select_for_training`, which admits
-first: `admission.py`), the group-normalised advantages over the kept G
+first: `exclusion.py`), the group-normalised advantages over the kept G
 (`loss.advantages_for_groups`), the host's summary every rank receives (`step_summary.py`), and
 the host's rollout-log sample (`rollout_log.StepLog.pick`: only the picked groups outlive the
 exchange). The step, the exchange test and `benchmarks/timing/bench_exchange.py` all call it.
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rstar2_cli.config import RecipeConfig
-from rstar2_cli.rl.exchange import HostSelection
-from rstar2_cli.rl.loss import advantages_for_groups
-from rstar2_cli.rl.metrics import StepTimer
-from rstar2_cli.rl.roc import group_rng, select_for_training
-from rstar2_cli.rl.step_summary import host_summary
+from rstar2_cli.rl.ranks.exchange import HostSelection
+from rstar2_cli.rl.update.loss import advantages_for_groups
+from rstar2_cli.rl.measures.timer import StepTimer
+from rstar2_cli.rl.selection.roc import group_rng, select_for_training
+from rstar2_cli.rl.selection.step_summary import host_summary
 from rstar2_cli.rollout.trajectory import Trajectory
 
 # (the trajectories RoC saw, the kept ones in RoC's order, their advantages) -> None

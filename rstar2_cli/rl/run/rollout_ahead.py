@@ -16,12 +16,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.async_rollouts import Piece, RolloutPipeline
-from rstar2_cli.rl.batch_source import RolloutInputs
-from rstar2_cli.rl.host_selection import GradedBatch
-from rstar2_cli.rl.metrics import StepTimer
-from rstar2_cli.rollout.roll_out import roll_out
+from rstar2_cli.rl.ranks import dist as rl_dist
+from rstar2_cli.rl.run.async_rollouts import Piece, RolloutPipeline
+from rstar2_cli.rl.run.batch_source import RolloutInputs
+from rstar2_cli.rl.selection.host_selection import GradedBatch
+from rstar2_cli.rl.measures.timer import StepTimer
+from rstar2_cli.rollout.batch_rollout import roll_out
 
 log = logging.getLogger(__name__)
 

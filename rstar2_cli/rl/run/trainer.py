@@ -3,7 +3,7 @@
 One step, `RLTrainer.train_step`, in the paper's order, one call each:
   1. next batch: `train.prompts_per_step` prompts from the seeded, resumable sampler (`sampler.py`);
   2. roll out: oversample x G trajectories per prompt of this node's shard, through the agent loop
-     on the fleet's vLLM engines and the sandbox (`rollout/roll_out.py`, `rollout/fleet.py`);
+     on the fleet's vLLM engines and the sandbox (`rollout/batch_rollout.py`, `rollout/fleet.py`);
   3. grade: the binary outcome reward of each (`rollout/roll_out.grade`, `reward/`);
      1-3 come from the run's batch source (`batch_source.py`): now, on the trainer's thread (the
      paper's), or rolled out up to `train.max_staleness` steps ahead (experimental, `rollout_ahead.py`);
@@ -30,7 +30,7 @@ remote sandbox down for longer than `sandbox.outage_s`, a checkpoint that cannot
 engine death past `engine.max_restarts` (`rollout/engine_health.py`: a dead engine is restarted with
 the current weights and its trajectories rolled out again), a weight push that failed on a
 host (every rank stops with the same line naming the node: `rollout_side.push_weights`) or the
-tool-loop alarm with `train.stop_on_tool_loop` (`tool_loop.py`) checkpoint and abort (`RunAborted`).
+tool-loop alarm with `train.stop_on_tool_loop` (`loop_alarm.py`) checkpoint and abort (`RunAborted`).
 Injected faults come in `Collaborators.faults` (`faults.FaultPlan`).
 """
 from __future__ import annotations
@@ -48,27 +48,28 @@ from transformers import AutoTokenizer
 
 from rstar2_cli.config import RecipeConfig
 from rstar2_cli.data.problems import load_problems
-from rstar2_cli.rl import checkpoint
-from rstar2_cli.rl import dist as rl_dist
-from rstar2_cli.rl.batch_source import BatchSource, RolloutInputs, RolloutNow
-from rstar2_cli.rl.cpu_threads import TrainerThreads
-from rstar2_cli.rl.exchange import HostFailure, HostFailures, HostSelection, StepShard, exchange
-from rstar2_cli.rl.faults import NonfiniteSteps, RunAborted
-from rstar2_cli.rl.host_selection import select_on_host
-from rstar2_cli.rl.metrics import MetricsWriter, StepTimer
-from rstar2_cli.rl.policy import UpdateResult, policy_for
-from rstar2_cli.rl.preemption import Preempted, PreemptionWatch
-from rstar2_cli.rl.resume import resume_mode, start_run
-from rstar2_cli.rl.rollout_ahead import RolloutAhead
-from rstar2_cli.rl.rollout_hosts import plan_rollout_host
-from rstar2_cli.rl.rollout_log import RolloutLog, StepLog
-from rstar2_cli.rl.rollout_side import (Collaborators, RolloutSide, WeightPushFailed, push_weights,
+from rstar2_cli.rl.update import checkpoint
+from rstar2_cli.rl.ranks import dist as rl_dist
+from rstar2_cli.rl.run.batch_source import BatchSource, RolloutInputs, RolloutNow
+from rstar2_cli.rl.ranks.cpu_threads import TrainerThreads
+from rstar2_cli.rl.ranks.exchange import HostFailure, HostFailures, HostSelection, StepShard, exchange
+from rstar2_cli.rl.run.faults import NonfiniteSteps, RunAborted
+from rstar2_cli.rl.selection.host_selection import select_on_host
+from rstar2_cli.rl.logs.writer import MetricsWriter
+from rstar2_cli.rl.measures.timer import StepTimer
+from rstar2_cli.rl.update.policy import UpdateResult, policy_for
+from rstar2_cli.rl.run.preemption import Preempted, PreemptionWatch
+from rstar2_cli.rl.run.resume import resume_mode, start_run
+from rstar2_cli.rl.run.rollout_ahead import RolloutAhead
+from rstar2_cli.rl.ranks.rollout_hosts import plan_rollout_host
+from rstar2_cli.rl.logs.rollout_log import RolloutLog, StepLog
+from rstar2_cli.rl.run.rollout_side import (Collaborators, RolloutSide, WeightPushFailed, push_weights,
                                         sandbox_down_for, start_rollout_side)
-from rstar2_cli.rl.sampler import DataSampler
-from rstar2_cli.rl.stages import banner_text
-from rstar2_cli.rl.step_summary import step_columns
-from rstar2_cli.rl.tool_loop import ToolLoopAlarm
-from rstar2_cli.rl.validation import check_eval_sets, merge_validation, validate_share, validation_due
+from rstar2_cli.rl.run.sampler import DataSampler
+from rstar2_cli.rl.run.stages import banner_text
+from rstar2_cli.rl.selection.step_summary import step_columns
+from rstar2_cli.rl.logs.loop_alarm import ToolLoopAlarm
+from rstar2_cli.rl.run.validation import check_eval_sets, merge_validation, validate_share, validation_due
 from rstar2_cli.rollout.engine_health import EngineRestartsExhausted
 
 __all__ = ["RLTrainer", "RunAborted", "resume_mode"]
@@ -105,7 +106,7 @@ class RLTrainer:
         torch.manual_seed(cfg.train.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.host = plan_rollout_host(cfg.engine, os.environ)    # a bad launch env fails here too
-        # before the engines start (rl/cpu_threads.py): the update takes every CPU, engines idle
+        # before the engines start (rl/ranks/cpu_threads.py): the update takes every CPU, engines idle
         self.threads = TrainerThreads(cfg.train.cpu_threads, self.info.device, engines_here=bool(self.host.engines),
                                       overlapped=self.source.overlapped, tensor_parallel_size=self.host.tp_size)
         self.policy = policy_for(cfg, self.info)
@@ -115,7 +116,7 @@ class RLTrainer:
                                    seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         self.nonfinite = NonfiniteSteps(cfg.train.max_nonfinite_steps, collaborators.faults.nonfinite_steps)
         self.tool_loop = ToolLoopAlarm(cfg.train.tool_loop_baseline_steps, cfg.train.tool_loop_factor)
-        self.tool_loop_alarm: str | None = None           # this step's alarm line (rl/tool_loop.py)
+        self.tool_loop_alarm: str | None = None           # this step's alarm line (rl/logs/loop_alarm.py)
         start = start_run(cfg, resume, self.policy, self.sampler, is_main=self.info.is_main)
         self.step = start.step                            # steps trained = the weights' version
         self.last_checkpoint, self.saved_step = start.checkpoint, start.step   # what is on disk now

@@ -3,7 +3,7 @@
 Why: a run whose tool calls per trajectory climb step after step (the same snippet run again and
 again, turns ending at the turn cap) is learning a loop, and its reward curve can look fine while
 it does. The signal is in the step metrics, computed from the hosts' merged tally
-(`rl/metrics.py`): `rollout/tool_calls_mean` (calls per trajectory; `_max` and
+(`rl/logs/writer.py`): `rollout/tool_calls_mean` (calls per trajectory; `_max` and
 `tools/calls_per_traj_p95` beside it), `tools/repeated_code_ratio` (calls whose code an earlier
 call of the same trajectory ran, `rollout/agent_loop.py`) and `rollout/max_turns_ratio`
 (trajectories stopped at the turn cap).

@@ -16,7 +16,7 @@ entries only), and each host sets its records' `logprob_gap` before it writes it
 
 A label is (prompt_id, sample index): what a trained trajectory keeps through the exchange
 (`exchange.pack`'s `label`). A problem drawn twice in one batch (a batch that crosses an epoch,
-`rl/sampler.py`) gives two trajectories with one label; neither can be told apart, so both keep
+`rl/run/sampler.py`) gives two trajectories with one label; neither can be told apart, so both keep
 a null gap. Only records with an advantage (RoC kept them: the update trained them) are joined;
 the others, and trained ones without the engine's log-probs, keep null.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rstar2_cli.rl import dist as rl_dist
+from rstar2_cli.rl.ranks import dist as rl_dist
 from rstar2_cli.rollout.trajectory import Trajectory
 
 Label = tuple[str, int]

@@ -83,7 +83,7 @@ def clip_higher_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advanta
     `dual_clip` = c bounds the loss of A < 0 tokens by −A·c (verl's clip_ratio_c, 3.0 by default
     there, so active in the release run); None (the paper's description) leaves it out.
     A sum of per-token terms, so it may be evaluated piece by piece over the tokens and the pieces
-    added up (the chunked log-prob head does, rl/logprobs.py); `loss_stats` reports on the same tokens.
+    added up (the chunked log-prob head does, rl/update/logprobs.py); `loss_stats` reports on the same tokens.
     """
     if global_tokens <= 0:
         raise ValueError(f"global_tokens must be > 0, got {global_tokens}")

@@ -1,0 +1,1 @@
+"""The policy update: the model, AdamW, the loss, log-probs, packing, and checkpoints of it."""
