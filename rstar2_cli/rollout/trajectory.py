@@ -6,7 +6,7 @@ the importance ratio. So the agent loop appends the engine's ids as they are, pl
 tokenized tool responses, and everything downstream reads these fields.
 
 What one stage notes for another rides in typed fields too: the agent loop's per-turn records
-(`TurnRecord`) and call outcomes, admission's exclusion reason (rl/selection/exclusion.py) and RoC's decision
+(`TurnRecord`) and call outcomes, the exclusion reason (rl/selection/exclusion.py) and RoC's decision
 (`RocDecision`, rl/selection/roc.py), which the rollout log, the step metrics and the eval rows read.
 """
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Trajectory:
                                                             # or "parse_error"
     turn_records: list[TurnRecord] = field(default_factory=list)  # per turn, in order ([] = none kept)
     num_repeated_code_calls: int = 0    # calls whose code an earlier call of it ran (rl/logs/loop_alarm.py's alarm)
-    exclusion: str | None = None        # why admission left it out of training (rl/selection/exclusion.py), else None
+    exclusion: str | None = None        # why it was left out of training (rl/selection/exclusion.py), else None
     roc_decision: RocDecision | None = None  # the selection's decision (rl/selection/roc.py), once made
 
     def __post_init__(self) -> None:

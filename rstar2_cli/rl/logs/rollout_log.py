@@ -8,13 +8,13 @@ the picked groups outlive the exchange) and writes its own file after the step (
 to `<name>.tmp`, then renamed, so a reader never sees half a file.
 
 Which groups: `train.log_rollouts` of the host's groups (0: no file), drawn by a generator seeded
-by (run seed, step, node), plus every group holding a trajectory that admission excluded for a
+by (run seed, step, node), plus every group holding a trajectory excluded from training for a
 fault (`rl/selection/exclusion.py`; a void-turn exclusion is a policy choice, not a fault).
 
 One line per trajectory (`docs/rollouts.md` lists the keys; null where unknown): its identity, the
 problem and gold answer, its turns (the agent loop's records, `rollout/agent_loop.py`: each turn's
 token span decoded once here, with its call code and parse errors or its tool status; a trajectory
-without records is split at its loss-mask runs), its counts and outcome, admission's exclusion
+without records is split at its loss-mask runs), its counts and outcome, its exclusion
 reason (`fault`), RoC's own decision and rule (`Trajectory.roc_decision`, `rl/selection/roc.py`) with p_err and p_format
 as RoC's mode computes them (`roc.penalty_parts`), and its advantage where kept.
 `logprob_gap` (engine against trainer log-probs) is null when picked: the trainer's log-probs

@@ -1,22 +1,23 @@
 """The GRPO-RoC step (the paper's and the release's) and the run around it.
 
-One step, `RLTrainer.train_step`, in the paper's order, one call each:
-  1. next batch: `train.prompts_per_step` prompts from the seeded, resumable sampler (`sampler.py`);
+One step, `RLTrainer.train_step`, in the paper's order, one call each (paths under rl/):
+  1. next batch: `train.prompts_per_step` prompts from the seeded, resumable sampler (`run/sampler.py`);
   2. roll out: oversample x G trajectories per prompt of this node's shard, through the agent loop
      on the fleet's vLLM engines and the sandbox (`rollout/batch_rollout.py`, `rollout/fleet.py`);
-  3. grade: the binary outcome reward of each (`rollout/roll_out.grade`, `reward/`);
-     1-3 come from the run's batch source (`batch_source.py`): now, on the trainer's thread (the
-     paper's), or rolled out up to `train.max_staleness` steps ahead (experimental, `rollout_ahead.py`);
-  4. RoC: each group down to G (`roc.select_for_training`; plain GRPO keeps the first G);
-  5. advantages: group-normalised over the kept G (`loss.advantages_for_groups`);
-     4-5, the host's summary and its rollout-log sample are one call (`host_selection.select_on_host`);
-  6. exchange: each rank receives exactly the trajectories it trains (`exchange.py`);
-  7. update: the policy on this rank's shard (`policy.py`; FSDP2 under torchrun);
-  8. push: the new weights into the engines (`rollout_side.push_weights`, `rollout/weight_sync/`);
-  9. log: a sample of its rollouts with their log-prob gaps (`rollout_log.StepLog`), the step's row
-     (`step_summary.py`, `metrics.py`); every `train.eval_every` steps the held-out sets (`validation.py`);
- 10. checkpoint every `train.save_every` steps (`checkpoint.py`).
-Steps 2-5 run on each node's rollout host over its own shard of the prompts (`rollout_hosts.py`);
+  3. grade: the binary outcome reward of each (`rollout/batch_rollout.grade`, `reward/`);
+     1-3 come from the run's batch source (`run/batch_source.py`): now, on the trainer's thread (the
+     paper's), or rolled out up to `train.max_staleness` steps ahead (experimental, `run/rollout_ahead.py`);
+  4. RoC: each group down to G (`selection/roc.py`; plain GRPO keeps the first G);
+  5. advantages: group-normalised over the kept G (`update/loss.py`);
+     4-5, the host's summary and its rollout-log sample are one call (`selection/host_selection.py`);
+  6. exchange: each rank receives exactly the trajectories it trains (`ranks/exchange.py`);
+  7. update: the policy on this rank's shard (`update/policy.py`; FSDP2 under torchrun);
+  8. push: the new weights into the engines (`run/rollout_side.py`, `rollout/weight_sync/`);
+  9. log: a sample of its rollouts with their log-prob gaps (`logs/rollout_log.py`), the step's row
+     (`selection/step_summary.py`, `logs/writer.py`); every `train.eval_every` steps the held-out
+     sets (`run/validation.py`);
+ 10. checkpoint every `train.save_every` steps (`update/checkpoint.py`).
+Steps 2-5 run on each node's rollout host over its own shard of the prompts (`ranks/rollout_hosts.py`);
 metrics stay on rank 0; every rank writes its own shards of a checkpoint. A step whose groups are
 all filtered out (equal rewards, infrastructure failures) trains nothing: no optimizer, LR or
 weight step (`train/skipped_empty` = 1). Step numbers: `self.step` counts the steps trained (the
@@ -30,7 +31,7 @@ remote sandbox down for longer than `sandbox.outage_s`, a checkpoint that cannot
 engine death past `engine.max_restarts` (`rollout/engine_health.py`: a dead engine is restarted with
 the current weights and its trajectories rolled out again), a weight push that failed on a
 host (every rank stops with the same line naming the node: `rollout_side.push_weights`) or the
-tool-loop alarm with `train.stop_on_tool_loop` (`loop_alarm.py`) checkpoint and abort (`RunAborted`).
+tool-loop alarm with `train.stop_on_tool_loop` (`logs/loop_alarm.py`) checkpoint and abort (`RunAborted`).
 Injected faults come in `Collaborators.faults` (`faults.FaultPlan`).
 """
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Each rollout host holds the graded trajectories of its node-shard of the step's prompts (a
 `GradedBatch`, from the run's batch source: `batch_source.py`). `select_on_host` runs, in the
-paper's order: admission and RoC down to G per group (`roc.select_for_training`, which admits
-first: `exclusion.py`), the group-normalised advantages over the kept G
+paper's order: the exclusions and RoC down to G per group (`roc.select_for_training`, which
+excludes first: `exclusion.py`), the group-normalised advantages over the kept G
 (`loss.advantages_for_groups`), the host's summary every rank receives (`step_summary.py`), and
 the host's rollout-log sample (`rollout_log.StepLog.pick`: only the picked groups outlive the
 exchange). The step, the exchange test and `benchmarks/timing/bench_exchange.py` all call it.
