@@ -34,7 +34,8 @@ import torch
 import gpu_smoke
 import smoke_model as sm
 from trainer_proof_model import CHUNK_TOKENS, GIB, CheckFailed, Context, Skipped, first_line, policy_for, rows_of
-from rstar2_cli.launch.memory_plan import MemorySpec, build_memory_plan, resolve_gpu_memory, trainer_resident_gib
+from rstar2_cli.launch.gpu_card import resolve_gpu_memory
+from rstar2_cli.launch.memory_plan import MemorySpec, build_memory_plan, trainer_resident_gib
 from rstar2_cli.rl.update.checkpoint import continue_optimizer, save_checkpoint
 from rstar2_cli.rollout.engine_args import GPU_BATCH_TOKENS, UNPLANNED_MAX_NUM_SEQS, planned_utilization
 from rstar2_cli.rollout.weight_sync.colocated import release_trainer_cache
@@ -213,7 +214,7 @@ class DeviceMemory:
 
     @staticmethod
     def card_gib() -> float:
-        """The card's memory as the launch reads it (launch/memory_plan.py `resolve_gpu_memory`)."""
+        """The card's memory as the launch reads it (launch/gpu_card.py `resolve_gpu_memory`)."""
         return resolve_gpu_memory(None)[0]
 
     @staticmethod

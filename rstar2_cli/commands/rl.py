@@ -84,7 +84,8 @@ def register(app: typer.Typer) -> None:
         trainer (docs/async-rl.md)."""
         from rstar2_cli import config  # lazy: pydantic, for --help's speed (cli.py)
         # lazy: pydantic and asyncio, for --help's speed (cli.py)
-        from rstar2_cli.launch import cluster_env, engine_sizing, memory_plan, model_shape, plan_view, topology
+        from rstar2_cli.launch import cluster_env, engine_sizing, gpu_card, memory_plan, model_shape
+        from rstar2_cli.launch import plan_view, topology  # lazy: pydantic and asyncio, for --help's speed (cli.py)
         from rstar2_cli.rl.run import launch_entry  # lazy: the trainer's entry and pydantic (cli.py)
         from rstar2_cli.rl.run import stages  # lazy: the trainer's entry and pydantic (cli.py)
         from rstar2_cli.rl.run.resume import ResumeError, resume_point  # lazy: torch (the checkpoint check)
@@ -132,8 +133,8 @@ def register(app: typer.Typer) -> None:
         gpu, cpu_refusal = None, None
         if on_gpu:
             try:
-                gpu = memory_plan.resolve_gpu_memory(gpu_memory, dry_run=dry_run)
-            except memory_plan.MemoryPlanError as e:
+                gpu = gpu_card.resolve_gpu_memory(gpu_memory, dry_run=dry_run)
+            except gpu_card.MemoryPlanError as e:
                 fail(str(e))
             auto_tokens = cfg.train.micro_batch_tokens == "auto"
             cfg = engine_sizing.size_engines(cfg, plan, gpu.gib)   # the engines' "auto" fields, from the memory plan

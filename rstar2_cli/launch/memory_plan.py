@@ -5,7 +5,7 @@ model loading. So `rstar2 rl --dry-run` adds up, for one GPU, everything the tra
 vLLM engines hold in each phase, and says in one line which phase does not fit and by how much.
 Every term is a formula below with its source; the ones not derived from code are marked
 *assumed* (TRAINER_RUNTIME_GIB, ENGINE_RUNTIME_GIB, ENGINE_CUDA_GRAPHS_GIB, the backward transient). Nothing here was
-measured on a GPU.
+measured on a GPU. The card's memory the plan is for comes from `gpu_card.py`.
 
 Trainer (rl/update/model_load.py, rl/update/policy.py): fp32 parameters sharded by FSDP2 over all N trainer
 ranks (`fully_shard` per decoder layer, then the root), so per rank
@@ -86,24 +86,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
-from rstar2_cli.hosts.gpu_visibility import local_gpu_memory
 from rstar2_cli.launch.model_shape import Qwen3Shape
 from rstar2_cli.rollout.engine_args import ENGINE_RUNTIME_GIB
 
 GIB = 1024**3
 BF16, FP32 = 2, 4
-# Presets for --gpu-memory: what torch reports as the GPU's memory (`get_device_properties(0).total_memory`,
-# the figure vLLM's gpu_memory_utilization is a fraction of), in GiB, rounded down to 0.1:
-# * h100, H100 80GB: 81,559 MiB in nvidia-smi, 79.1-79.2 GiB to torch, on a lent H100 (torch 2.11 cu130).
-# * h200, H200 141GB: 143,771 MiB in nvidia-smi, 150,109,880,320 B = 139.80 GiB to torch (total_memory and
-#   mem_get_info alike), on a lent H200 (torch 2.11 cu130).
-# * mi300x, MI300X 192GB: totalGlobalMem 205,822,885,888 B = 191.69 GiB (hipDeviceProp_t, which torch's
-#   total_memory reads; rocm-smi's "VRAM Total Memory (B)" and torch.cuda.mem_get_info's total agree), as
-#   published in MI300X device reports.
-GPU_MEMORY_PRESETS = {"mi300x": 191.6, "h100": 79.1, "h200": 139.8}
-DEFAULT_GPU = "mi300x"                # the paper's GPUs
 # Assumed, not measured: a trainer rank's CUDA/HIP context and its NCCL/RCCL communicator buffers
 # (NCCL_MIN_NCHANNELS=112 in Dockerfile.rocm: up to ~1 GiB of channel buffers).
 TRAINER_RUNTIME_GIB = 2.0
@@ -113,25 +101,6 @@ ENGINE_CUDA_GRAPHS_GIB = 1.0
 MICRO_BATCH_STEP = 1024              # train.micro_batch_tokens is sized and suggested in steps of this
 LOGPROB_CHUNK_FACTOR = 4              # fp32 logits, log-softmax, entropy probabilities, logits' gradient
 SAMPLER_FACTOR = 3                    # fp32 logits, probabilities, log-probabilities
-
-
-class MemoryPlanError(ValueError):
-    """An unusable memory option; the message is one line."""
-
-
-def parse_gpu_memory(value: str | float) -> float:
-    """GiB per GPU from a preset name (mi300x, h100, h200; any case) or a number."""
-    text = str(value).strip().lower()
-    if text in GPU_MEMORY_PRESETS:
-        return GPU_MEMORY_PRESETS[text]
-    try:
-        gib = float(text)
-    except ValueError:
-        raise MemoryPlanError(f"--gpu-memory {value!r}: give GiB per GPU or one of "
-                              f"{', '.join(GPU_MEMORY_PRESETS)}") from None
-    if not gib > 0:
-        raise MemoryPlanError(f"--gpu-memory {value!r}: must be > 0 GiB")
-    return gib
 
 
 # ---------------------------------------------------------------- the formulas, in bytes
@@ -384,30 +353,3 @@ def _what_to_change(spec: MemorySpec, column: str, over_gib: float) -> str:
     if tokens is None:
         return "more GPUs (trainer ranks shard the fp32 state) or a shorter rollout.max_response_tokens"
     return f"set train.micro_batch_tokens={tokens} (or more GPUs)"
-
-
-class GpuMemory(NamedTuple):
-    """The GPU a plan is made for: GiB as torch reports them, a name, and a one-line note when the
-    plan did not take the card from this node's GPU or from --gpu-memory as given."""
-    gib: float
-    name: str                         # a preset, "custom" (a number given) or the visible device's name
-    note: str | None
-
-
-def resolve_gpu_memory(option: str | None, *, dry_run: bool = True) -> GpuMemory:
-    """The GPU to plan for. A launch on a node with a GPU plans for that GPU (its total memory as
-    torch reports it, rounded down to 0.1 GiB), since that is what its trainers get; a dry run plans
-    for --gpu-memory (a preset or GiB) when given, else the visible GPU, else DEFAULT_GPU, saying so."""
-    local = local_gpu_memory()
-    here = None if local is None else GpuMemory(math.floor(local[0] * 10) / 10, local[1], None)
-    if option is None or (here is not None and not dry_run):
-        if here is not None:
-            ignored = None if option is None else (f"memory: --gpu-memory {option} left aside: this launch runs "
-                                                   f"on this node's GPU, {here.name} ({here.gib:g} GiB)")
-            return here._replace(note=ignored)
-        gib, presets = GPU_MEMORY_PRESETS[DEFAULT_GPU], "|".join(sorted(GPU_MEMORY_PRESETS))
-        return GpuMemory(gib, DEFAULT_GPU, f"memory: no GPU is visible here and no --gpu-memory was given: planned "
-                                           f"for an {DEFAULT_GPU.upper()} ({gib:g} GiB); plan for yours with "
-                                           f"--gpu-memory {presets}|GiB")
-    name = str(option).strip().lower()
-    return GpuMemory(parse_gpu_memory(option), name if name in GPU_MEMORY_PRESETS else "custom", None)

@@ -9,6 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from rstar2_cli.cli import app
+from rstar2_cli.launch import gpu_card
 from rstar2_cli.launch import memory_plan as mp
 from rstar2_cli.launch.model_shape import QWEN3_14B, Qwen3Shape, shape_for_model
 
@@ -217,29 +218,29 @@ def test_gpu_memory_presets_are_what_torch_reports():
     """h100: 79.1 GiB (a lent H100 80GB: 81,559 MiB in nvidia-smi, 79.1-79.2 GiB to torch); h200:
     a lent H200, 150,109,880,320 B to torch; mi300x: totalGlobalMem 205,822,885,888 B = 191.69 GiB.
     Each rounded down to 0.1 GiB."""
-    assert mp.parse_gpu_memory("mi300x") == 191.6 and mp.parse_gpu_memory("H100") == 79.1
-    assert mp.parse_gpu_memory("h200") == 139.8 and mp.parse_gpu_memory("64") == 64.0
-    assert mp.GPU_MEMORY_PRESETS["mi300x"] == int(205_822_885_888 / GIB * 10) / 10
-    assert mp.GPU_MEMORY_PRESETS["h200"] == int(150_109_880_320 / GIB * 10) / 10
+    assert gpu_card.parse_gpu_memory("mi300x") == 191.6 and gpu_card.parse_gpu_memory("H100") == 79.1
+    assert gpu_card.parse_gpu_memory("h200") == 139.8 and gpu_card.parse_gpu_memory("64") == 64.0
+    assert gpu_card.GPU_MEMORY_PRESETS["mi300x"] == int(205_822_885_888 / GIB * 10) / 10
+    assert gpu_card.GPU_MEMORY_PRESETS["h200"] == int(150_109_880_320 / GIB * 10) / 10
     for bad in ("a100x", "-8", "0"):
-        with pytest.raises(mp.MemoryPlanError, match="--gpu-memory"):
-            mp.parse_gpu_memory(bad)
+        with pytest.raises(gpu_card.MemoryPlanError, match="--gpu-memory"):
+            gpu_card.parse_gpu_memory(bad)
 
 
 def test_the_gpu_planned_for_says_where_it_came_from(monkeypatch):
-    monkeypatch.setattr(mp, "local_gpu_memory", lambda: None)
-    assert mp.resolve_gpu_memory("MI300X") == mp.GpuMemory(191.6, "mi300x", None)
-    assert mp.resolve_gpu_memory("96") == mp.GpuMemory(96.0, "custom", None)
-    assumed = mp.resolve_gpu_memory(None)
+    monkeypatch.setattr(gpu_card, "local_gpu_memory", lambda: None)
+    assert gpu_card.resolve_gpu_memory("MI300X") == gpu_card.GpuMemory(191.6, "mi300x", None)
+    assert gpu_card.resolve_gpu_memory("96") == gpu_card.GpuMemory(96.0, "custom", None)
+    assumed = gpu_card.resolve_gpu_memory(None)
     assert (assumed.gib, assumed.name) == (191.6, "mi300x")
     assert assumed.note == ("memory: no GPU is visible here and no --gpu-memory was given: planned for an MI300X "
                             "(191.6 GiB); plan for yours with --gpu-memory h100|h200|mi300x|GiB")
     # a visible GPU: its real memory, rounded down to 0.1 GiB; a launch plans for it whatever
     # --gpu-memory says (and says so), a dry run plans for the card asked for
-    monkeypatch.setattr(mp, "local_gpu_memory", lambda: (79.19, "NVIDIA H100 80GB HBM3"))
-    assert mp.resolve_gpu_memory(None) == mp.GpuMemory(79.1, "NVIDIA H100 80GB HBM3", None)
-    assert mp.resolve_gpu_memory("h200", dry_run=True) == mp.GpuMemory(139.8, "h200", None)
-    launch = mp.resolve_gpu_memory("h200", dry_run=False)
+    monkeypatch.setattr(gpu_card, "local_gpu_memory", lambda: (79.19, "NVIDIA H100 80GB HBM3"))
+    assert gpu_card.resolve_gpu_memory(None) == gpu_card.GpuMemory(79.1, "NVIDIA H100 80GB HBM3", None)
+    assert gpu_card.resolve_gpu_memory("h200", dry_run=True) == gpu_card.GpuMemory(139.8, "h200", None)
+    launch = gpu_card.resolve_gpu_memory("h200", dry_run=False)
     assert (launch.gib, launch.name) == (79.1, "NVIDIA H100 80GB HBM3")
     assert launch.note == ("memory: --gpu-memory h200 left aside: this launch runs on this node's GPU, "
                            "NVIDIA H100 80GB HBM3 (79.1 GiB)")

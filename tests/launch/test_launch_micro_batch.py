@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from rstar2_cli.cli import app
 from rstar2_cli.config import RELEASE_MICRO_BATCH_TOKENS
 from rstar2_cli.launch import engine_sizing as es
+from rstar2_cli.launch import gpu_card
 from rstar2_cli.launch import memory_plan as mp
 from rstar2_cli.launch.topology import plan_from_args
 from rstar2_cli.rl.run.stages import resolve_stage_recipe
@@ -101,7 +102,7 @@ def test_a_launch_that_does_not_fit_refuses_before_anything_starts(tmp_path, mon
 
 
 def test_without_a_gpu_the_plan_says_which_card_it_assumed(monkeypatch):
-    monkeypatch.setattr(mp, "local_gpu_memory", lambda: None)
+    monkeypatch.setattr(gpu_card, "local_gpu_memory", lambda: None)
     out = rl("--stage", "2", "--gpus", "8", "--dry-run")
     assert out.exit_code == 0, out.output
     text = " ".join(out.output.split())
@@ -112,7 +113,7 @@ def test_without_a_gpu_the_plan_says_which_card_it_assumed(monkeypatch):
 
 
 def test_a_visible_gpu_sizes_the_micro_batch_from_its_real_memory(monkeypatch):
-    monkeypatch.setattr(mp, "local_gpu_memory", lambda: (66.04, "Some GPU 66GB"))
+    monkeypatch.setattr(gpu_card, "local_gpu_memory", lambda: (66.04, "Some GPU 66GB"))
     out = rl("--stage", "2", "--gpus", "8", "--dry-run")
     assert out.exit_code == 0, out.output
     assert "memory per GPU (GiB): 66 GiB GPU (Some GPU 66GB)" in out.output
