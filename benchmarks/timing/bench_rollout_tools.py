@@ -84,9 +84,11 @@ def main(argv: list[str] | None = None) -> dict:
     engine = VLLMEngine.from_config(str(model), EngineConfig(max_num_seqs=256), max_model_len=4096, seed=0)
     problems = [(f"p{i}", f"What is {i} * 17?", str(17 * i)) for i in range(args.trajectories)]
     per_turn = args.turn_tokens + len(call_ids)
-    # budget: `turns` tool turns, plus the tool responses, plus one final turn
+    # budget: `turns` tool turns, plus the tool responses, plus one final turn. A turn goes on to its
+    # tool call only if it ended on a stop id: the forced turn ends on </tool_call>, so that is one
+    # (rollout.stop_at_tool_call, as the quickstart's RL runs)
     cfg = RolloutConfig(max_turns=args.turns + 1, max_response_tokens=(args.turns + 1) * (per_turn + 64),
-                        temperature=1.0)
+                        temperature=1.0, stop_at_tool_call=True)
 
     async def tools_side():
         async with Sandbox(workers=args.sandbox_workers, preludes=(RUNNER_PRELUDE,)) as sb:  # as RL's pool
