@@ -23,10 +23,8 @@ need every host's summary), so the memory is one host's trajectories.
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness import Stopwatch, add_json_option, write_json  # noqa: E402
 from rstar2_cli.config import load_recipe_dict  # noqa: E402
 from rstar2_cli.rl.ranks.rollout_hosts import node_shard  # noqa: E402
 from rstar2_cli.rl.ranks.exchange import Plan  # noqa: E402
@@ -81,7 +80,7 @@ def measure(args) -> dict:
                             "train": {"group_size": args.rollouts // 2, "seed": 0, "ppo_mini_batches": 1},
                             "rollout": {"max_response_tokens": args.max_len},
                             "roc": {"enabled": True, "mode": "paper", "oversample": 2}})
-    started = time.perf_counter()
+    started = Stopwatch()
     old_pieces, summaries, tokens = [], [], 0
     for node in range(args.nodes):                 # pass 1: the old broadcasts, the new summaries
         piece = host_piece(node, args)
@@ -104,7 +103,7 @@ def measure(args) -> dict:
     return {"shapes": shapes, "tokens_per_step": tokens, "kept": len(plan.lengths),
             "old_bytes_per_rank_max": max(old), "new_bytes_per_rank_max": max(new),
             "new_bytes_per_rank_mean": sum(new) / len(new), "ratio": max(new) / max(old),
-            "seconds": time.perf_counter() - started}
+            "seconds": started.elapsed()}
 
 
 def main() -> None:
@@ -116,7 +115,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=8, help="nodes, one rollout host each")
     ap.add_argument("--min-len", type=int, default=256, help="shortest response (tokens)")
     ap.add_argument("--max-len", type=int, default=12288, help="longest response (stage 2: 12288)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    add_json_option(ap, help="also write the figures here, as JSON")
     args = ap.parse_args()
     if args.ranks % args.nodes:
         ap.error(f"--ranks {args.ranks} is not a multiple of --nodes {args.nodes}")
@@ -128,8 +127,7 @@ def main() -> None:
     print(f"new: {out['new_bytes_per_rank_max'] / 2**20:,.2f} MiB (max over ranks), "
           f"{out['new_bytes_per_rank_mean'] / 2**20:,.2f} MiB mean")
     print(f"ratio new/old: 1/{1 / out['ratio']:.0f} ({out['seconds']:.0f} s)")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -18,15 +18,18 @@ import json
 import logging
 import random
 import re
-import time
+import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from rstar2_cli.data.problems import find_named_set_file, resolve_data_dir
-from rstar2_cli.reward import GraderPool
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
+
+from harness import Stopwatch, add_json_option, write_json  # noqa: E402
+from rstar2_cli.data.problems import find_named_set_file, resolve_data_dir  # noqa: E402
+from rstar2_cli.reward import GraderPool  # noqa: E402
 
 _INTEGER = re.compile(r"-?\d+")
 
@@ -60,17 +63,17 @@ def baseline_rate(pairs: list[tuple[str, str]], progress: Progress, label: str) 
 
     task = progress.add_task(f"baseline {label}", total=len(pairs))
     verdicts = []
-    start = time.perf_counter()
-    for response, gold in pairs:
-        verdicts.append(bool(verify(parse(f"\\boxed{{{gold}}}"), parse(response))))
-        progress.advance(task)
-    return len(pairs) / (time.perf_counter() - start), verdicts
+    with Stopwatch() as sw:
+        for response, gold in pairs:
+            verdicts.append(bool(verify(parse(f"\\boxed{{{gold}}}"), parse(response))))
+            progress.advance(task)
+    return len(pairs) / sw.seconds, verdicts
 
 
 def pool_rate(pool: GraderPool, pairs: list[tuple[str, str]], timeout: float) -> tuple[float, list[bool], dict]:
-    start = time.perf_counter()
-    results = pool.grade_batch(pairs, timeout=timeout)
-    rate = len(pairs) / (time.perf_counter() - start)
+    with Stopwatch() as sw:
+        results = pool.grade_batch(pairs, timeout=timeout)
+    rate = len(pairs) / sw.seconds
     reasons: dict[str, int] = {}
     for r in results:
         reasons[r.reason] = reasons.get(r.reason, 0) + 1
@@ -87,7 +90,7 @@ def main() -> None:
         "--data-dir", type=Path, default=None,
         help="folder with math500.jsonl (default $RSTAR2_DATA_DIR, else the copy shipped with rstar2)"
     )
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    add_json_option(parser)
     args = parser.parse_args()
     math500 = find_named_set_file("math500", resolve_data_dir(args.data_dir))
     logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -119,9 +122,8 @@ def main() -> None:
                       f"{r['ratio']:.1f}x", f"{r['agreement_with_baseline']:.1%}",
                       ", ".join(f"{k}={v}" for k, v in sorted(r["reasons"].items())))
     console.print(table)
+    write_json(args.json, {"benchmark": "reward", "results": rows})
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"benchmark": "reward", "results": rows}, indent=2) + "\n")
         console.print(f"wrote {args.json}")
 
 

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
 
+from harness import Stopwatch, add_json_option, write_json  # noqa: E402
 from rstar2_cli.config import EngineConfig, RolloutConfig  # noqa: E402
 from rstar2_cli.models.tiny import build_tiny_model  # noqa: E402
 from rstar2_cli.protocol.code_runner import RUNNER_PRELUDE  # noqa: E402
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--turns", type=int, default=3, help="tool-calling turns per trajectory")
     ap.add_argument("--turn-tokens", type=int, default=48, help="generated tokens per turn")
     ap.add_argument("--sandbox-workers", type=int, default=2)
-    ap.add_argument("--json", type=Path, default=None)
+    add_json_option(ap)
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -84,17 +84,19 @@ def main(argv: list[str] | None = None) -> dict:
     engine = VLLMEngine.from_config(str(model), EngineConfig(max_num_seqs=256), max_model_len=4096, seed=0)
     problems = [(f"p{i}", f"What is {i} * 17?", str(17 * i)) for i in range(args.trajectories)]
     per_turn = args.turn_tokens + len(call_ids)
-    # budget: `turns` tool turns, plus the tool responses, plus one final turn
+    # budget: `turns` tool turns, plus the tool responses, plus one final turn. A turn goes on to its
+    # tool call only if it ended on a stop id: the forced turn ends on </tool_call>, so that is one
+    # (rollout.stop_at_tool_call, as the quickstart's RL runs)
     cfg = RolloutConfig(max_turns=args.turns + 1, max_response_tokens=(args.turns + 1) * (per_turn + 64),
-                        temperature=1.0)
+                        temperature=1.0, stop_at_tool_call=True)
 
     async def tools_side():
         async with Sandbox(workers=args.sandbox_workers, preludes=(RUNNER_PRELUDE,)) as sb:  # as RL's pool
             forced = ForcedToolCalls(engine, call_ids, args.turn_tokens)
             await sb.run("print(1)")   # pool warm
-            t0 = time.perf_counter()
-            trajs = await run_agent_loop(problems, 1, forced, sb, tok, cfg, seed=0, progress=False)
-            return time.perf_counter() - t0, forced.generated, trajs
+            with Stopwatch() as sw:
+                trajs = await run_agent_loop(problems, 1, forced, sb, tok, cfg, seed=0, progress=False)
+            return sw.seconds, forced.generated, trajs
 
     tool_s, tool_tokens, trajs = asyncio.run(tools_side())
     calls = sum(t.num_tool_calls for t in trajs)
@@ -108,9 +110,9 @@ def main(argv: list[str] | None = None) -> dict:
     reqs = [GenRequest(prompt_ids=list(prompt), max_tokens=per_traj, ignore_eos=True, seed=i)
             for i in range(len(trajs))]
     engine.generate_batch(reqs[:4])   # warm
-    t0 = time.perf_counter()
-    outs = engine.generate_batch(reqs)
-    plain_s = time.perf_counter() - t0
+    with Stopwatch() as plain:
+        outs = engine.generate_batch(reqs)
+    plain_s = plain.seconds
     plain_tokens = sum(len(o.token_ids) for o in outs)
     engine.shutdown()
 
@@ -130,8 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     Console().print(t)
     Console().print(f"tool calls {calls} (errors {errors}: {dict(reasons)}); "
                     f"ratio {result['ratio_tools_vs_plain']:.2f} (target >= 0.8)")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return result
 
 

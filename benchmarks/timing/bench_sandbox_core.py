@@ -14,14 +14,17 @@ import argparse
 import asyncio
 import json
 import sys
-import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from rstar2_cli.sandbox_bench.plain import WORKLOADS  # as in bench-tools
-from rstar2_cli.sandbox_bench.timing import percentile_ms as _ms
-from sandbox import Sandbox
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: harness
+
+from harness import Stopwatch, add_json_option, write_json  # noqa: E402
+from rstar2_cli.sandbox_bench.plain import WORKLOADS  # noqa: E402
+from rstar2_cli.sandbox_bench.timing import percentile_ms as _ms  # noqa: E402
+from sandbox import Sandbox  # noqa: E402
 
 SNIPPETS = {name: WORKLOADS[name].code for name in ("trivial", "sympy")}  # the same as bench-tools
 
@@ -63,13 +66,13 @@ async def _measure(call, n: int, concurrency: int) -> tuple[dict, list]:
 
     async def one() -> None:
         async with gate:
-            start = time.perf_counter()
-            outcomes.append(await call())
-            latencies.append(time.perf_counter() - start)
+            with Stopwatch() as sw:
+                outcomes.append(await call())
+            latencies.append(sw.seconds)
 
-    start = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(n)))
-    return _summary(latencies, time.perf_counter() - start), outcomes
+    with Stopwatch() as total:
+        await asyncio.gather(*(one() for _ in range(n)))
+    return _summary(latencies, total.seconds), outcomes
 
 
 async def _naive(code: str) -> bool:
@@ -105,7 +108,7 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--naive-calls", type=int, default=24)
-    parser.add_argument("--json", default=None, help="also write the report here")
+    add_json_option(parser)
     args = parser.parse_args()
     result = asyncio.run(main(args.calls, args.concurrency, args.naive_calls))
     table = Table(title=f"sandbox core, concurrency {args.concurrency}")
@@ -121,6 +124,4 @@ if __name__ == "__main__":
                       f"{row['bare_fork_calls_per_s'] / row['naive_subprocess']['calls_per_s']:.1f}x")
     Console().print(table)
     print(json.dumps(result, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
