@@ -331,8 +331,9 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
 
     if progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        # transient: the bar shows while the batch rolls out and leaves no line; the step's row says the rest
         with Progress(TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[info]}")) as bar:
+                      TextColumn("{task.fields[info]}"), transient=True) as bar:
             task = bar.add_task("rollout", total=len(jobs), info="")
             stats = {"tool_calls": 0}
 
