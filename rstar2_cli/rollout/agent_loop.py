@@ -330,10 +330,13 @@ async def run_agent_loop(problems: list[tuple[str, str, str]], samples_per_probl
         await asyncio.gather(*(one(*j) for j in jobs))
 
     if progress:
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        # transient: the bar shows while the batch rolls out and leaves no line; the step's row says the rest
+        # transient: the bar shows while the batch rolls out and leaves no line (the step's row says
+        # the rest); off where the output is no terminal (a file, a job log), where it would leave one
         with Progress(TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[info]}"), transient=True) as bar:
+                      TextColumn("{task.fields[info]}"), transient=True,
+                      disable=not Console().is_terminal) as bar:
             task = bar.add_task("rollout", total=len(jobs), info="")
             stats = {"tool_calls": 0}
 
