@@ -85,12 +85,13 @@ class Trajectory:
     exclusion: str | None = None        # why it was left out of training (rl/selection/exclusion.py), else None
     roc_decision: RocDecision | None = None  # the selection's decision (rl/selection/roc.py), once made
 
-    def __post_init__(self) -> None:
-        # The async trainer's checkpoint stores pending trajectories as `dataclasses.asdict` mappings
-        # (rl/run/async_rollouts.py); built again from one, the nested records come back typed.
-        self.turn_records = [r if isinstance(r, TurnRecord) else TurnRecord(**r) for r in self.turn_records]
-        if isinstance(self.roc_decision, dict):
-            self.roc_decision = RocDecision(**self.roc_decision)
+    @classmethod
+    def from_dict(cls, state: dict) -> Trajectory:
+        """A trajectory from its `dataclasses.asdict` form (a checkpoint's pending rollouts,
+        rl/run/async_rollouts.py), its nested records typed again."""
+        decision = state.get("roc_decision")
+        return cls(**{**state, "turn_records": [TurnRecord(**r) for r in state.get("turn_records", [])],
+                      "roc_decision": RocDecision(**decision) if decision is not None else None})
 
     @property
     def response_length(self) -> int:

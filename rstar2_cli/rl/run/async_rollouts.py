@@ -379,6 +379,6 @@ def pending_from_state(state: list[dict[str, Any]]) -> list[tuple[int, list[int]
     for entry in state:
         piece = entry["piece"]
         if piece is not None:
-            piece = Piece(list(piece[0]), [Trajectory(**t) for t in piece[1]], dict(piece[2]))
+            piece = Piece(list(piece[0]), [Trajectory.from_dict(t) for t in piece[1]], dict(piece[2]))
         out.append((int(entry["index"]), list(entry["problems"]), piece))
     return out
