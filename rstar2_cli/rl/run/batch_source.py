@@ -10,7 +10,8 @@ ahead on the rollout thread; a step takes its own batch with the groups staler t
 
 What the step (`trainer.RLTrainer.train_step`) asks of a source, every rank in the same order:
   - `batch(index)`: draw batch `index` (the sampler's, alike on every rank); on a rollout host,
-    calling the result with the step's timer gives this host's `GradedBatch`;
+    calling the result gives this host's `GradedBatch` (both sources roll out and grade with
+    `roll_out_and_grade`);
   - `after_update(version)`: the weights are now `version`;
   - `columns(report, weight_pause_s)`: the source's own columns of the step (a collective for
     the ahead-of-time source, {} for this one);
@@ -20,6 +21,8 @@ once its engines are up.
 """
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,13 +30,14 @@ from typing import Any, Protocol
 from rstar2_cli.config import RecipeConfig, RewardConfig
 from rstar2_cli.rl.selection.host_selection import GradedBatch
 from rstar2_cli.rl.measures.timer import StepTimer
+from rstar2_cli.rl.run.async_rollouts import Piece
 from rstar2_cli.rl.ranks.rollout_hosts import RolloutHostPlan
 from rstar2_cli.rl.run.rollout_side import RolloutSide
 from rstar2_cli.rl.run.sampler import DataSampler
 from rstar2_cli.rollout.batch_rollout import roll_out
 from rstar2_cli.rollout.trajectory import Trajectory
 
-GradedFn = Callable[[StepTimer], GradedBatch]
+GradedFn = Callable[[], GradedBatch]
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,26 @@ class RolloutInputs:
     side: RolloutSide
     grade: Callable[[Sequence[Trajectory], RewardConfig], None]
     progress: bool = False
+
+
+async def roll_out_and_grade(run: RolloutInputs, problem_indices: Sequence[int], index: int, *, priority: int = 0,
+                             progress: bool = False, overlapped: bool = False) -> Piece:
+    """Steps 2-3 on this rollout host, for either source: its shard of batch `index` (the problems
+    `problem_indices`) rolled out and graded, each timed. `priority`: the engines' request priority.
+    `overlapped`: grade in a worker thread, so the loop's other batches roll on meanwhile; else on
+    the calling thread (the synchronous step starts no thread)."""
+    cfg, side, timer = run.cfg, run.side, StepTimer()
+    problems = [run.problems[i] for i in problem_indices]
+    positions = run.host.prompt_positions(len(problems))
+    with timer("rollout"):
+        trajs = await roll_out(problems, positions, side.fleet, side.tools, run.tokenizer, cfg, index=index,
+                               node=run.host.node_index, priority=priority, progress=progress)
+    with timer("reward"):
+        if overlapped:
+            await asyncio.to_thread(run.grade, trajs, cfg.reward)
+        else:
+            run.grade(trajs, cfg.reward)
+    return Piece(positions, trajs, timer.sections())
 
 
 class BatchSource(Protocol):
@@ -81,17 +105,11 @@ class RolloutNow:
     def batch(self, index: int) -> GradedFn:
         run = self.run
         self._before = (index, run.sampler.state_dict())
-        problems = [run.problems[i] for i in run.sampler.next_batch()]
+        drawn = run.sampler.next_batch()
 
-        def graded(timer: StepTimer) -> GradedBatch:
-            cfg, host, side = run.cfg, run.host, run.side
-            with timer("rollout"):
-                trajs = side.run(roll_out(problems, host.prompt_positions(len(problems)), side.fleet, side.tools,
-                                          run.tokenizer, cfg, index=index, node=host.node_index,
-                                          progress=run.progress))
-            with timer("reward"):
-                run.grade(trajs, cfg.reward)
-            return GradedBatch(trajs, len(trajs), timer.sections())
+        def graded() -> GradedBatch:
+            piece = run.side.run(roll_out_and_grade(run, drawn, index, progress=run.progress))
+            return GradedBatch(piece.trajectories, len(piece.trajectories), piece.seconds)
         return graded
 
     def after_update(self, version: int) -> None:

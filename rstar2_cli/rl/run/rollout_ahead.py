@@ -17,11 +17,9 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from rstar2_cli.rl.ranks import dist as rl_dist
-from rstar2_cli.rl.run.async_rollouts import Piece, RolloutPipeline
-from rstar2_cli.rl.run.batch_source import RolloutInputs
+from rstar2_cli.rl.run.async_rollouts import RolloutPipeline
+from rstar2_cli.rl.run.batch_source import RolloutInputs, roll_out_and_grade
 from rstar2_cli.rl.selection.host_selection import GradedBatch
-from rstar2_cli.rl.measures.timer import StepTimer
-from rstar2_cli.rollout.batch_rollout import roll_out
 
 log = logging.getLogger(__name__)
 
@@ -57,28 +55,18 @@ class RolloutAhead:
         gives this host's `Piece`. None on ranks that are not rollout hosts."""
         if not self.run.host.is_host:
             return None
-        return asyncio.run_coroutine_threadsafe(self._produce(index, problem_indices), self.run.side.loop)
-
-    async def _produce(self, index: int, problem_indices: list[int]) -> Piece:
-        run, timer = self.run, StepTimer()
-        cfg, side = run.cfg, run.side
-        batch = [run.problems[i] for i in problem_indices]
-        positions = run.host.prompt_positions(len(batch))
-        with timer("rollout"):
-            trajs = await roll_out(batch, positions, side.fleet, side.tools, run.tokenizer, cfg, index=index,
-                                   node=run.host.node_index, priority=index if self.partial else 0)
-        with timer("reward"):
-            await asyncio.to_thread(run.grade, trajs, cfg.reward)
-        return Piece(positions, trajs, timer.sections())
+        coro = roll_out_and_grade(self.run, problem_indices, index, priority=index if self.partial else 0,
+                                  overlapped=True)
+        return asyncio.run_coroutine_threadsafe(coro, self.run.side.loop)
 
     def busy_seconds(self) -> list[float]:
         return self.run.side.fleet.busy_seconds()
 
     # ------------------------------------------------------------------ what the step asks
-    def batch(self, index: int) -> Callable[[StepTimer], GradedBatch]:
+    def batch(self, index: int) -> Callable[[], GradedBatch]:
         pending = self.pipeline.next_batch(index)
 
-        def graded(timer: StepTimer) -> GradedBatch:
+        def graded() -> GradedBatch:
             piece = self.pipeline.wait(pending)
             seen, report = self.pipeline.drop_stale(piece.trajectories, index)
             return GradedBatch(seen, len(piece.trajectories), dict(piece.seconds), report)

@@ -157,7 +157,7 @@ class RLTrainer:
         report = None                                      # an ahead-of-time source's staleness report
         if host.is_host:
             with HostFailures(host.node_index) as caught:   # distributed: raised on every rank in 6.
-                graded = graded_batch(timer)
+                graded = graded_batch()
                 report = graded.report
                 # 4-5. RoC down to G, advantages over the kept G, the host's summary and rollout-log sample
                 mine = select_on_host(graded, cfg, index=index, node=host.node_index,
